@@ -1,0 +1,3 @@
+from bench.cli import main
+
+raise SystemExit(main())

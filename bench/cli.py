@@ -1,0 +1,132 @@
+"""The ``bench`` command: list, run, report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench.config import DATASETS, PRECISIONS, RunConfig, default_data_dir
+from bench.errors import EXIT_BAD_INPUT, BenchError, ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line that names the fix, with exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{message}; see `{self.prog} --help`")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", required=True, help="strategy name (see `bench list`)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="GPUs to use, or CPU processes with --cpu (default 1)")
+    p.add_argument("--cpu", action="store_true", help="run on CPU (gloo): --gpus = processes")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=128, help="global batch (default 128)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak lr (default: --base-lr x batch/128)")
+    p.add_argument("--base-lr", type=float, default=0.1, help="lr at global batch 128")
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--data", choices=DATASETS, default="cifar100")
+    p.add_argument("--data-dir", default=str(default_data_dir()),
+                   help="CIFAR-100 folder (downloaded there when absent)")
+    p.add_argument("--no-download", action="store_true", help="never download CIFAR-100")
+    p.add_argument("--train-limit", type=int, default=None, help="use the first N train images")
+    p.add_argument("--test-limit", type=int, default=None, help="use the first N test images")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=None,
+                   help="loader workers per GPU/replica (default 0 on CPU, up to 4 per GPU)")
+    p.add_argument("--width", type=float, default=1.0,
+                   help="ResNet-18 channel multiplier (1.0 = the real model)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--no-syncbn", action="store_true", help="keep per-replica BatchNorm")
+    p.add_argument("--output", default="results", help="results folder (records in runs/)")
+    p.add_argument("--master-port", type=int, default=None, help="default: a free port")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a collective may wait before the run fails")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="registered strategies and whether they run here")
+    run = sub.add_parser("run", help="train with one strategy and write a JSON record")
+    _add_run_options(run)
+    report = sub.add_parser("report", help="summarise records into tables")
+    report.add_argument("--results", default="results", help="results folder")
+    report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
+    report.add_argument("--no-write", action="store_true",
+                        help="print only; do not write summary files")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        strategy=args.strategy,
+        gpus=args.gpus,
+        cpu=args.cpu,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        base_lr=args.base_lr,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_epochs=args.warmup_epochs,
+        data=args.data,
+        data_dir=args.data_dir,
+        download=not args.no_download,
+        train_limit=args.train_limit,
+        test_limit=args.test_limit,
+        seed=args.seed,
+        workers=args.workers,
+        width=args.width,
+        precision=args.precision,
+        syncbn=not args.no_syncbn,
+        output=args.output,
+        master_port=args.master_port,
+        timeout=args.timeout,
+        progress=not args.no_progress,
+    )
+
+
+def cmd_list() -> int:
+    import torch
+
+    import strategies
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for name in strategies.names():
+        strategy = strategies.get(name)
+        reason = strategy.requires(device_type)
+        rows.append((name, strategy.launcher, "yes" if reason is None else f"no: {reason}",
+                     strategy.summary))
+    widths = [max(len(r[i]) for r in [("strategy", "launcher", "available here", "")] + rows)
+              for i in range(3)]
+    header = ("strategy", "launcher", "available here")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  what it is")
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
+    print(f"(device here: {device_type})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "list":
+            return cmd_list()
+        if args.command == "run":
+            from bench.runner import execute
+
+            return execute(config_from_args(args), ["bench", *argv])
+        if args.command == "report":
+            from bench.report import cmd_report
+
+            return cmd_report(args.results, args.format, write=not args.no_write)
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return EXIT_BAD_INPUT

@@ -1,0 +1,115 @@
+"""One typed, validated configuration for a run; every field lands in the record."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.errors import ConfigError
+
+DATASETS = ("cifar100", "synthetic")
+PRECISIONS = ("fp32", "fp16", "bf16")
+REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
+
+
+def default_data_dir() -> Path:
+    """Where CIFAR-100 is cached: ``$BENCH_DATA_DIR`` or the user cache directory."""
+    if os.environ.get("BENCH_DATA_DIR"):
+        return Path(os.environ["BENCH_DATA_DIR"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "parallel-bench" / "cifar100"
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run. Same config, same work, whatever the strategy."""
+
+    strategy: str
+    gpus: int = 1
+    cpu: bool = False
+    epochs: int = 30
+    batch_size: int = 128  # global: split evenly over all replicas
+    base_lr: float = 0.1  # lr at the reference global batch of 128
+    lr: float | None = None  # explicit peak lr; None = base_lr * batch_size / 128
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to 0 (per step)
+    data: str = "cifar100"
+    data_dir: str = field(default_factory=lambda: str(default_data_dir()))
+    download: bool = True
+    train_limit: int | None = None
+    test_limit: int | None = None
+    seed: int = 0
+    workers: int | None = None  # loader workers per replica (GPU or CPU process)
+    width: float = 1.0  # channel multiplier of ResNet-18; 1.0 is the real model
+    precision: str = "fp32"
+    syncbn: bool = True  # SyncBatchNorm where the strategy and device support it
+    output: str = "results"
+    master_port: int | None = None
+    timeout: float = 300.0  # seconds a collective may wait before the run fails
+    progress: bool = True
+
+    @property
+    def peak_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return self.base_lr * self.batch_size / REFERENCE_BATCH
+
+    def validate(self) -> None:
+        """Checks that need no knowledge of the machine. Raises ConfigError."""
+        if self.gpus < 1:
+            raise ConfigError(f"--gpus must be at least 1 (got {self.gpus})")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"--lr must be positive (got {self.lr})")
+        if not self.base_lr > 0:
+            raise ConfigError(f"--base-lr must be positive (got {self.base_lr})")
+        if self.warmup_epochs < 0 or self.warmup_epochs > self.epochs:
+            raise ConfigError(
+                f"--warmup-epochs must lie between 0 and --epochs ({self.epochs}), "
+                f"got {self.warmup_epochs}"
+            )
+        if self.data not in DATASETS:
+            raise ConfigError(f"--data must be one of {', '.join(DATASETS)} (got {self.data!r})")
+        for name in ("train_limit", "test_limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"--workers must be 0 or more (got {self.workers})")
+        if not 0 < self.width <= 4:
+            raise ConfigError(f"--width must lie in (0, 4] (got {self.width})")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"--precision must be one of {', '.join(PRECISIONS)} (got {self.precision!r})"
+            )
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise ConfigError(f"--master-port must lie in 1..65535 (got {self.master_port})")
+        if not self.timeout > 0:
+            raise ConfigError(f"--timeout must be positive seconds (got {self.timeout})")
+
+    def check_batch_split(self, replicas: int) -> int:
+        """Per-replica batch; the global batch must split evenly over the replicas."""
+        if self.batch_size % replicas:
+            lower = self.batch_size - self.batch_size % replicas
+            raise ConfigError(
+                f"--batch-size {self.batch_size} does not split evenly over {replicas} replicas; "
+                f"use a multiple of {replicas}, e.g. --batch-size {max(lower, replicas)}"
+            )
+        return self.batch_size // replicas
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,224 @@
+"""Datasets: real CIFAR-100 (official files), synthetic CIFAR-shaped data, and a writer for
+small sets in the exact ``cifar-100-python`` format."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from bench.errors import ConfigError
+
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+CIFAR100_ARCHIVE = "cifar-100-python.tar.gz"
+CIFAR100_ARCHIVE_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
+CIFAR100_FOLDER = "cifar-100-python"
+CIFAR100_MD5 = {
+    "train": "16019d7e3df5f24257cddd939b257f8d",
+    "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
+    "meta": "7973b15100ade9c7d40fb424638fde48",
+}
+CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
+CIFAR100_STD = (0.2673, 0.2564, 0.2762)
+NUM_CLASSES = 100
+SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
+
+
+@dataclass
+class ImageSet:
+    """Images as uint8 N x 32 x 32 x 3 (HWC, like the CIFAR files) and int64 labels."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def head(self, limit: int | None) -> ImageSet:
+        if limit is None or limit >= len(self):
+            return self
+        return ImageSet(self.images[:limit], self.labels[:limit])
+
+
+# --------------------------------------------------------------------------- CIFAR-100 files
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cifar100_present(root: Path) -> bool:
+    folder = Path(root) / CIFAR100_FOLDER
+    return all((folder / name).is_file() for name in CIFAR100_MD5)
+
+
+def download_cifar100(root: Path) -> None:
+    """Download and unpack the official archive (md5 checked by torchvision's helper)."""
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    try:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        download_and_extract_archive(
+            CIFAR100_URL, str(root), filename=CIFAR100_ARCHIVE, md5=CIFAR100_ARCHIVE_MD5
+        )
+    except Exception as exc:  # network errors come in many types
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"CIFAR-100 is not in {root} and could not be downloaded ({reason}); put "
+            f"{CIFAR100_FOLDER}/ there (--data-dir) or use --data synthetic"
+        ) from None
+
+
+def is_official_cifar100(root: Path) -> bool:
+    """True when the three files carry the md5 sums of the official release."""
+    folder = Path(root) / CIFAR100_FOLDER
+    return all(_md5(folder / name) == md5 for name, md5 in CIFAR100_MD5.items())
+
+
+def _load_pickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            entry = pickle.load(fh, encoding="latin1")
+    except Exception as exc:
+        raise ConfigError(
+            f"corrupt CIFAR-100 file {path} ({type(exc).__name__}); delete {path.parent} "
+            f"to download it again, or use --data synthetic"
+        ) from None
+    if not isinstance(entry, dict):
+        raise ConfigError(f"corrupt CIFAR-100 file {path} (not a dict); delete {path.parent}")
+    return entry
+
+
+def load_cifar100_split(root: Path, split: str) -> ImageSet:
+    """Read ``root/cifar-100-python/{train,test}`` and check its shape and labels."""
+    path = Path(root) / CIFAR100_FOLDER / split
+    if not path.is_file():
+        raise ConfigError(f"CIFAR-100 file {path} is missing; fix --data-dir or delete the folder")
+    entry = _load_pickle(path)
+    try:
+        data = np.asarray(entry["data"], dtype=np.uint8)
+        labels = np.asarray(entry["fine_labels"], dtype=np.int64)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"corrupt CIFAR-100 file {path} (bad or missing {exc}); delete {path.parent}"
+        ) from None
+    if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels) or len(labels) == 0:
+        raise ConfigError(
+            f"corrupt CIFAR-100 file {path} (data shape {data.shape}, {len(labels)} labels); "
+            f"delete {path.parent}"
+        )
+    if labels.min() < 0 or labels.max() >= NUM_CLASSES:
+        raise ConfigError(f"corrupt CIFAR-100 file {path} (labels outside 0..99)")
+    # Each row is 1024 red, then 1024 green, then 1024 blue values.
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return ImageSet(np.ascontiguousarray(images), labels)
+
+
+def check_cifar100_meta(root: Path) -> None:
+    entry = _load_pickle(Path(root) / CIFAR100_FOLDER / "meta")
+    if len(entry.get("fine_label_names", [])) != NUM_CLASSES:
+        raise ConfigError(
+            f"corrupt CIFAR-100 meta in {root} (expected 100 fine_label_names); delete it"
+        )
+
+
+def prepare_cifar100(root: Path, download: bool = True) -> tuple[str, int, int]:
+    """Make sure the dataset is on disk and readable. Returns the kind, ``cifar100``
+    (official md5s) or ``fixture`` (the right format, other content), and the train and test
+    sizes. Raises ConfigError."""
+    root = Path(root)
+    if not cifar100_present(root):
+        if not download:
+            raise ConfigError(f"CIFAR-100 is not in {root}; drop --no-download or fix --data-dir")
+        download_cifar100(root)
+    check_cifar100_meta(root)
+    train = len(load_cifar100_split(root, "train"))
+    test = len(load_cifar100_split(root, "test"))
+    return ("cifar100" if is_official_cifar100(root) else "fixture"), train, test
+
+
+def write_cifar100_format(root: Path, train: ImageSet, test: ImageSet) -> Path:
+    """Write ``root/cifar-100-python/{train,test,meta}`` exactly as the official files are laid
+    out (Python pickles with str keys). Used to drive the real loader on small sets."""
+    folder = Path(root) / CIFAR100_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, images in (("train", train), ("test", test)):
+        rows = images.images.transpose(0, 3, 1, 2).reshape(len(images), 3072)
+        entry = {
+            "filenames": [f"img_{i:05d}.png" for i in range(len(images))],
+            "batch_label": f"{split} batch 1 of 1",
+            "fine_labels": [int(v) for v in images.labels],
+            "coarse_labels": [int(v) // 5 for v in images.labels],
+            "data": np.ascontiguousarray(rows, dtype=np.uint8),
+        }
+        with open(folder / split, "wb") as fh:
+            pickle.dump(entry, fh, protocol=2)
+    meta = {
+        "fine_label_names": [f"class_{i:02d}" for i in range(NUM_CLASSES)],
+        "coarse_label_names": [f"superclass_{i:02d}" for i in range(NUM_CLASSES // 5)],
+    }
+    with open(folder / "meta", "wb") as fh:
+        pickle.dump(meta, fh, protocol=2)
+    return folder
+
+
+# --------------------------------------------------------------------------- synthetic data
+
+
+def synthetic_split(split: str, size: int, seed: int) -> ImageSet:
+    """Deterministic, learnable CIFAR-shaped data: each class has a fixed low-frequency
+    colour pattern; images are that pattern plus noise. The first k images do not depend on
+    ``size``, so limits take a prefix of the same stream."""
+    protos = np.random.default_rng([seed, 0]).normal(size=(NUM_CLASSES, 4, 4, 3))
+    protos = protos.repeat(8, axis=1).repeat(8, axis=2)  # 32 x 32, blocky class signature
+    stream = 1 if split == "train" else 2
+    labels = np.random.default_rng([seed, stream, 0]).integers(0, NUM_CLASSES, size=size)
+    noise = np.random.default_rng([seed, stream, 1]).normal(size=(size, 32, 32, 3))
+    images = 128.0 + 40.0 * protos[labels] + 40.0 * noise
+    return ImageSet(np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64))
+
+
+# --------------------------------------------------------------------------- torch datasets
+
+
+class CifarTensorDataset(Dataset):
+    """Serves normalised float images; with ``augment`` a random 32x32 crop of the image
+    zero-padded by 4 and a horizontal flip with probability 1/2 (torchvision's RandomCrop(32,
+    padding=4) + RandomHorizontalFlip semantics). Randomness comes from torch's RNG, seeded
+    per rank and per loader worker."""
+
+    def __init__(self, images: ImageSet, augment: bool) -> None:
+        chw = torch.from_numpy(images.images).permute(0, 3, 1, 2).contiguous()
+        self.augment = augment
+        self.pixels = torch.nn.functional.pad(chw, (4, 4, 4, 4)) if augment else chw
+        self.labels = torch.from_numpy(images.labels)
+        self.mean = torch.tensor(CIFAR100_MEAN).view(3, 1, 1) * 255
+        self.inv_std = 1.0 / (torch.tensor(CIFAR100_STD).view(3, 1, 1) * 255)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        img = self.pixels[index]
+        if self.augment:
+            top, left = torch.randint(0, 9, (2,)).tolist()
+            img = img[:, top : top + 32, left : left + 32]
+            if torch.rand(()) < 0.5:
+                img = img.flip(-1)
+        return (img.float() - self.mean) * self.inv_std, self.labels[index]
+
+
+def load_split(data: str, split: str, data_dir: str, seed: int, limit: int | None) -> ImageSet:
+    """The ImageSet of one split, cut to ``limit`` images."""
+    if data == "synthetic":
+        return synthetic_split(split, limit or SYNTHETIC_SIZES[split], seed)
+    return load_cifar100_split(Path(data_dir), split).head(limit)

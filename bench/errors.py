@@ -1,0 +1,27 @@
+"""Exceptions and the exit codes they map to."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the run started and failed
+EXIT_BAD_INPUT = 2  # bad option, missing data, ...: nothing was written
+EXIT_UNAVAILABLE = 3  # the strategy cannot run here; an `unavailable` record was written
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; finished epochs kept, status `interrupted`
+
+
+class BenchError(Exception):
+    """Base class; ``exit_code`` is what ``bench`` exits with."""
+
+    exit_code = EXIT_FAILED
+
+
+class ConfigError(BenchError):
+    """Bad input. The message is one line that names the fix."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class UnavailableError(BenchError):
+    """The strategy cannot run on this machine (missing dependency, no CUDA, ...)."""
+
+    exit_code = EXIT_UNAVAILABLE

@@ -1,0 +1,39 @@
+"""Precision chosen once per run: autocast dtype and, for fp16 on CUDA, a GradScaler."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from bench.errors import ConfigError
+
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Precision:
+    """``fp32`` (no autocast), ``bf16`` (autocast, no scaler) or ``fp16`` (autocast +
+    dynamic loss scaling; CUDA only)."""
+
+    def __init__(self, name: str, device: torch.device) -> None:
+        if name == "fp16" and device.type != "cuda":
+            raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
+        self.name = name
+        self.device_type = device.type
+        self.dtype = _DTYPES.get(name)
+        self.scaler = torch.amp.GradScaler("cuda") if name == "fp16" else None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def backward_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+        """Backward pass and optimizer step, through the scaler when there is one."""
+        if self.scaler is None:
+            loss.backward()
+            optimizer.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(optimizer)
+        self.scaler.update()

@@ -1,0 +1,146 @@
+"""Run records: one JSON file per run, written atomically (temp file + rename)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RECORD_VERSION = 1
+STATUSES = ("running", "ok", "failed", "unavailable", "interrupted")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(strategy: str, world_size: int, device_type: str) -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{strategy}-{world_size}{device_type}-{secrets.token_hex(3)}"
+
+
+def runs_dir(output: str | Path) -> Path:
+    return Path(output) / "runs"
+
+
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh, indent=2, sort_keys=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """All records under ``results/runs`` (or ``results`` itself), oldest first, and one
+    warning per file that is not a readable record."""
+    root = Path(results)
+    folder = runs_dir(root) if runs_dir(root).is_dir() else root
+    records, warnings = [], []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = read_record(path)
+        except (OSError, ValueError) as exc:
+            warnings.append(f"skipped {path}: not valid JSON ({exc})")
+            continue
+        if not isinstance(record, dict) or "run_id" not in record or "status" not in record:
+            warnings.append(f"skipped {path}: not a parallel-bench run record")
+            continue
+        records.append(record)
+    records.sort(key=lambda r: r.get("started_at", ""))
+    return records, warnings
+
+
+def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run-level figures. Epoch time is the median excluding the first (warm-up) epoch."""
+    if not epochs:
+        return {}
+    timed = epochs[1:] if len(epochs) > 1 else epochs
+    top1 = [e["top1"] for e in epochs]
+    return {
+        "median_epoch_time_s": statistics.median(e["train_time_s"] for e in timed),
+        "median_images_per_s": statistics.median(e["images_per_s"] for e in timed),
+        "timed_epochs": len(timed),
+        "final_top1": top1[-1],
+        "best_top1": max(top1),
+        "final_top5": epochs[-1]["top5"],
+        "total_train_time_s": sum(e["train_time_s"] for e in epochs),
+        "peak_mem_bytes": max(e["peak_mem_bytes"] for e in epochs),
+    }
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def capture_env(device_type: str) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+    import torchvision
+
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "python": sys.version.split()[0],
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "nccl": None,
+        "gpus": [],
+        "driver": None,
+    }
+    if device_type == "cuda":
+        env["cudnn"] = torch.backends.cudnn.version()
+        try:
+            env["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # NCCL missing from this build
+            env["nccl"] = None
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        env["driver"] = _nvidia_driver()
+    return env

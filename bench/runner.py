@@ -1,0 +1,281 @@
+"""``bench run`` in the launching process: validate, write the record's skeleton, start the
+ranks through the strategy's launcher, and close the record whatever happened."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import strategies
+from bench import launch
+from bench.config import RunConfig
+from bench.data import SYNTHETIC_SIZES, prepare_cifar100
+from bench.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    ConfigError,
+)
+from bench.results import (
+    RECORD_VERSION,
+    capture_env,
+    new_run_id,
+    read_record,
+    runs_dir,
+    utc_now,
+    write_atomic,
+)
+from strategies.base import Strategy, cpu_threads_per_process
+
+LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
+
+
+class Interrupted(Exception):
+    """SIGTERM turned into an exception so the run can close its record."""
+
+
+def resolve_device(cfg: RunConfig) -> str:
+    """``cuda`` or ``cpu``; asking for GPUs that are not there is bad input naming --cpu."""
+    if cfg.cpu:
+        return "cpu"
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0:
+        raise ConfigError(
+            f"no CUDA GPU is visible here; add --cpu to run {cfg.gpus} CPU process(es) instead"
+        )
+    if cfg.gpus > visible:
+        raise ConfigError(
+            f"--gpus {cfg.gpus} but only {visible} CUDA GPU(s) are visible; "
+            f"use --gpus {visible} or fewer, or --cpu"
+        )
+    return "cuda"
+
+
+def resolve_strategy(name: str) -> Strategy:
+    try:
+        return strategies.get(name)
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
+
+
+def check_output_writable(output: str) -> Path:
+    folder = runs_dir(output)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write results to {folder} ({exc.strerror}); choose another --output"
+        ) from None
+    return folder
+
+
+def prepare_data(cfg: RunConfig) -> tuple[str, int, int]:
+    """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent)."""
+    if cfg.data == "synthetic":
+        train, test = SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["test"]
+        kind = "synthetic"
+    else:
+        kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
+    train = min(train, cfg.train_limit or train)
+    test = min(test, cfg.test_limit or test)
+    if train < cfg.batch_size:
+        raise ConfigError(
+            f"{train} training images are fewer than one global batch ({cfg.batch_size}); "
+            "raise --train-limit or lower --batch-size"
+        )
+    return kind, train, test
+
+
+def default_workers(device_type: str, replicas: int) -> int:
+    """Loader workers per replica: none on CPU (they would steal the compute cores),
+    up to 4 per GPU otherwise."""
+    if device_type == "cpu":
+        return 0
+    return max(0, min(4, cpu_threads_per_process(replicas) - 1))
+
+
+class RunPlan:
+    """What a validated ``bench run`` will do; built before anything is written."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.strategy = resolve_strategy(cfg.strategy)
+        self.device_type = resolve_device(cfg)
+        if cfg.precision == "fp16" and self.device_type != "cuda":
+            raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
+        self.strategy.check(cfg, self.device_type)
+        self.processes = self.strategy.num_processes(cfg, self.device_type)
+        self.replicas = self.strategy.num_replicas(cfg, self.device_type)
+        self.per_replica_batch = cfg.check_batch_split(self.replicas)
+        cfg.check_batch_split(self.processes)
+        self.workers_per_replica = (
+            cfg.workers if cfg.workers is not None else default_workers(self.device_type,
+                                                                        self.replicas)
+        )
+        self.workers_per_process = self.workers_per_replica * self.replicas // self.processes
+        self.runs = check_output_writable(cfg.output)
+        self.port = cfg.master_port
+        if self.port is not None and self.strategy.launcher != "inline":
+            if launch.port_in_use(self.port):
+                raise ConfigError(
+                    f"--master-port {self.port} is in use; choose another or leave it out"
+                )
+        self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
+        self.record_path = self.runs / f"{self.run_id}.json"
+
+    def skeleton(self, argv: list[str]) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "record_version": RECORD_VERSION,
+            "run_id": self.run_id,
+            "started_at": utc_now(),
+            "finished_at": None,
+            "status": "running",
+            "error": None,
+            "strategy": cfg.strategy,
+            "launcher": self.strategy.launcher,
+            "device": self.device_type,
+            "gpus_requested": cfg.gpus,
+            "world_size": self.replicas,
+            "processes": self.processes,
+            "nodes": 1,
+            "precision": cfg.precision,
+            "norm": None,
+            "global_batch": cfg.batch_size,
+            "per_rank_batch": self.per_replica_batch,
+            "lr": cfg.peak_lr,
+            "base_lr": cfg.base_lr,
+            "lr_reference_batch": 128,
+            "lr_schedule": LR_SCHEDULE,
+            "warmup_epochs": cfg.warmup_epochs,
+            "optimizer": {
+                "name": "SGD",
+                "momentum": cfg.momentum,
+                "nesterov": cfg.nesterov,
+                "weight_decay": cfg.weight_decay,
+            },
+            "epochs": cfg.epochs,
+            "dataset": None,
+            "train_size": None,
+            "test_size": None,
+            "seed": cfg.seed,
+            "workers_per_replica": self.workers_per_replica,
+            "workers_per_process": self.workers_per_process,
+            "syncbn_requested": cfg.syncbn,
+            "command": argv,
+            "config": cfg.to_dict(),
+            "env": capture_env(self.device_type),
+            "notes": [],
+            "per_epoch": [],
+            "summary": {},
+        }
+
+
+def _first_error(scratch: Path) -> str | None:
+    files = sorted(scratch.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return None
+    rank = files[0].stem.removeprefix("error-rank")
+    return f"rank {rank}: {files[0].read_text().splitlines()[0]}"
+
+
+def reap_ranks(scratch: Path) -> None:
+    """Kill any rank of this run that outlived its launcher (found by its pid file)."""
+    for pid_file in scratch.glob("pid-rank*"):
+        try:
+            pid = int(pid_file.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if pid == os.getpid():
+            continue
+        if str(scratch).encode() in cmdline or b"spawn_main" in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _raise_interrupted(signum, frame) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def execute(cfg: RunConfig, argv: list[str]) -> int:
+    """Run one configuration; returns the exit code. Bad input raises ConfigError before
+    anything is written."""
+    plan = RunPlan(cfg)
+    record = plan.skeleton(argv)
+    reason = plan.strategy.requires(plan.device_type)
+    if reason:
+        record.update(status="unavailable", error=reason, finished_at=utc_now())
+        write_atomic(plan.record_path, record)
+        print(f"bench: {cfg.strategy} is unavailable here: {reason}", file=sys.stderr)
+        print(f"record: {plan.record_path}")
+        return EXIT_UNAVAILABLE
+    dataset, train_size, test_size = prepare_data(cfg)
+    record.update(dataset=dataset, train_size=train_size, test_size=test_size)
+    if dataset != "synthetic":
+        record["data_dir"] = str(Path(cfg.data_dir).resolve())
+    write_atomic(plan.record_path, record)
+
+    scratch = Path(tempfile.mkdtemp(prefix=f"bench-{plan.run_id}-"))
+    spec = {
+        "config": cfg.to_dict(),
+        "device_type": plan.device_type,
+        "record_path": str(plan.record_path.resolve()),
+        "scratch": str(scratch),
+        "workers_per_process": plan.workers_per_process,
+    }
+    spec_path = scratch / "spec.json"
+    write_atomic(spec_path, spec)
+    port = plan.port or launch.free_port()
+    threads = cpu_threads_per_process(plan.processes)
+    print(
+        f"bench: {cfg.strategy} on {plan.replicas} {plan.device_type} replica(s), "
+        f"{plan.processes} process(es), launcher {plan.strategy.launcher}; "
+        f"record {plan.record_path}",
+        flush=True,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    status, error, code = "failed", None, EXIT_FAILED
+    try:
+        rc = launch.LAUNCHERS[plan.strategy.launcher](spec_path, plan.processes, port, threads)
+        if rc != 0:
+            error = _first_error(scratch) or f"launcher {plan.strategy.launcher} exited with {rc}"
+    except (KeyboardInterrupt, Interrupted) as exc:
+        status, code = "interrupted", EXIT_INTERRUPTED
+        error = f"interrupted ({type(exc).__name__} {exc})".strip()
+        rc = -1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        reap_ranks(scratch)
+    final = read_record(plan.record_path)
+    if rc == 0 and final.get("status") == "ok":
+        status, code = "ok", EXIT_OK
+    elif rc == 0:
+        error = error or "ranks exited without finishing the record"
+    if status != "ok" or final.get("status") != "ok":
+        final.update(status=status, error=error, finished_at=utc_now())
+        write_atomic(plan.record_path, final)
+    shutil.rmtree(scratch, ignore_errors=True)
+    summary = final.get("summary") or {}
+    if status == "ok":
+        print(
+            f"bench: ok  median epoch {summary.get('median_epoch_time_s', float('nan')):.2f}s  "
+            f"{summary.get('median_images_per_s', float('nan')):.0f} img/s  "
+            f"final top1 {100 * summary.get('final_top1', float('nan')):.2f}%  "
+            f"-> {plan.record_path}"
+        )
+    else:
+        print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
+    return code

@@ -1,0 +1,368 @@
+"""The per-rank training body, the same for 1 and N processes and for every strategy.
+
+Started as ``python -m bench.worker SPEC.json`` by torchrun / torch.distributed.launch, or
+called in-process (inline, mp.spawn). Rank 0 alone writes the record, after every epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Subset
+
+import strategies
+from bench.config import RunConfig
+from bench.data import CifarTensorDataset, load_split
+from bench.model import count_parameters, resnet18_cifar
+from bench.precision import Precision
+from bench.results import read_record, summarise_epochs, utc_now, write_atomic
+from strategies.base import Strategy, cpu_threads_per_process, epoch_sampler
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
+    """Linear warm-up from peak/warmup_steps to peak, then cosine decay to 0, per step."""
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return 0.5 * peak_lr * (1.0 + math.cos(math.pi * progress))
+
+
+def global_order_digest(dataset, seed: int, epoch: int, world_size: int, per_rank: int) -> str:
+    """SHA-1 of the sequence of global batches (each as a sorted set of sample indices).
+    Equal digests mean two runs trained on exactly the same batches in the same order."""
+    per_rank_indices = []
+    for rank in range(world_size):
+        sampler = epoch_sampler(dataset, seed, world_size, rank)
+        sampler.set_epoch(epoch)
+        per_rank_indices.append(list(sampler))
+    steps = len(per_rank_indices[0]) // per_rank
+    digest = hashlib.sha1()
+    for step in range(steps):
+        batch = sorted(
+            i for idx in per_rank_indices for i in idx[step * per_rank : (step + 1) * per_rank]
+        )
+        digest.update(",".join(map(str, batch)).encode() + b";")
+    return digest.hexdigest()
+
+
+def _peak_memory(strategy: Strategy) -> int:
+    if strategy.device.type == "cuda":
+        return max(torch.cuda.max_memory_allocated(d) for d in strategy.process_devices())
+    # ru_maxrss is in KiB on Linux: the peak resident set of this process so far.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _sync(strategy: Strategy) -> None:
+    if strategy.device.type == "cuda":
+        for device in strategy.process_devices():
+            torch.cuda.synchronize(device)
+
+
+class Trainer:
+    """Builds data, model and optimizer for one rank and runs the epochs."""
+
+    def __init__(self, cfg: RunConfig, strategy: Strategy, spec: dict[str, Any]) -> None:
+        self.cfg, self.strategy, self.spec = cfg, strategy, spec
+        self.record_path = Path(spec["record_path"])
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", strategy.world_size))
+        self.threads = cpu_threads_per_process(local_processes)
+        torch.set_num_threads(self.threads)
+
+        torch.manual_seed(cfg.seed)  # identical initial weights for every rank and strategy
+        model = resnet18_cifar(width=cfg.width)
+        self.num_params = count_parameters(model)
+        self.model = strategy.wrap_model(model, cfg)
+        self.precision = Precision(cfg.precision, strategy.device)
+        optimizer = torch.optim.SGD(
+            self.model.parameters(),
+            lr=cfg.peak_lr,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+        )
+        self.optimizer = strategy.wrap_optimizer(optimizer, self.model)
+        self.criterion = nn.CrossEntropyLoss()
+
+        # Augmentation differs per rank (and per loader worker), deterministically.
+        aug_seed = cfg.seed * 1_000_003 + 1 + strategy.rank
+        torch.manual_seed(aug_seed)
+        self.per_replica_batch = cfg.batch_size // strategy.replicas
+        self.per_process_batch = cfg.batch_size // strategy.world_size
+        self.workers = spec["workers_per_process"]
+        pin = strategy.device.type == "cuda"
+        self.train_set = CifarTensorDataset(
+            load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit), augment=True
+        )
+        test_set = CifarTensorDataset(
+            load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit), augment=False
+        )
+        self.test_size = len(test_set)
+        self.sampler = strategy.train_sampler(self.train_set, cfg.seed)
+        self.train_loader = DataLoader(
+            self.train_set,
+            batch_size=self.per_process_batch,
+            sampler=self.sampler,
+            drop_last=True,
+            num_workers=self.workers,
+            pin_memory=pin,
+            persistent_workers=self.workers > 0,
+            generator=torch.Generator().manual_seed(aug_seed),
+        )
+        self.test_loader = DataLoader(
+            Subset(test_set, strategy.eval_indices(len(test_set))),
+            batch_size=max(256, self.per_process_batch),
+            shuffle=False,
+            num_workers=self.workers,
+            pin_memory=pin,
+            persistent_workers=self.workers > 0,
+        )
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
+        self.record = read_record(self.record_path) if strategy.is_main else {}
+
+    # ------------------------------------------------------------------ record (rank 0)
+    def _write_record(self) -> None:
+        if self.strategy.is_main:
+            write_atomic(self.record_path, self.record)
+
+    def _start_record(self) -> None:
+        s = self.strategy
+        self.record.update(
+            {
+                "status": "running",
+                "world_size": s.replicas,
+                "processes": s.world_size,
+                "norm": s.norm,
+                "bn_batch_size": self.per_replica_batch if s.norm != "syncbn" else None,
+                "per_rank_batch": self.per_replica_batch,
+                "per_process_batch": self.per_process_batch,
+                "workers_per_process": self.workers,
+                "threads_per_process": self.threads,
+                "train_size": len(self.train_set),
+                "test_size": self.test_size,
+                "steps_per_epoch": self.steps_per_epoch,
+                "warmup_steps": self.warmup_steps,
+                "model": {
+                    "name": "resnet18-cifar",
+                    "width": self.cfg.width,
+                    "parameters": self.num_params,
+                },
+                "notes": self.record.get("notes", []) + s.notes,
+                "per_epoch": [],
+            }
+        )
+        self._write_record()
+
+    # ------------------------------------------------------------------ one epoch
+    def train_epoch(self, epoch: int) -> dict[str, Any]:
+        s, cfg = self.strategy, self.cfg
+        self.sampler.set_epoch(epoch)
+        self.model.train()
+        loss_sum = torch.zeros((), device=s.device)
+        seen = 0
+        if s.device.type == "cuda":
+            for device in s.process_devices():
+                torch.cuda.reset_peak_memory_stats(device)
+        bar = None
+        if s.is_main and cfg.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                leave=False, unit="step", disable=None,
+            )
+        step = epoch * self.steps_per_epoch
+        s.barrier()
+        _sync(s)
+        start = time.perf_counter()
+        # ---- timed region: no host syncs, no logging collectives ----
+        for images, labels in self.train_loader:
+            images = images.to(s.device, non_blocking=True)
+            labels = labels.to(s.device, non_blocking=True)
+            lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.precision.autocast():
+                loss = self.criterion(self.model(images), labels)
+            s.backward_step(loss, self.optimizer, self.precision)
+            loss_sum += loss.detach().float() * labels.numel()
+            seen += labels.numel()
+            step += 1
+            if bar is not None:
+                bar.update()
+        _sync(s)
+        train_time = time.perf_counter() - start
+        # ---- end of timed region ----
+        if bar is not None:
+            bar.close()
+        totals = torch.stack([loss_sum, torch.tensor(float(seen), device=s.device)])
+        s.all_reduce(totals, "sum")
+        return {
+            "train_time_s": train_time,
+            "train_loss": (totals[0] / totals[1]).item(),
+            "train_images": int(totals[1].item()),
+            "lr_last": lr,
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        s = self.strategy
+        net = s.eval_module(self.model)
+        s.broadcast_buffers(net)
+        net.eval()
+        totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
+        _sync(s)
+        start = time.perf_counter()
+        for images, labels in self.test_loader:
+            images = images.to(s.device, non_blocking=True)
+            labels = labels.to(s.device, non_blocking=True)
+            with self.precision.autocast():
+                logits = net(images)
+            logits = logits.float()
+            top5 = logits.topk(5, dim=1).indices
+            hits = top5 == labels[:, None]
+            totals[0] += hits[:, 0].sum()
+            totals[1] += hits.any(dim=1).sum()
+            totals[2] += labels.numel()
+            totals[3] += nn.functional.cross_entropy(logits, labels, reduction="sum")
+        _sync(s)
+        eval_time = time.perf_counter() - start
+        s.all_reduce(totals, "sum")
+        count = int(totals[2].item())
+        return {
+            "eval_time_s": eval_time,
+            "top1": totals[0].item() / count,
+            "top5": totals[1].item() / count,
+            "test_loss": totals[3].item() / count,
+            "test_images": count,
+        }
+
+    def run(self) -> None:
+        s, cfg = self.strategy, self.cfg
+        self._start_record()
+        epochs: list[dict[str, Any]] = []
+        for epoch in range(cfg.epochs):
+            train = self.train_epoch(epoch)
+            evaluation = self.evaluate()
+            times = torch.tensor(
+                [train["train_time_s"], evaluation["eval_time_s"], float(_peak_memory(s))],
+                device=s.device,
+                dtype=torch.float64,
+            )
+            s.all_reduce(times, "max")  # a step is as slow as the slowest rank
+            if not s.is_main:
+                continue
+            entry = {
+                "epoch": epoch + 1,
+                "warmup": epoch == 0,
+                "train_time_s": times[0].item(),
+                "eval_time_s": times[1].item(),
+                "images_per_s": train["train_images"] / times[0].item(),
+                "train_images": train["train_images"],
+                "train_loss": train["train_loss"],
+                "test_loss": evaluation["test_loss"],
+                "top1": evaluation["top1"],
+                "top5": evaluation["top5"],
+                "test_images": evaluation["test_images"],
+                "peak_mem_bytes": int(times[2].item()),
+                "lr_last": train["lr_last"],
+                "data_order_sha1": global_order_digest(
+                    self.train_set, cfg.seed, epoch, s.world_size, self.per_process_batch
+                ),
+            }
+            epochs.append(entry)
+            self.record["per_epoch"] = epochs
+            self.record["summary"] = summarise_epochs(epochs)
+            self._write_record()
+            print(
+                f"[{cfg.strategy}] epoch {epoch + 1}/{cfg.epochs}  "
+                f"train {entry['train_time_s']:.2f}s  {entry['images_per_s']:.0f} img/s  "
+                f"loss {entry['train_loss']:.3f}  top1 {100 * entry['top1']:.2f}%  "
+                f"top5 {100 * entry['top5']:.2f}%",
+                flush=True,
+            )
+        if s.is_main:
+            self.record["status"] = "ok"
+            self.record["finished_at"] = utc_now()
+            self._write_record()
+
+
+def _error_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the launcher dies, so no rank outlives its run."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
+def run_rank(spec: dict[str, Any]) -> None:
+    """Everything one rank does, whatever started it."""
+    cfg = RunConfig.from_dict(spec["config"])
+    strategy = strategies.get(cfg.strategy)
+    scratch = Path(spec["scratch"])
+    if scratch.is_dir():
+        (scratch / f"pid-rank{os.environ.get('RANK', '0')}").write_text(str(os.getpid()))
+    try:
+        strategy.setup(cfg, spec["device_type"])
+        Trainer(cfg, strategy, spec).run()
+    except BaseException as exc:
+        rank = os.environ.get("RANK", str(strategy.rank))
+        if scratch.is_dir():
+            (scratch / f"error-rank{rank}.txt").write_text(
+                _error_line(exc) + "\n" + traceback.format_exc()
+            )
+        raise
+    finally:
+        strategy.teardown()
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    import json
+
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # torch.distributed.launch (legacy) passes --local-rank=N / --local_rank=N unless --use-env.
+    spec_path = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith(("--local-rank", "--local_rank")):
+            value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            i += 0 if "=" in arg else 1
+            os.environ["LOCAL_RANK"] = value
+        else:
+            spec_path = arg
+        i += 1
+    if spec_path is None:
+        raise SystemExit("usage: python -m bench.worker SPEC.json (started by `bench run`)")
+    _die_with_parent()
+    run_rank(load_spec(spec_path))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The strategy interface: what happens inside one rank. How ranks are started is the
+launcher's business (``bench/launch.py``); a strategy only names its launcher."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+from bench.config import RunConfig
+from bench.precision import Precision
+
+
+class Strategy:
+    """Base class. Subclasses set ``launcher`` and ``summary`` and override what differs."""
+
+    launcher: str = "inline"
+    summary: str = ""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rank = 0
+        self.local_rank = 0
+        self.world_size = 1  # processes taking part in the run
+        self.replicas = 1  # model replicas the global batch is split over
+        self.device = torch.device("cpu")
+        self.norm = "per-replica-bn"
+        self.notes: list[str] = []
+
+    # ---- in the launching process -------------------------------------------------------
+    def requires(self, device_type: str) -> str | None:
+        """Why this strategy cannot run here (missing dependency, no CUDA...), or None."""
+        return None
+
+    def check(self, cfg: RunConfig, device_type: str) -> None:
+        """Strategy-specific validation of the config; raises ConfigError."""
+
+    def num_processes(self, cfg: RunConfig, device_type: str) -> int:
+        """Ranks the launcher starts on this machine."""
+        return cfg.gpus
+
+    def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
+        """Model replicas over which the global batch is split."""
+        return cfg.gpus
+
+    # ---- inside a rank ------------------------------------------------------------------
+    def setup(self, cfg: RunConfig, device_type: str) -> None:
+        """Join the group (if any) and pick this rank's device."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+        """Move the model to the device, convert normalisation, wrap; sets ``self.norm``."""
+        return model.to(self.device)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module):
+        return optimizer
+
+    def eval_module(self, model: nn.Module) -> nn.Module:
+        """The module to evaluate with (unwrapped where the wrapper would communicate)."""
+        return model
+
+    def train_sampler(self, dataset, seed: int) -> DistributedSampler:
+        return epoch_sampler(dataset, seed, self.world_size, self.rank)
+
+    def process_devices(self) -> list[torch.device]:
+        """Devices this process computes on (for peak memory)."""
+        return [self.device]
+
+    def eval_indices(self, size: int) -> list[int]:
+        """This rank's share of the test set: every image exactly once over all ranks."""
+        return list(range(self.rank, size, self.world_size))
+
+    def backward_step(
+        self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision
+    ) -> None:
+        precision.backward_step(loss, optimizer)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce over ranks in place (``sum`` or ``max``); a no-op for one process."""
+        return tensor
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        """Give every rank rank 0's buffers (BatchNorm running statistics) before eval."""
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+
+    def teardown(self) -> None:
+        """Leave the group."""
+
+
+def epoch_sampler(dataset, seed: int, world_size: int, rank: int) -> DistributedSampler:
+    """Every strategy draws the same global order: one permutation per (seed, epoch), rank r
+    taking positions r, r+W, ... With drop_last the tail that does not fill all ranks is
+    dropped, so with per-rank batch B/W the global batch k is the same set of images for
+    every world size W."""
+    return DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
+
+
+def cpu_threads_per_process(processes_on_node: int) -> int:
+    """Cores split evenly over the processes of this machine, so every strategy gets the
+    same total number of CPU threads."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, processes_on_node))

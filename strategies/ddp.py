@@ -1,0 +1,93 @@
+"""DistributedDataParallel: one process per GPU (or CPU process), NCCL on CUDA, gloo on CPU.
+The same class serves every launcher (torchrun, mp.spawn, torch.distributed.launch): the
+launcher sets RANK / WORLD_SIZE / LOCAL_RANK, the strategy reads them."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from bench.config import RunConfig
+from strategies.base import Strategy
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        raise RuntimeError(
+            f"{name} is not set: DDP ranks are started by `bench run`, not directly"
+        ) from None
+
+
+class DDPStrategy(Strategy):
+    summary = "DistributedDataParallel, one process per GPU"
+
+    def __init__(self, name: str, launcher: str = "torchrun", summary: str | None = None):
+        super().__init__(name)
+        self.launcher = launcher
+        if summary:
+            self.summary = summary
+
+    def setup(self, cfg: RunConfig, device_type: str) -> None:
+        self.rank = _env_int("RANK")
+        self.world_size = _env_int("WORLD_SIZE")
+        self.local_rank = _env_int("LOCAL_RANK")
+        self.replicas = self.world_size
+        backend = "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+            backend = "nccl"
+        dist.init_process_group(
+            backend,
+            init_method="env://",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=cfg.timeout),
+        )
+
+    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            self.norm = "syncbn"
+        else:
+            self.norm = "per-replica-bn"
+            if self.world_size > 1:
+                why = "DDP refuses SyncBatchNorm on CPU" if self.device.type != "cuda" else (
+                    "--no-syncbn"
+                )
+                self.notes.append(f"BatchNorm statistics are per replica ({why})")
+        model = model.to(self.device)
+        device_ids = [self.local_rank] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def eval_module(self, model: nn.Module) -> nn.Module:
+        # Evaluate on the bare module: ranks see different numbers of test batches, and the
+        # DDP wrapper must not start collectives on some ranks only.
+        return model.module
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        dist.all_reduce(tensor, op=_OPS[op])
+        return tensor
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.local_rank])
+        else:
+            dist.barrier()
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,52 @@
+"""``nn.DataParallel``: one process drives N GPUs; replicas are re-created every step."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from bench.config import RunConfig
+from bench.errors import ConfigError
+from strategies.base import Strategy
+
+
+class DataParallelStrategy(Strategy):
+    launcher = "inline"
+    summary = "nn.DataParallel, one process over N GPUs (one replica on CPU)"
+
+    def num_processes(self, cfg: RunConfig, device_type: str) -> int:
+        return 1
+
+    def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
+        # Without CUDA nn.DataParallel does nothing: the model runs once, on the CPU.
+        return cfg.gpus if device_type == "cuda" else 1
+
+    def setup(self, cfg: RunConfig, device_type: str) -> None:
+        self.replicas = self.num_replicas(cfg, device_type)
+        if device_type == "cuda":
+            torch.cuda.set_device(0)
+            self.device = torch.device("cuda", 0)
+        elif cfg.gpus > 1:
+            self.notes.append(
+                f"nn.DataParallel has no effect without CUDA: asked for {cfg.gpus}, "
+                "one CPU replica ran in one process"
+            )
+
+    def check(self, cfg: RunConfig, device_type: str) -> None:
+        if getattr(cfg, "nodes", 1) > 1:
+            raise ConfigError("dp runs in one process on one machine; use --strategy ddp")
+
+    def process_devices(self) -> list[torch.device]:
+        if self.device.type == "cuda":
+            return [torch.device("cuda", i) for i in range(self.replicas)]
+        return [self.device]
+
+    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+        model = model.to(self.device)
+        # SyncBatchNorm under DataParallel silently acts per replica, so plain BN is used and
+        # the record says what ran.
+        self.norm = "per-replica-bn"
+        if self.replicas > 1:
+            self.notes.append("BatchNorm statistics are per replica (DataParallel has no SyncBN)")
+        device_ids = list(range(self.replicas)) if self.device.type == "cuda" else None
+        return nn.DataParallel(model, device_ids=device_ids)
