@@ -102,9 +102,8 @@ def cmd_list() -> int:
         reason = strategy.requires(device_type)
         rows.append((name, strategy.launcher, "yes" if reason is None else f"no: {reason}",
                      strategy.summary))
-    widths = [max(len(r[i]) for r in [("strategy", "launcher", "available here", "")] + rows)
-              for i in range(3)]
     header = ("strategy", "launcher", "available here")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  what it is")
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])

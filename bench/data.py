@@ -4,6 +4,7 @@ small sets in the exact ``cifar-100-python`` format."""
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,16 +62,22 @@ def cifar100_present(root: Path) -> bool:
     return all((folder / name).is_file() for name in CIFAR100_MD5)
 
 
+def cifar100_url() -> str:
+    """The archive's URL: the official one, or a mirror named by ``$BENCH_CIFAR100_URL``."""
+    return os.environ.get("BENCH_CIFAR100_URL") or CIFAR100_URL
+
+
 def download_cifar100(root: Path) -> None:
-    """Download and unpack the official archive (md5 checked by torchvision's helper)."""
+    """Download and unpack the archive; its md5 must be the official one."""
     from torchvision.datasets.utils import download_and_extract_archive
 
     try:
         Path(root).mkdir(parents=True, exist_ok=True)
         download_and_extract_archive(
-            CIFAR100_URL, str(root), filename=CIFAR100_ARCHIVE, md5=CIFAR100_ARCHIVE_MD5
+            cifar100_url(), str(root), filename=CIFAR100_ARCHIVE, md5=CIFAR100_ARCHIVE_MD5
         )
     except Exception as exc:  # network errors come in many types
+        (Path(root) / CIFAR100_ARCHIVE).unlink(missing_ok=True)  # no half-downloaded archive
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
             f"CIFAR-100 is not in {root} and could not be downloaded ({reason}); put "
@@ -183,7 +190,7 @@ def synthetic_split(split: str, size: int, seed: int) -> ImageSet:
     stream = 1 if split == "train" else 2
     labels = np.random.default_rng([seed, stream, 0]).integers(0, NUM_CLASSES, size=size)
     noise = np.random.default_rng([seed, stream, 1]).normal(size=(size, 32, 32, 3))
-    images = 128.0 + 40.0 * protos[labels] + 40.0 * noise
+    images = 128.0 + 50.0 * protos[labels] + 30.0 * noise
     return ImageSet(np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64))
 
 

@@ -4,6 +4,7 @@ interrupted stops all its ranks before re-raising."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -41,14 +42,10 @@ def _stop_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
@@ -60,11 +57,9 @@ def _run_child(cmd: list[str], env: dict[str, str]) -> int:
         _stop_group(proc)
         raise
     finally:
-        if proc.poll() is not None:
-            try:  # nothing of this run may outlive it
+        if proc.poll() is not None:  # nothing of this run may outlive it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _child_env(threads: int) -> dict[str, str]:

@@ -18,6 +18,25 @@ from typing import Any
 RECORD_VERSION = 1
 STATUSES = ("running", "ok", "failed", "unavailable", "interrupted")
 
+# Fields every record carries (a finished run fills them all; see README "Results record").
+RECORD_FIELDS = (
+    "record_version", "run_id", "started_at", "finished_at", "status", "error", "strategy",
+    "launcher", "device", "gpus_requested", "world_size", "processes", "nodes", "precision",
+    "norm", "bn_batch_size", "global_batch", "per_rank_batch", "per_process_batch", "lr",
+    "base_lr", "lr_schedule", "warmup_epochs", "optimizer", "epochs", "dataset", "train_size",
+    "test_size", "seed", "workers_per_replica", "workers_per_process", "threads_per_process",
+    "steps_per_epoch", "model", "command", "config", "env", "notes", "per_epoch", "summary",
+)
+EPOCH_FIELDS = (
+    "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",
+    "train_loss", "test_loss", "top1", "top5", "test_images", "peak_mem_bytes", "lr_last",
+    "data_order_sha1",
+)
+ENV_FIELDS = (
+    "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_count", "cuda",
+    "cudnn", "nccl", "gpus", "driver",
+)
+
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

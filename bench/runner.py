@@ -67,8 +67,11 @@ def resolve_strategy(name: str) -> Strategy:
         raise ConfigError(exc.args[0]) from None
 
 
-def check_output_writable(output: str) -> Path:
-    folder = runs_dir(output)
+def check_output_writable(output: str) -> tuple[Path, list[Path]]:
+    """The runs folder, made if absent and probed; also the folders this call created, so
+    that a run refused later can leave nothing behind."""
+    folder = runs_dir(output).absolute()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
@@ -77,7 +80,13 @@ def check_output_writable(output: str) -> Path:
         raise ConfigError(
             f"cannot write results to {folder} ({exc.strerror}); choose another --output"
         ) from None
-    return folder
+    return folder, created
+
+
+def remove_created(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def prepare_data(cfg: RunConfig) -> tuple[str, int, int]:
@@ -125,13 +134,8 @@ class RunPlan:
                                                                         self.replicas)
         )
         self.workers_per_process = self.workers_per_replica * self.replicas // self.processes
-        self.runs = check_output_writable(cfg.output)
+        self.runs, self.created_dirs = check_output_writable(cfg.output)
         self.port = cfg.master_port
-        if self.port is not None and self.strategy.launcher != "inline":
-            if launch.port_in_use(self.port):
-                raise ConfigError(
-                    f"--master-port {self.port} is in use; choose another or leave it out"
-                )
         self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
         self.record_path = self.runs / f"{self.run_id}.json"
 
@@ -214,15 +218,25 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     """Run one configuration; returns the exit code. Bad input raises ConfigError before
     anything is written."""
     plan = RunPlan(cfg)
-    record = plan.skeleton(argv)
-    reason = plan.strategy.requires(plan.device_type)
-    if reason:
-        record.update(status="unavailable", error=reason, finished_at=utc_now())
-        write_atomic(plan.record_path, record)
-        print(f"bench: {cfg.strategy} is unavailable here: {reason}", file=sys.stderr)
-        print(f"record: {plan.record_path}")
-        return EXIT_UNAVAILABLE
-    dataset, train_size, test_size = prepare_data(cfg)
+    try:
+        if plan.port is not None and plan.strategy.launcher != "inline" and launch.port_in_use(
+            plan.port
+        ):
+            raise ConfigError(
+                f"--master-port {plan.port} is in use; choose another or leave it out"
+            )
+        record = plan.skeleton(argv)
+        reason = plan.strategy.requires(plan.device_type)
+        if reason:
+            record.update(status="unavailable", error=reason, finished_at=utc_now())
+            write_atomic(plan.record_path, record)
+            print(f"bench: {cfg.strategy} is unavailable here: {reason}", file=sys.stderr)
+            print(f"record: {plan.record_path}")
+            return EXIT_UNAVAILABLE
+        dataset, train_size, test_size = prepare_data(cfg)
+    except ConfigError:
+        remove_created(plan.created_dirs)
+        raise
     record.update(dataset=dataset, train_size=train_size, test_size=test_size)
     if dataset != "synthetic":
         record["data_dir"] = str(Path(cfg.data_dir).resolve())

@@ -10,7 +10,9 @@ from strategies.dp import DataParallelStrategy
 
 REGISTRY: dict[str, Callable[[], Strategy]] = {
     "dp": lambda: DataParallelStrategy("dp"),
-    "ddp": lambda: DDPStrategy("ddp", launcher="torchrun", summary="DDP, ranks started by torchrun"),
+    "ddp": lambda: DDPStrategy(
+        "ddp", launcher="torchrun", summary="DDP, ranks started by torchrun"
+    ),
     "ddp-spawn": lambda: DDPStrategy(
         "ddp-spawn", launcher="spawn", summary="DDP, ranks started by torch.multiprocessing.spawn"
     ),

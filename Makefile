@@ -1,0 +1,36 @@
+# parallel-bench: `make demo` and `make test` work on a fresh clone (CPU is enough).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   ?= results/demo
+# Demo workload: the real ResNet-18 on a small synthetic set, 2 CPU processes (about 4 min).
+DEMO_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 \
+             --batch-size 64 --no-progress --output $(DEMO)
+
+.PHONY: install demo test lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	rm -rf $(DEMO)
+	$(BIN)/bench list
+	$(BIN)/bench run --strategy dp --gpus 2 $(DEMO_ARGS)
+	$(BIN)/bench run --strategy ddp --gpus 2 $(DEMO_ARGS)
+	$(BIN)/bench run --strategy ddp-spawn --gpus 2 $(DEMO_ARGS)
+	$(BIN)/bench report --results $(DEMO)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache results/demo

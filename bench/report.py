@@ -1,0 +1,274 @@
+"""``bench report``: records -> one table (CSV, Markdown) and plots. Separate from running."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.results import load_records
+
+GROUP_KEYS = ["workload", "strategy", "device", "world_size", "precision"]
+COLUMNS = [
+    ("workload", "workload"),
+    ("strategy", "strategy"),
+    ("device", "device"),
+    ("world_size", "N"),
+    ("processes", "procs"),
+    ("precision", "precision"),
+    ("norm", "norm"),
+    ("runs", "runs"),
+    ("epoch_time_s", "epoch time (s, median)"),
+    ("epoch_time_spread_s", "spread (s, max-min)"),
+    ("images_per_s", "img/s"),
+    ("speedup", "speed-up vs N=1"),
+    ("efficiency", "scaling eff."),
+    ("final_top1", "final top-1 (%)"),
+    ("best_top1", "best top-1 (%)"),
+    ("peak_mem_mib", "peak mem (MiB)"),
+    ("status", "status"),
+]
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not values:
+        return math.nan
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def workload(rec: dict[str, Any]) -> str:
+    """What was trained: only runs of the same workload are compared with each other."""
+    width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
+    model = "resnet18" if width == 1.0 else f"resnet18 x{width:g}"
+    return (
+        f"{rec.get('dataset') or rec.get('config', {}).get('data')} "
+        f"{rec.get('train_size') or '?'} img, batch {rec.get('global_batch')}, {model}"
+    )
+
+
+def run_rows(records: list[dict[str, Any]]):
+    """One row per record; epoch times exclude the first (warm-up) epoch."""
+    import pandas as pd
+
+    rows = []
+    for rec in records:
+        epochs = rec.get("per_epoch") or []
+        timed = epochs[1:] if len(epochs) > 1 else epochs
+        rows.append(
+            {
+                "run_id": rec.get("run_id"),
+                "strategy": rec.get("strategy"),
+                "device": rec.get("device"),
+                "world_size": rec.get("world_size"),
+                "processes": rec.get("processes"),
+                "precision": rec.get("precision"),
+                "norm": rec.get("norm"),
+                "status": rec.get("status"),
+                "error": rec.get("error"),
+                "dataset": rec.get("dataset"),
+                "width": (rec.get("model") or {}).get("width"),
+                "workload": workload(rec),
+                "epochs_done": len(epochs),
+                "epoch_time_s": _median([e["train_time_s"] for e in timed]),
+                "images_per_s": _median([e["images_per_s"] for e in timed]),
+                "final_top1": 100 * epochs[-1]["top1"] if epochs else math.nan,
+                "best_top1": 100 * max(e["top1"] for e in epochs) if epochs else math.nan,
+                "total_train_time_s": sum(e["train_time_s"] for e in epochs),
+                "peak_mem_mib": max(e["peak_mem_bytes"] for e in epochs) / 2**20
+                if epochs else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def summary_table(records: list[dict[str, Any]]):
+    """One row per strategy x device x N x precision; repeats aggregated by their median.
+    Failed and unavailable runs stay in the table with their reason."""
+    import pandas as pd
+
+    runs = run_rows(records)
+    if runs.empty:
+        return pd.DataFrame(columns=[c for c, _ in COLUMNS] + ["error"])
+    out = []
+    for key, group in runs.groupby(GROUP_KEYS, dropna=False, sort=True):
+        ok = group[group["status"] == "ok"]
+        use = ok if len(ok) else group
+        row = dict(zip(GROUP_KEYS, key))
+        times = [t for t in ok["epoch_time_s"] if not math.isnan(t)]
+        row.update(
+            processes=use["processes"].iloc[-1],
+            norm=use["norm"].iloc[-1],
+            runs=len(ok),
+            epoch_time_s=_median(list(ok["epoch_time_s"])),
+            epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else 0.0
+            if times else math.nan,
+            images_per_s=_median(list(ok["images_per_s"])),
+            final_top1=_median(list(ok["final_top1"])),
+            best_top1=_median(list(ok["best_top1"])),
+            peak_mem_mib=_median(list(ok["peak_mem_mib"])),
+            status="ok" if len(ok) else group["status"].iloc[-1],
+            error=None if len(ok) else group["error"].iloc[-1],
+            dataset=use["dataset"].iloc[-1],
+            width=use["width"].iloc[-1],
+        )
+        out.append(row)
+    table = pd.DataFrame(out)
+    base = {
+        (r.workload, r.strategy, r.device, r.precision): r.images_per_s
+        for r in table.itertuples()
+        if r.world_size == 1 and r.status == "ok"
+    }
+    table["speedup"] = [
+        r.images_per_s / base[(r.workload, r.strategy, r.device, r.precision)]
+        if (r.workload, r.strategy, r.device, r.precision) in base and r.status == "ok"
+        else math.nan
+        for r in table.itertuples()
+    ]
+    table["efficiency"] = table["speedup"] / table["world_size"]
+    return table
+
+
+def _fmt(value: Any, column: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if column in ("epoch_time_s", "epoch_time_spread_s"):
+        return f"{value:.2f}"
+    if column in ("images_per_s", "peak_mem_mib"):
+        return f"{value:.0f}"
+    if column in ("speedup",):
+        return f"{value:.2f}×"
+    if column == "efficiency":
+        return f"{100 * value:.0f} %"
+    if column in ("final_top1", "best_top1"):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _cells(table) -> list[list[str]]:
+    rows = []
+    for r in table.to_dict("records"):
+        cells = [_fmt(r.get(c), c) for c, _ in COLUMNS]
+        if r.get("status") != "ok" and r.get("error"):
+            cells[-1] = f"{r['status']}: {r['error']}"
+        rows.append(cells)
+    return rows
+
+
+def to_markdown(table) -> str:
+    header = [h for _, h in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in _cells(table)]
+    return "\n".join(lines) + "\n"
+
+
+def to_text(table) -> str:
+    header = [h for _, h in COLUMNS]
+    rows = _cells(table)
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table) -> str:
+    columns = [c for c, _ in COLUMNS] + ["error", "dataset", "width"]
+    return table.reindex(columns=columns).to_csv(index=False)
+
+
+def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """Epoch time, scaling, top-1 per epoch, time vs accuracy; PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    table = summary_table(records)
+    ok = table[table["status"] == "ok"]
+    written: list[Path] = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        for ext in ("png", "svg"):
+            path = folder / f"{name}.{ext}"
+            fig.savefig(path, dpi=120)
+            written.append(path)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r.strategy}\nN={r.world_size} {r.device} {r.precision}" for r in ok.itertuples()]
+    ax.bar(range(len(ok)), ok["epoch_time_s"], color="tab:blue")
+    ax.set_xticks(range(len(ok)), labels, fontsize=8)
+    ax.set_ylabel("epoch time (s, median excl. warm-up)")
+    ax.set_title("Epoch time per strategy and world size")
+    save(fig, "epoch_time")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
+        grp = grp.sort_values("world_size")
+        ax.plot(grp["world_size"], grp["images_per_s"], "o-",
+                label=f"{strategy} ({device}, {precision})")
+        one = grp[grp["world_size"] == 1]
+        if len(one):
+            ns = sorted(set(grp["world_size"]))
+            ax.plot(ns, [one["images_per_s"].iloc[0] * n for n in ns], ":", color="grey")
+    ax.set_xlabel("world size N (GPUs or CPU processes)")
+    ax.set_ylabel("images/s (training)")
+    ax.set_title("Scaling (dotted: ideal linear)")
+    if len(ok):
+        ax.legend(fontsize=8)
+    save(fig, "scaling")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for rec in records:
+        epochs = rec.get("per_epoch") or []
+        if rec.get("status") == "ok" and epochs:
+            ax.plot([e["epoch"] for e in epochs], [100 * e["top1"] for e in epochs], "o-",
+                    label=f"{rec['strategy']} N={rec['world_size']} ({rec['run_id'][-6:]})")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test top-1 (%)")
+    ax.set_title("Accuracy per epoch")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    save(fig, "top1")
+
+    runs = run_rows(records)
+    runs = runs[runs["status"] == "ok"] if not runs.empty else runs
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in runs.itertuples():
+        ax.scatter(r.total_train_time_s, r.final_top1)
+        ax.annotate(f"{r.strategy} N={r.world_size}", (r.total_train_time_s, r.final_top1),
+                    fontsize=7)
+    ax.set_xlabel("total training time (s)")
+    ax.set_ylabel("final top-1 (%)")
+    ax.set_title("Time vs accuracy")
+    save(fig, "time_vs_accuracy")
+    return written
+
+
+def cmd_report(results: str, fmt: str = "text", write: bool = True) -> int:
+    records, warnings = load_records(results)
+    for line in warnings:
+        print(f"bench report: {line}", file=sys.stderr)
+    table = summary_table(records)
+    if fmt == "json":
+        print(json.dumps(table.to_dict("records"), indent=2, default=str))
+    elif fmt == "csv":
+        print(to_csv(table), end="")
+    elif fmt == "markdown":
+        print(to_markdown(table), end="")
+    else:
+        print(to_text(table), end="")
+    if write:
+        root = Path(results)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "summary.csv").write_text(to_csv(table))
+        (root / "summary.md").write_text(to_markdown(table))
+        plots = write_plots(records, root / "plots")
+        print(f"wrote {root / 'summary.csv'}, {root / 'summary.md'} and {len(plots)} plot files "
+              f"under {root / 'plots'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,78 @@
+"""Bad input: one line naming the fix, exit code 2, and nothing written."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+from conftest import run_bench
+
+BASE = ["--cpu", "--epochs", "1", "--data", "synthetic", "--train-limit", "64",
+        "--test-limit", "8", "--width", "0.125", "--batch-size", "32", "--no-progress"]
+
+
+def _corrupt_copy(cifar_dir, tmp_path):
+    target = tmp_path / "corrupt"
+    shutil.copytree(cifar_dir, target)
+    (target / "cifar-100-python" / "train").write_bytes(b"\x80\x02garbage")
+    return target
+
+
+CASES = {
+    "unknown strategy": (["run", "--strategy", "nope", *BASE], "choose one of: dp, ddp"),
+    "unknown option": (["run", "--strategy", "ddp", "--frobnicate", *BASE], "--frobnicate"),
+    "zero gpus": (["run", "--strategy", "ddp", *BASE, "--gpus", "0"], "--gpus must be"),
+    "negative epochs": (["run", "--strategy", "ddp", *BASE, "--epochs", "-2"], "--epochs"),
+    "gpu without --cpu": (
+        ["run", "--strategy", "ddp", "--gpus", "2", "--data", "synthetic"], "--cpu"),
+    "batch not divisible": (
+        ["run", "--strategy", "ddp", *BASE, "--gpus", "3"], "multiple of 3"),
+    "train set smaller than a batch": (
+        ["run", "--strategy", "dp", *BASE, "--train-limit", "16"], "--train-limit"),
+    "fp16 on cpu": (
+        ["run", "--strategy", "ddp", *BASE, "--precision", "fp16"], "--precision bf16"),
+    "missing dataset offline": (
+        ["run", "--strategy", "ddp", "--cpu", "--data", "cifar100", "--data-dir", "{empty}",
+         "--no-download"], "CIFAR-100 is not in"),
+    "download fails": (
+        ["run", "--strategy", "ddp", "--cpu", "--data", "cifar100", "--data-dir", "{empty}"],
+        "--data synthetic"),
+    "corrupt dataset": (
+        ["run", "--strategy", "ddp", "--cpu", "--data", "cifar100", "--data-dir", "{corrupt}",
+         "--no-download"], "corrupt CIFAR-100 file"),
+    "unwritable output": (
+        ["run", "--strategy", "dp", *BASE, "--output", "{file}/sub"], "--output"),
+    "port in use": (["run", "--strategy", "ddp", *BASE, "--master-port", "{port}"], "in use"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path):
+    args, fragment = CASES[case]
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    (tmp_path / "a-file").write_text("x")
+    out = tmp_path / "out"
+    values = {
+        "empty": str(tmp_path / "empty"),
+        "corrupt": str(_corrupt_copy(cifar_dir, tmp_path)) if case == "corrupt dataset" else "",
+        "file": str(tmp_path / "a-file"),
+        "port": str(blocker.getsockname()[1]),
+    }
+    args = [a.format(**values) for a in args]
+    if "--output" not in args:
+        args += ["--output", str(out)]
+    try:
+        proc = run_bench(
+            *args, env={"BENCH_CIFAR100_URL": "http://127.0.0.1:9/cifar-100-python.tar.gz"}
+        )
+    finally:
+        blocker.close()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("bench: error: ") and fragment in lines[0], lines[0]
+    assert not out.exists(), "bad input must leave nothing behind"
+    assert not (tmp_path / "empty" / "cifar-100-python").exists()

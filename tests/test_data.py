@@ -1,0 +1,137 @@
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from bench import data
+from bench.data import (
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    CifarTensorDataset,
+    ImageSet,
+    load_cifar100_split,
+    prepare_cifar100,
+    synthetic_split,
+    write_cifar100_format,
+)
+from bench.errors import ConfigError
+
+
+def test_fixture_has_the_official_layout(cifar_dir):
+    folder = cifar_dir / "cifar-100-python"
+    with open(folder / "train", "rb") as fh:
+        train = pickle.load(fh, encoding="latin1")
+    assert {"data", "fine_labels", "coarse_labels", "filenames", "batch_label"} <= set(train)
+    assert all(isinstance(k, str) for k in train)
+    assert train["data"].dtype == np.uint8 and train["data"].shape == (256, 3072)
+    with open(folder / "meta", "rb") as fh:
+        meta = pickle.load(fh, encoding="latin1")
+    assert len(meta["fine_label_names"]) == 100 and len(meta["coarse_label_names"]) == 20
+
+
+def test_rows_are_red_then_green_then_blue_planes(tmp_path):
+    img = np.zeros((1, 32, 32, 3), dtype=np.uint8)
+    img[0, 1, 2] = (10, 20, 30)  # row 1, column 2: R, G, B
+    write_cifar100_format(tmp_path, ImageSet(img, np.array([5])), ImageSet(img, np.array([5])))
+    with open(tmp_path / "cifar-100-python" / "train", "rb") as fh:
+        row = pickle.load(fh, encoding="latin1")["data"][0]
+    pos = 1 * 32 + 2
+    assert (row[pos], row[1024 + pos], row[2048 + pos]) == (10, 20, 30)
+    loaded = load_cifar100_split(tmp_path, "train")
+    assert np.array_equal(loaded.images, img) and loaded.labels.tolist() == [5]
+
+
+def test_prepare_reports_fixture_and_sizes(cifar_dir):
+    assert prepare_cifar100(cifar_dir, download=False) == ("fixture", 256, 10)
+
+
+def test_corrupt_file_is_a_clear_error(tmp_path, cifar_dir):
+    import shutil
+
+    shutil.copytree(cifar_dir / "cifar-100-python", tmp_path / "cifar-100-python")
+    (tmp_path / "cifar-100-python" / "train").write_bytes(b"not a pickle")
+    with pytest.raises(ConfigError, match=r"corrupt CIFAR-100 file .*train"):
+        prepare_cifar100(tmp_path, download=False)
+
+
+def test_missing_key_is_a_clear_error(tmp_path, cifar_dir):
+    import shutil
+
+    shutil.copytree(cifar_dir / "cifar-100-python", tmp_path / "cifar-100-python")
+    with open(tmp_path / "cifar-100-python" / "test", "wb") as fh:
+        pickle.dump({"data": np.zeros((2, 3072), np.uint8)}, fh)
+    with pytest.raises(ConfigError, match="fine_labels"):
+        prepare_cifar100(tmp_path, download=False)
+
+
+def test_failed_download_suggests_synthetic(tmp_path, monkeypatch):
+    # A loopback port that refuses connections stands in for an offline machine.
+    monkeypatch.setenv("BENCH_CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
+    with pytest.raises(ConfigError, match="--data synthetic"):
+        prepare_cifar100(tmp_path / "empty", download=True)
+    assert not (tmp_path / "empty" / "cifar-100-python").exists()
+
+
+def test_synthetic_is_deterministic_and_prefix_stable():
+    a = synthetic_split("train", 300, seed=1)
+    b = synthetic_split("train", 100, seed=1)
+    assert np.array_equal(a.images[:100], b.images) and np.array_equal(a.labels[:100], b.labels)
+    c = synthetic_split("train", 100, seed=2)
+    assert not np.array_equal(b.images, c.images)
+    test = synthetic_split("test", 100, seed=1)
+    assert not np.array_equal(test.images, b.images)
+
+
+def test_synthetic_is_learnable_by_class_means():
+    train = synthetic_split("train", 5000, seed=0)
+    test = synthetic_split("test", 500, seed=0)
+    x = train.images.reshape(len(train), -1).astype(np.float32)
+    means = np.stack([x[train.labels == k].mean(0) for k in range(100)])
+    xt = test.images.reshape(len(test), -1).astype(np.float32)
+    pred = ((xt[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (pred == test.labels).mean() > 0.5  # chance is 0.01
+
+
+def _normalise(chw: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(CIFAR100_MEAN).view(3, 1, 1)
+    std = torch.tensor(CIFAR100_STD).view(3, 1, 1)
+    return (chw.float() / 255 - mean) / std
+
+
+def test_eval_transform_is_normalisation_only():
+    images = synthetic_split("test", 4, seed=0)
+    out, label = CifarTensorDataset(images, augment=False)[2]
+    expected = _normalise(torch.from_numpy(images.images[2]).permute(2, 0, 1))
+    assert torch.allclose(out, expected, atol=1e-5) and label == images.labels[2]
+
+
+def test_augmentation_is_random_crop_pad4_and_flip():
+    img = np.zeros((1, 32, 32, 3), dtype=np.uint8)
+    img[0, 0, 0] = 255  # one white pixel in the top-left corner
+    ds = CifarTensorDataset(ImageSet(img, np.array([0])), augment=True)
+    padded = torch.nn.functional.pad(torch.from_numpy(img[0]).permute(2, 0, 1), (4, 4, 4, 4))
+    candidates = {}
+    for top in range(9):
+        for left in range(9):
+            crop = padded[:, top : top + 32, left : left + 32]
+            candidates[(top, left, False)] = _normalise(crop)
+            candidates[(top, left, True)] = _normalise(crop.flip(-1))
+    torch.manual_seed(0)
+    seen = set()
+    for _ in range(2000):
+        out, _ = ds[0]
+        match = [k for k, v in candidates.items() if torch.allclose(out, v, atol=1e-5)]
+        assert match, "output is not a pad-4 crop (optionally flipped) of the image"
+        seen.update(match)
+    # Offsets (4, 4) unflipped give back the image itself; both flips and all rows appear.
+    assert (4, 4, False) in seen
+    assert {k[2] for k in seen} == {False, True}
+    assert {k[0] for k in seen} == set(range(9))
+
+
+def test_url_override(monkeypatch):
+    monkeypatch.setenv("BENCH_CIFAR100_URL", "http://mirror.invalid/x.tar.gz")
+    assert data.cifar100_url() == "http://mirror.invalid/x.tar.gz"
+    monkeypatch.delenv("BENCH_CIFAR100_URL")
+    assert data.cifar100_url() == data.CIFAR100_URL

@@ -1,0 +1,60 @@
+"""CUDA paths: NCCL, SyncBatchNorm, fp16 + GradScaler, CUDA timing and memory.
+Skipped (with the reason) where no GPU is visible."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FAST, assert_ok, only_record, run_bench
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _run(tmp_path, *args: str):
+    return run_bench(
+        "run", *args, "--epochs", "2", "--data", "synthetic", "--train-limit", "512",
+        "--test-limit", "100", "--output", str(tmp_path), *FAST,
+    )
+
+
+def test_ddp_on_cuda_uses_nccl_and_syncbn(tmp_path):
+    world = min(2, _gpus())
+    assert_ok(_run(tmp_path, "--strategy", "ddp", "--gpus", str(world)))
+    rec = only_record(tmp_path)
+    assert rec["device"] == "cuda" and rec["env"]["gpus"] and rec["env"]["nccl"]
+    assert rec["norm"] == ("syncbn" if world > 1 else "per-replica-bn")
+    assert rec["per_epoch"][-1]["test_images"] == 100
+    # CUDA max-allocated memory of a small model is far below a CPU process's RSS.
+    assert 0 < rec["per_epoch"][-1]["peak_mem_bytes"] < 4 * 2**30
+
+
+def test_ddp_no_syncbn_flag_is_recorded(tmp_path):
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs to tell SyncBN from per-replica BN")
+    assert_ok(_run(tmp_path, "--strategy", "ddp-spawn", "--gpus", "2", "--no-syncbn"))
+    assert only_record(tmp_path)["norm"] == "per-replica-bn"
+
+
+def test_dp_on_cuda(tmp_path):
+    world = min(2, _gpus())
+    assert_ok(_run(tmp_path, "--strategy", "dp", "--gpus", str(world)))
+    rec = only_record(tmp_path)
+    assert rec["world_size"] == world and rec["processes"] == 1 and rec["device"] == "cuda"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_mixed_precision_on_cuda(precision, tmp_path):
+    assert_ok(_run(tmp_path, "--strategy", "ddp", "--gpus", "1", "--precision", precision))
+    rec = only_record(tmp_path)
+    assert rec["precision"] == precision
+    assert all(e["train_loss"] == e["train_loss"] for e in rec["per_epoch"])  # not NaN
+
+
+def test_too_many_gpus_names_cpu(tmp_path):
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", str(_gpus() + 1),
+                     "--data", "synthetic", "--output", str(tmp_path))
+    assert proc.returncode == 2 and "--cpu" in proc.stderr

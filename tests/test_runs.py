@@ -1,0 +1,86 @@
+"""End to end: real ``bench run`` processes (inline, torchrun, mp.spawn) on the CIFAR-format
+fixture through the real loader."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FAST, assert_ok, only_record, records, run_bench
+
+from bench.results import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS
+
+
+def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
+    return run_bench(
+        "run", "--strategy", strategy, "--gpus", str(gpus), "--cpu", "--epochs", "2",
+        "--data", "cifar100", "--data-dir", str(cifar_dir), "--no-download",
+        "--output", str(out), *FAST, *extra,
+    )
+
+
+@pytest.mark.parametrize(
+    "strategy, gpus, launcher, processes",
+    [("dp", 1, "inline", 1), ("ddp", 2, "torchrun", 2), ("ddp-spawn", 2, "spawn", 2)],
+)
+def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes, cifar_dir,
+                                            tmp_path):
+    proc = _run(strategy, gpus, cifar_dir, tmp_path)
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    missing = [f for f in RECORD_FIELDS if f not in rec]
+    assert not missing, missing
+    assert not [f for f in ENV_FIELDS if f not in rec["env"]]
+    assert rec["status"] == "ok" and rec["error"] is None and rec["finished_at"]
+    assert rec["launcher"] == launcher and rec["processes"] == processes
+    assert rec["world_size"] == gpus and rec["device"] == "cpu"
+    assert rec["dataset"] == "fixture" and rec["train_size"] == 256 and rec["test_size"] == 10
+    assert rec["norm"] == "per-replica-bn" and rec["bn_batch_size"] == 32 // gpus
+    assert rec["global_batch"] == 32 and rec["per_rank_batch"] == 32 // gpus
+    assert rec["precision"] == "fp32" and rec["epochs"] == 2
+    assert len(rec["per_epoch"]) == 2
+    for n, epoch in enumerate(rec["per_epoch"], start=1):
+        assert not [f for f in EPOCH_FIELDS if f not in epoch]
+        assert epoch["epoch"] == n and epoch["warmup"] == (n == 1)
+        assert epoch["train_images"] == 256 and epoch["test_images"] == 10
+        assert epoch["train_time_s"] > 0 and epoch["images_per_s"] > 0
+        assert epoch["peak_mem_bytes"] > 0
+        assert 0 <= epoch["top1"] <= epoch["top5"] <= 1
+    summary = rec["summary"]
+    assert summary["median_epoch_time_s"] == rec["per_epoch"][1]["train_time_s"]
+    assert summary["final_top1"] == rec["per_epoch"][1]["top1"]
+    # Only rank 0 writes: one record, no temp files left behind.
+    assert not list((tmp_path / "runs").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_eval_counts_each_test_image_once(world, cifar_dir, tmp_path):
+    proc = run_bench(
+        "run", "--strategy", "ddp", "--gpus", str(world), "--cpu", "--epochs", "1",
+        "--data", "cifar100", "--data-dir", str(cifar_dir), "--no-download",
+        "--output", str(tmp_path), "--width", "0.125", "--batch-size", "30", "--no-progress",
+    )
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    assert rec["world_size"] == world
+    assert rec["per_epoch"][0]["test_images"] == 10  # 10 images, whatever the world size
+
+
+def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
+    """Same seed: dp (1 replica) and ddp (2 ranks) see identical global batches; ddp and
+    ddp-spawn, the same object under two launchers, train to identical losses."""
+    for strategy, gpus in (("dp", 1), ("ddp", 2), ("ddp-spawn", 2)):
+        assert_ok(_run(strategy, gpus, cifar_dir, tmp_path / strategy, "--seed", "11"))
+    by = {s: only_record(tmp_path / s) for s in ("dp", "ddp", "ddp-spawn")}
+    digests = {s: [e["data_order_sha1"] for e in r["per_epoch"]] for s, r in by.items()}
+    assert digests["dp"] == digests["ddp"] == digests["ddp-spawn"]
+    assert digests["dp"][0] != digests["dp"][1]
+    ddp_losses = [e["train_loss"] for e in by["ddp"]["per_epoch"]]
+    spawn_losses = [e["train_loss"] for e in by["ddp-spawn"]["per_epoch"]]
+    assert ddp_losses == pytest.approx(spawn_losses, rel=1e-6)
+
+
+def test_dp_on_cpu_is_recorded_as_one_replica(cifar_dir, tmp_path):
+    assert_ok(_run("dp", 2, cifar_dir, tmp_path))
+    rec = only_record(tmp_path)
+    assert rec["gpus_requested"] == 2 and rec["world_size"] == 1 and rec["processes"] == 1
+    assert any("no effect without CUDA" in n for n in rec["notes"])
+    assert records(tmp_path)[0]["per_rank_batch"] == 32
