@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.config import DATASETS, PRECISIONS, RunConfig, default_data_dir
+from bench.config import (
+    APEX_DDP,
+    APEX_OPT_LEVELS,
+    DATASETS,
+    HVD_COMPRESSION,
+    PRECISIONS,
+    RunConfig,
+    default_data_dir,
+)
 from bench.errors import EXIT_BAD_INPUT, BenchError, ConfigError
 
 
@@ -39,7 +47,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="loader workers per GPU/replica (default 0 on CPU, up to 4 per GPU)")
     p.add_argument("--width", type=float, default=1.0,
                    help="ResNet-18 channel multiplier (1.0 = the real model)")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="default fp32; ddp-amp: fp16 on CUDA, bf16 on CPU")
+    p.add_argument("--apex-opt-level", choices=APEX_OPT_LEVELS, default="O1",
+                   help="ddp-apex: apex.amp opt level")
+    p.add_argument("--apex-ddp", choices=APEX_DDP, default="apex",
+                   help="ddp-apex: wrap with apex.parallel or torch DDP")
+    p.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
+                   help="horovod: gradient compression")
     p.add_argument("--no-syncbn", action="store_true", help="keep per-replica BatchNorm")
     p.add_argument("--output", default="results", help="results folder (records in runs/)")
     p.add_argument("--master-port", type=int, default=None, help="default: a free port")
@@ -59,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
     report.add_argument("--no-write", action="store_true",
                         help="print only; do not write summary files")
+    report.add_argument("--update-readme", nargs="?", const="README.md", default=None,
+                        metavar="README", help="rewrite the README's comparison table")
     return parser
 
 
@@ -82,6 +99,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         workers=args.workers,
         width=args.width,
         precision=args.precision,
+        apex_opt_level=args.apex_opt_level,
+        apex_ddp=args.apex_ddp,
+        hvd_compression=args.hvd_compression,
         syncbn=not args.no_syncbn,
         output=args.output,
         master_port=args.master_port,
@@ -96,18 +116,22 @@ def cmd_list() -> int:
     import strategies
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    rows = []
+    header = ("strategy", "launcher", "available here", "what it is")
+    rows, reasons = [], []
     for name in strategies.names():
         strategy = strategies.get(name)
         reason = strategy.requires(device_type)
-        rows.append((name, strategy.launcher, "yes" if reason is None else f"no: {reason}",
+        rows.append((name, strategy.launcher, "yes" if reason is None else "no (below)",
                      strategy.summary))
-    header = ("strategy", "launcher", "available here")
+        if reason:
+            reasons.append(f"  {name}: {reason}")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  what it is")
-    for row in rows:
+    for row in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
     print(f"(device here: {device_type})")
+    if reasons:
+        print("not available here:")
+        print("\n".join(reasons))
     return 0
 
 
@@ -124,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             from bench.report import cmd_report
 
-            return cmd_report(args.results, args.format, write=not args.no_write)
+            return cmd_report(args.results, args.format, write=not args.no_write,
+                              readme=args.update_readme)
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -12,6 +12,9 @@ from bench.errors import ConfigError
 
 DATASETS = ("cifar100", "synthetic")
 PRECISIONS = ("fp32", "fp16", "bf16")
+APEX_OPT_LEVELS = ("O0", "O1", "O2", "O3")
+APEX_DDP = ("apex", "torch")
+HVD_COMPRESSION = ("none", "fp16")
 REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
 
 
@@ -46,7 +49,10 @@ class RunConfig:
     seed: int = 0
     workers: int | None = None  # loader workers per replica (GPU or CPU process)
     width: float = 1.0  # channel multiplier of ResNet-18; 1.0 is the real model
-    precision: str = "fp32"
+    precision: str | None = None  # None: the strategy's default (fp32; ddp-amp: fp16/bf16)
+    apex_opt_level: str = "O1"
+    apex_ddp: str = "apex"  # which DDP wraps the apex model: apex.parallel or torch
+    hvd_compression: str = "none"  # Horovod gradient compression: none | fp16
     syncbn: bool = True  # SyncBatchNorm where the strategy and device support it
     output: str = "results"
     master_port: int | None = None
@@ -87,10 +93,15 @@ class RunConfig:
             raise ConfigError(f"--workers must be 0 or more (got {self.workers})")
         if not 0 < self.width <= 4:
             raise ConfigError(f"--width must lie in (0, 4] (got {self.width})")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"--precision must be one of {', '.join(PRECISIONS)} (got {self.precision!r})"
-            )
+        for flag, value, allowed in (
+            ("--precision", self.precision, (None, *PRECISIONS)),
+            ("--apex-opt-level", self.apex_opt_level, APEX_OPT_LEVELS),
+            ("--apex-ddp", self.apex_ddp, APEX_DDP),
+            ("--hvd-compression", self.hvd_compression, HVD_COMPRESSION),
+        ):
+            if value not in allowed:
+                names = ", ".join(a for a in allowed if a)
+                raise ConfigError(f"{flag} must be one of {names} (got {value!r})")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port must lie in 1..65535 (got {self.master_port})")
         if not self.timeout > 0:

@@ -124,9 +124,22 @@ def launch_spawn(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
     return 0
 
 
+def launch_horovodrun(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
+    """``horovodrun --gloo -np N -H localhost:N`` (Gloo controller, no MPI)."""
+    from strategies.horovod import horovodrun_path
+
+    cmd = [
+        horovodrun_path() or "horovodrun", "--gloo", "-np", str(nprocs),
+        "-H", f"localhost:{nprocs}", "--gloo-timeout-seconds", "120",
+        sys.executable, "-m", "bench.worker", str(spec_path),
+    ]
+    return _run_child(cmd, _child_env(threads))
+
+
 LAUNCHERS: dict[str, Callable[[Path, int, int, int], int]] = {
     "inline": launch_inline,
     "torchrun": launch_torchrun,
     "torch.distributed.launch": launch_legacy,
     "spawn": launch_spawn,
+    "horovodrun": launch_horovodrun,
 }

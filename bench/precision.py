@@ -19,6 +19,7 @@ class Precision:
         if name == "fp16" and device.type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
         self.name = name
+        self.label = name  # what the record calls it (apex: "apex-O1", ...)
         self.device_type = device.type
         self.dtype = _DTYPES.get(name)
         self.scaler = torch.amp.GradScaler("cuda") if name == "fp16" else None

@@ -26,6 +26,7 @@ RECORD_FIELDS = (
     "base_lr", "lr_schedule", "warmup_epochs", "optimizer", "epochs", "dataset", "train_size",
     "test_size", "seed", "workers_per_replica", "workers_per_process", "threads_per_process",
     "steps_per_epoch", "model", "command", "config", "env", "notes", "per_epoch", "summary",
+    "replicas_identical", "param_fingerprint",
 )
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",

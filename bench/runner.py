@@ -122,6 +122,7 @@ class RunPlan:
         self.cfg = cfg
         self.strategy = resolve_strategy(cfg.strategy)
         self.device_type = resolve_device(cfg)
+        cfg.precision = cfg.precision or self.strategy.default_precision(self.device_type)
         if cfg.precision == "fp16" and self.device_type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
         self.strategy.check(cfg, self.device_type)

@@ -24,7 +24,6 @@ import strategies
 from bench.config import RunConfig
 from bench.data import CifarTensorDataset, load_split
 from bench.model import count_parameters, resnet18_cifar
-from bench.precision import Precision
 from bench.results import read_record, summarise_epochs, utc_now, write_atomic
 from strategies.base import Strategy, cpu_threads_per_process, epoch_sampler
 
@@ -82,16 +81,18 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # identical initial weights for every rank and strategy
         model = resnet18_cifar(width=cfg.width)
         self.num_params = count_parameters(model)
-        self.model = strategy.wrap_model(model, cfg)
-        self.precision = Precision(cfg.precision, strategy.device)
-        optimizer = torch.optim.SGD(
-            self.model.parameters(),
-            lr=cfg.peak_lr,
-            momentum=cfg.momentum,
-            nesterov=cfg.nesterov,
-            weight_decay=cfg.weight_decay,
-        )
-        self.optimizer = strategy.wrap_optimizer(optimizer, self.model)
+        self.precision = strategy.make_precision(cfg)
+
+        def make_optimizer(params) -> torch.optim.Optimizer:
+            return torch.optim.SGD(
+                params,
+                lr=cfg.peak_lr,
+                momentum=cfg.momentum,
+                nesterov=cfg.nesterov,
+                weight_decay=cfg.weight_decay,
+            )
+
+        self.model, self.optimizer = strategy.setup_model(model, cfg, make_optimizer)
         self.criterion = nn.CrossEntropyLoss()
 
         # Augmentation differs per rank (and per loader worker), deterministically.
@@ -145,6 +146,7 @@ class Trainer:
                 "world_size": s.replicas,
                 "processes": s.world_size,
                 "norm": s.norm,
+                "precision": self.precision.label,
                 "bn_batch_size": self.per_replica_batch if s.norm != "syncbn" else None,
                 "per_rank_batch": self.per_replica_batch,
                 "per_process_batch": self.per_process_batch,
@@ -250,6 +252,20 @@ class Trainer:
             "test_images": count,
         }
 
+    @torch.no_grad()
+    def replicas_identical(self) -> tuple[bool, list[float]]:
+        """Whether every rank ends with bit-identical parameters, checked through three
+        float64 fingerprints whose max and min over ranks must agree."""
+        s = self.strategy
+        params = [p.detach().double().reshape(-1) for p in s.eval_module(self.model).parameters()]
+        flat = torch.cat(params)
+        weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
+        local = torch.stack([flat.sum(), (flat * flat).sum(), (flat * weights).sum()])
+        high, low = local.clone(), -local
+        s.all_reduce(high, "max")
+        s.all_reduce(low, "max")
+        return bool(torch.equal(high, -low)), high.tolist()
+
     def run(self) -> None:
         s, cfg = self.strategy, self.cfg
         self._start_record()
@@ -294,7 +310,10 @@ class Trainer:
                 f"top5 {100 * entry['top5']:.2f}%",
                 flush=True,
             )
+        identical, fingerprint = self.replicas_identical()
         if s.is_main:
+            self.record["replicas_identical"] = identical
+            self.record["param_fingerprint"] = fingerprint
             self.record["status"] = "ok"
             self.record["finished_at"] = utc_now()
             self._write_record()
@@ -355,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
             value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
             i += 0 if "=" in arg else 1
             os.environ["LOCAL_RANK"] = value
+            os.environ["BENCH_LOCAL_RANK_ARG"] = arg if "=" in arg else f"{arg} {value}"
         else:
             spec_path = arg
         i += 1

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from strategies.apex import ApexStrategy
 from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
+from strategies.ddp_amp import DDPAmpStrategy
 from strategies.dp import DataParallelStrategy
+from strategies.horovod import HorovodStrategy
 
 REGISTRY: dict[str, Callable[[], Strategy]] = {
     "dp": lambda: DataParallelStrategy("dp"),
@@ -16,6 +19,14 @@ REGISTRY: dict[str, Callable[[], Strategy]] = {
     "ddp-spawn": lambda: DDPStrategy(
         "ddp-spawn", launcher="spawn", summary="DDP, ranks started by torch.multiprocessing.spawn"
     ),
+    "ddp-launch": lambda: DDPStrategy(
+        "ddp-launch",
+        launcher="torch.distributed.launch",
+        summary="DDP, ranks started by the deprecated torch.distributed.launch (--local-rank)",
+    ),
+    "ddp-amp": lambda: DDPAmpStrategy("ddp-amp", launcher="torchrun"),
+    "ddp-apex": lambda: ApexStrategy("ddp-apex", launcher="torchrun"),
+    "horovod": lambda: HorovodStrategy("horovod"),
 }
 
 

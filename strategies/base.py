@@ -37,6 +37,9 @@ class Strategy:
     def check(self, cfg: RunConfig, device_type: str) -> None:
         """Strategy-specific validation of the config; raises ConfigError."""
 
+    def default_precision(self, device_type: str) -> str:
+        return "fp32"
+
     def num_processes(self, cfg: RunConfig, device_type: str) -> int:
         """Ranks the launcher starts on this machine."""
         return cfg.gpus
@@ -52,6 +55,18 @@ class Strategy:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def make_precision(self, cfg: RunConfig) -> Precision:
+        """Autocast and loss scaling, chosen once per run."""
+        return Precision(cfg.precision or "fp32", self.device)
+
+    def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):
+        """Wrapped model and optimizer. The default wraps the model, then builds the optimizer
+        over its parameters and wraps that; strategies that must see both at once (apex)
+        override this."""
+        model = self.wrap_model(model, cfg)
+        optimizer = self.wrap_optimizer(make_optimizer(model.parameters()), model)
+        return model, optimizer
 
     def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
         """Move the model to the device, convert normalisation, wrap; sets ``self.norm``."""

@@ -41,6 +41,14 @@ class DDPStrategy(Strategy):
         self.world_size = _env_int("WORLD_SIZE")
         self.local_rank = _env_int("LOCAL_RANK")
         self.replicas = self.world_size
+        if self.launcher == "torch.distributed.launch":
+            self.notes.append(
+                "torch.distributed.launch is deprecated (FutureWarning); torchrun replaces it"
+            )
+            if os.environ.get("BENCH_LOCAL_RANK_ARG"):
+                self.notes.append(
+                    f"rank 0 read its local rank from `{os.environ['BENCH_LOCAL_RANK_ARG']}`"
+                )
         backend = "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(self.local_rank)

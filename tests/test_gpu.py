@@ -58,3 +58,32 @@ def test_too_many_gpus_names_cpu(tmp_path):
     proc = run_bench("run", "--strategy", "ddp", "--gpus", str(_gpus() + 1),
                      "--data", "synthetic", "--output", str(tmp_path))
     assert proc.returncode == 2 and "--cpu" in proc.stderr
+
+
+def test_fp16_uses_a_grad_scaler(tmp_path):
+    assert_ok(_run(tmp_path, "--strategy", "ddp-amp", "--gpus", "1"))  # fp16 by default on CUDA
+    assert only_record(tmp_path)["precision"] == "fp16"
+
+
+def test_apex_o1_on_cuda(tmp_path):
+    from strategies.apex import apex_problem
+
+    problem = apex_problem()
+    if problem:
+        pytest.skip(f"NVIDIA apex unavailable: {problem}")
+    assert_ok(_run(tmp_path, "--strategy", "ddp-apex", "--gpus", str(min(2, _gpus()))))
+    rec = only_record(tmp_path)
+    assert rec["precision"] == "apex-O1" and rec["status"] == "ok"
+
+
+def test_horovod_syncbn_on_cuda(tmp_path):
+    from strategies.horovod import HorovodStrategy
+
+    reason = HorovodStrategy("horovod").requires("cuda")
+    if reason:
+        pytest.skip(f"horovod with NCCL unavailable: {reason}")
+    world = min(2, _gpus())
+    assert_ok(_run(tmp_path, "--strategy", "horovod", "--gpus", str(world)))
+    rec = only_record(tmp_path)
+    assert rec["norm"] == ("syncbn" if world > 1 else "per-replica-bn")
+    assert rec["replicas_identical"] is True

@@ -36,6 +36,7 @@ def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes,
     assert rec["norm"] == "per-replica-bn" and rec["bn_batch_size"] == 32 // gpus
     assert rec["global_batch"] == 32 and rec["per_rank_batch"] == 32 // gpus
     assert rec["precision"] == "fp32" and rec["epochs"] == 2
+    assert rec["replicas_identical"] is True
     assert len(rec["per_epoch"]) == 2
     for n, epoch in enumerate(rec["per_epoch"], start=1):
         assert not [f for f in EPOCH_FIELDS if f not in epoch]

@@ -1,0 +1,21 @@
+"""DDP + native mixed precision (``torch.amp``): fp16 autocast with a GradScaler on CUDA,
+bf16 autocast (no scaler) on CUDA or CPU."""
+
+from __future__ import annotations
+
+from bench.config import RunConfig
+from bench.errors import ConfigError
+from strategies.ddp import DDPStrategy
+
+
+class DDPAmpStrategy(DDPStrategy):
+    summary = "DDP + torch.amp (fp16 + GradScaler on CUDA, bf16 on CPU), ranks by torchrun"
+
+    def default_precision(self, device_type: str) -> str:
+        return "fp16" if device_type == "cuda" else "bf16"
+
+    def check(self, cfg: RunConfig, device_type: str) -> None:
+        super().check(cfg, device_type)
+        if cfg.precision == "fp32":
+            raise ConfigError("ddp-amp is mixed precision; use --precision fp16|bf16 or "
+                              "--strategy ddp for fp32")

@@ -1,0 +1,131 @@
+"""Horovod: ranks started by ``horovodrun`` (Gloo controller), gradients averaged by
+``hvd.DistributedOptimizer``. This is the only module that imports horovod."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bench.config import RunConfig
+from bench.precision import Precision
+from strategies.base import Strategy
+
+BUILD_HINT = "build it for the installed torch with `make horovod` (see README, 'Horovod')"
+
+
+def horovodrun_path() -> str | None:
+    """horovodrun next to this Python (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "horovodrun"
+    return str(beside) if beside.exists() else shutil.which("horovodrun")
+
+
+class HorovodStrategy(Strategy):
+    launcher = "horovodrun"
+    summary = "Horovod DistributedOptimizer, ranks started by horovodrun --gloo"
+
+    def requires(self, device_type: str) -> str | None:
+        try:
+            import horovod.torch as hvd
+        except Exception as exc:  # ImportError, or a stale build that no longer loads
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f"horovod.torch cannot be imported ({text}); {BUILD_HINT}"
+        if not hvd.gloo_built():
+            return f"this Horovod was built without Gloo; {BUILD_HINT}"
+        if device_type == "cuda" and not hvd.nccl_built():
+            return (
+                "this Horovod was built without NCCL GPU operations; "
+                f"{BUILD_HINT} on this GPU machine"
+            )
+        if horovodrun_path() is None:
+            return f"horovodrun is not on PATH; {BUILD_HINT}"
+        return None
+
+    def setup(self, cfg: RunConfig, device_type: str) -> None:
+        import horovod.torch as hvd
+
+        hvd.init()
+        self.hvd = hvd
+        self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
+        self.replicas = self.world_size
+        if device_type == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+
+    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
+            model = _convert_to_hvd_syncbn(model, self.hvd.SyncBatchNorm)
+            self.norm = "syncbn"
+        else:
+            self.norm = "per-replica-bn"
+            if self.world_size > 1:
+                why = "hvd.SyncBatchNorm is CUDA-only" if self.device.type != "cuda" else (
+                    "--no-syncbn"
+                )
+                self.notes.append(f"BatchNorm statistics are per replica ({why})")
+        return model.to(self.device)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module):
+        hvd = self.hvd
+        compression = hvd.Compression.fp16 if self._compression == "fp16" else (
+            hvd.Compression.none
+        )
+        optimizer = hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            op=hvd.Average,
+        )
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return optimizer
+
+    def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):
+        self._compression = cfg.hvd_compression
+        self.notes.append(f"Horovod gradient compression: {cfg.hvd_compression}")
+        return super().setup_model(model, cfg, make_optimizer)
+
+    def backward_step(self, loss, optimizer, precision: Precision) -> None:
+        if precision.scaler is None:
+            loss.backward()
+            optimizer.step()  # waits for the averaged gradients
+            return
+        scaler = precision.scaler
+        scaler.scale(loss).backward()
+        optimizer.synchronize()
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        # hvd.allreduce averages by default: ask for Sum / Max explicitly.
+        hvd_op = {"sum": self.hvd.Sum, "max": self.hvd.Max}[op]
+        self.hvd.allreduce_(tensor, op=hvd_op)
+        return tensor
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        for name, buffer in model.named_buffers():
+            self.hvd.broadcast_(buffer, root_rank=0, name=f"buffer.{name}")
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def teardown(self) -> None:
+        hvd = getattr(self, "hvd", None)
+        if hvd is not None and hvd.is_initialized():
+            hvd.shutdown()
+
+
+def _convert_to_hvd_syncbn(module: nn.Module, sync_bn_cls) -> nn.Module:
+    """Replace every BatchNorm2d by hvd.SyncBatchNorm, keeping its parameters and stats."""
+    if isinstance(module, nn.BatchNorm2d):
+        new = sync_bn_cls(module.num_features, module.eps, module.momentum, module.affine,
+                          module.track_running_stats)
+        new.load_state_dict(module.state_dict())
+        return new
+    for name, child in module.named_children():
+        setattr(module, name, _convert_to_hvd_syncbn(child, sync_bn_cls))
+    return module
