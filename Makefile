@@ -8,7 +8,12 @@ DEMO   ?= results/demo
 DEMO_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 \
              --batch-size 64 --no-progress --output $(DEMO)
 
-.PHONY: install demo test test-fast lint horovod clean
+# The README's comparison table: every strategy on the same CPU workload, then the report.
+TABLE_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 \
+              --batch-size 64 --no-progress --output results
+TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp horovod ddp-apex
+
+.PHONY: install demo table test test-fast lint horovod clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +34,13 @@ demo: $(STAMP)
 # Horovod 0.28.1 built from source for the installed torch (C++ standard raised, Gloo, no MPI).
 horovod: $(STAMP)
 	$(BIN)/python scripts/build_horovod.py
+
+table: $(STAMP)
+	$(BIN)/bench run --strategy ddp --gpus 1 $(TABLE_ARGS)
+	for s in $(TABLE_STRATEGIES); do \
+	  $(BIN)/bench run --strategy $$s --gpus 2 $(TABLE_ARGS) || echo "$$s exited $$?"; \
+	done
+	$(BIN)/bench report --results results --update-readme
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

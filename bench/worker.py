@@ -6,6 +6,7 @@ called in-process (inline, mp.spawn). Rank 0 alone writes the record, after ever
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import math
 import os
@@ -196,7 +197,7 @@ class Trainer:
             lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()  # set_to_none is the default (Horovod takes no args)
             with self.precision.autocast():
                 loss = self.criterion(self.model(images), labels)
             s.backward_step(loss, self.optimizer, self.precision)
@@ -342,9 +343,16 @@ def run_rank(spec: dict[str, Any]) -> None:
     scratch = Path(spec["scratch"])
     if scratch.is_dir():
         (scratch / f"pid-rank{os.environ.get('RANK', '0')}").write_text(str(os.getpid()))
+    clean = False
     try:
         strategy.setup(cfg, spec["device_type"])
-        Trainer(cfg, strategy, spec).run()
+        trainer = Trainer(cfg, strategy, spec)
+        trainer.run()
+        # The DDP wrapper must be gone before its process group is destroyed: gloo aborts
+        # the process now and then otherwise ("terminate called without an active exception").
+        del trainer
+        gc.collect()
+        clean = True
     except BaseException as exc:
         rank = os.environ.get("RANK", str(strategy.rank))
         if scratch.is_dir():
@@ -353,7 +361,7 @@ def run_rank(spec: dict[str, Any]) -> None:
             )
         raise
     finally:
-        strategy.teardown()
+        strategy.teardown(clean)
 
 
 def load_spec(path: str | Path) -> dict[str, Any]:

@@ -105,8 +105,8 @@ class Strategy:
     def barrier(self) -> None:
         """Wait for every rank."""
 
-    def teardown(self) -> None:
-        """Leave the group."""
+    def teardown(self, clean: bool = True) -> None:
+        """Leave the group; ``clean`` when every rank got here without an error."""
 
 
 def epoch_sampler(dataset, seed: int, world_size: int, rank: int) -> DistributedSampler:

@@ -96,6 +96,8 @@ class DDPStrategy(Strategy):
         else:
             dist.barrier()
 
-    def teardown(self) -> None:
+    def teardown(self, clean: bool = True) -> None:
         if dist.is_initialized():
+            if clean:  # nobody may leave while a peer is still in a collective (gloo aborts)
+                self.barrier()
             dist.destroy_process_group()

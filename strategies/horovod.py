@@ -113,9 +113,11 @@ class HorovodStrategy(Strategy):
     def barrier(self) -> None:
         self.hvd.barrier()
 
-    def teardown(self) -> None:
+    def teardown(self, clean: bool = True) -> None:
         hvd = getattr(self, "hvd", None)
         if hvd is not None and hvd.is_initialized():
+            if clean:
+                hvd.barrier()
             hvd.shutdown()
 
 

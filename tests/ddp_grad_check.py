@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 from pathlib import Path
@@ -66,5 +67,7 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
                 [p.detach().reshape(-1) for p in local.parameters()])).abs().max()),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        del ddp, optimizer  # the DDP wrapper must go before its process group
+        gc.collect()
     finally:
         strategy.teardown()

@@ -1,0 +1,103 @@
+"""bench report against hand-computed values from small hand-written records."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_bench
+
+from bench.report import readme_block, summary_table, to_markdown
+from bench.results import load_records
+
+
+def _record(run_id, strategy, world, times, top1, status="ok", error=None, started="1"):
+    epochs = [
+        {"epoch": i + 1, "train_time_s": t, "images_per_s": 1000.0 / t, "top1": a, "top5": a,
+         "peak_mem_bytes": 2**20 * (i + 1), "train_loss": 1.0, "eval_time_s": 0.1}
+        for i, (t, a) in enumerate(zip(times, top1))
+    ]
+    return {
+        "run_id": run_id, "started_at": started, "status": status, "error": error,
+        "strategy": strategy, "device": "cpu", "world_size": world, "processes": world,
+        "precision": "fp32", "norm": "per-replica-bn", "dataset": "synthetic",
+        "train_size": 1000, "global_batch": 100, "model": {"width": 1.0},
+        "per_epoch": epochs, "env": {"cpu": "Test CPU", "cpu_count": 2, "torch": "x",
+                                     "python": "3"},
+    }
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    recs = [
+        # warm-up 9 s is excluded: median of (2, 4, 3) = 3 s
+        _record("a", "ddp", 1, [9.0, 2.0, 4.0, 3.0], [0.1, 0.2, 0.3, 0.4]),
+        # median of (1.0, 2.0) = 1.5 s; img/s median of (1000, 500) = 750
+        _record("b", "ddp", 2, [5.0, 1.0, 2.0], [0.1, 0.5, 0.45]),
+        _record("c", "horovod", 2, [], [], status="unavailable", error="no horovod"),
+        _record("d", "dp", 1, [3.0], [0.2], status="failed", error="rank 0: boom"),
+    ]
+    for rec in recs:
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    (runs / "broken.json").write_text("{ not json")
+    (runs / "foreign.json").write_text(json.dumps({"hello": 1}))
+    return tmp_path
+
+
+def test_numbers_match_hand_computation(results):
+    records, warnings = load_records(results)
+    assert len(records) == 4 and len(warnings) == 2
+    table = summary_table(records).set_index(["strategy", "world_size"])
+    one, two = table.loc[("ddp", 1)], table.loc[("ddp", 2)]
+    assert one["epoch_time_s"] == pytest.approx(3.0)
+    # img/s per epoch 1000/t: epochs 2..4 give 500, 250, 333.3 -> median 333.3
+    assert one["images_per_s"] == pytest.approx(1000 / 3)
+    assert two["epoch_time_s"] == pytest.approx(1.5)
+    assert two["images_per_s"] == pytest.approx(750.0)
+    assert two["speedup"] == pytest.approx(750.0 / (1000 / 3))
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    assert two["final_top1"] == pytest.approx(45.0) and two["best_top1"] == pytest.approx(50.0)
+    assert one["peak_mem_mib"] == pytest.approx(4.0)
+    hvd = table.loc[("horovod", 2)]
+    assert hvd["status"] == "unavailable" and hvd["error"] == "no horovod"
+    assert math.isnan(hvd["epoch_time_s"])
+    assert table.loc[("dp", 1)]["status"] == "failed"
+
+
+def test_markdown_keeps_failed_and_unavailable_rows(results):
+    records, _ = load_records(results)
+    md = to_markdown(summary_table(records))
+    assert "unavailable: no horovod" in md and "failed: rank 0: boom" in md
+    assert "| ddp |" in md
+
+
+def test_cli_writes_summary_and_plots_and_skips_bad_files(results):
+    proc = run_bench("report", "--results", str(results), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert "broken.json" in proc.stderr and "foreign.json" in proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("workload,strategy")
+    assert (results / "summary.csv").exists() and (results / "summary.md").exists()
+    for name in ("epoch_time", "scaling", "top1", "time_vs_accuracy"):
+        assert (results / "plots" / f"{name}.png").stat().st_size > 1000
+        assert (results / "plots" / f"{name}.svg").exists()
+
+
+def test_report_of_a_single_run(tmp_path):
+    (tmp_path / "runs").mkdir()
+    rec = _record("only", "ddp", 2, [2.0], [0.3])
+    (tmp_path / "runs" / "only.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "plots" / "scaling.png").exists()
+
+
+def test_readme_table_matches_the_committed_records():
+    records, warnings = load_records(ROOT / "results")
+    assert records, "results/runs/ must hold the records behind the README table"
+    assert not warnings
+    readme = (ROOT / "README.md").read_text()
+    assert readme_block(records) in readme, "run `bench report --update-readme`"
