@@ -61,6 +61,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds a collective may wait before the run fails")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--tag", default=None, help="label stored in the record")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="registered strategies and whether they run here")
     run = sub.add_parser("run", help="train with one strategy and write a JSON record")
     _add_run_options(run)
+    sweep = sub.add_parser(
+        "sweep", help="every strategy x world size with one recipe (resumable)",
+        description="Any other option is a `bench run` option, used for every run.",
+    )
+    sweep.add_argument("--strategies", required=True, help="comma-separated strategy names")
+    sweep.add_argument("--gpus", required=True, help="comma-separated world sizes, e.g. 1,2,4")
+    sweep.add_argument("--repeats", type=int, default=1, help="runs per combination")
+    sweep.add_argument("--force", action="store_true", help="re-run combinations that have ok "
+                       "records")
+    sweep.add_argument("--run-timeout", type=float, default=None,
+                       help="seconds after which one run is stopped and recorded as failed")
+    verify = sub.add_parser(
+        "verify", help="check that every strategy trains exactly like one plain process",
+        description="Any other option is a `bench run` option (default --data synthetic).",
+    )
+    verify.add_argument("--strategies", default=None, help="comma-separated (default: all)")
+    verify.add_argument("--gpus", type=int, default=2, help="world size (default 2)")
+    verify.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
     report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
@@ -107,6 +126,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         master_port=args.master_port,
         timeout=args.timeout,
         progress=not args.no_progress,
+        tag=args.tag,
     )
 
 
@@ -135,10 +155,46 @@ def cmd_list() -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, run_args: list[str]) -> int:
+    from bench.sweep import parse_list, run_sweep
+
+    for flag in ("--strategy", "--tag"):
+        if any(a == flag or a.startswith(flag + "=") for a in run_args):
+            raise ConfigError(f"bench sweep sets {flag} itself; use --strategies")
+    run = build_parser().parse_args(["run", "--strategy", "ddp", *run_args])
+    base = config_from_args(run)
+    strategies = parse_list(args.strategies, "--strategies")
+    gpus = parse_list(args.gpus, "--gpus", int)
+    return run_sweep(base, run_args, strategies, gpus, repeats=args.repeats, force=args.force,
+                     run_timeout=args.run_timeout)
+
+
+def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
+    from bench.sweep import parse_list
+    from bench.verify import default_strategies, run_verify
+
+    if not any(a == "--data" or a.startswith("--data=") for a in run_args):
+        run_args = ["--data", "synthetic", *run_args]
+    run = build_parser().parse_args(
+        ["run", "--strategy", "ddp", "--gpus", str(args.gpus), *run_args]
+    )
+    names = parse_list(args.strategies, "--strategies") if args.strategies else (
+        default_strategies()
+    )
+    return run_verify(config_from_args(run), names, args.steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if argv[:1] == ["sweep"]:
+            args, run_args = parser.parse_known_args(argv)
+            return cmd_sweep(args, run_args)
+        if argv[:1] == ["verify"]:
+            args, run_args = parser.parse_known_args(argv)
+            return cmd_verify(args, run_args)
+        args = parser.parse_args(argv)
         if args.command == "list":
             return cmd_list()
         if args.command == "run":

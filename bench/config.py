@@ -58,6 +58,11 @@ class RunConfig:
     master_port: int | None = None
     timeout: float = 300.0  # seconds a collective may wait before the run fails
     progress: bool = True
+    tag: str | None = None  # free-form label stored in the record (bench sweep sets it)
+    # bench verify: train this many steps without augmentation and
+    # write per-step losses and final parameters to verify_dir.
+    verify_steps: int | None = None
+    verify_dir: str | None = None
 
     @property
     def peak_lr(self) -> float:

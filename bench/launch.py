@@ -104,6 +104,7 @@ def launch_legacy(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
 
 
 def _spawn_rank(index: int, spec_path: str, nprocs: int) -> None:
+    worker.die_with_parent()
     os.environ.update(
         RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
         LOCAL_WORLD_SIZE=str(nprocs),
@@ -116,11 +117,26 @@ def launch_spawn(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
     import torch.multiprocessing as mp
 
     os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+    context = mp.start_processes(
+        _spawn_rank, args=(str(spec_path), nprocs), nprocs=nprocs, join=False,
+        start_method="spawn",
+    )
     try:
-        mp.spawn(_spawn_rank, args=(str(spec_path), nprocs), nprocs=nprocs, join=True)
+        while not context.join(timeout=1.0):
+            pass
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         print(f"ddp-spawn: a rank failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
         return 1
+    except BaseException:
+        for process in context.processes:  # interrupted: stop every rank before leaving
+            if process.is_alive():
+                process.terminate()
+        for process in context.processes:
+            process.join(_GRACE_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        raise
     return 0
 
 

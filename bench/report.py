@@ -184,25 +184,13 @@ def to_csv(table) -> str:
     return table.reindex(columns=columns).to_csv(index=False)
 
 
-def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
-    """Epoch time, scaling, top-1 per epoch, time vs accuracy; PNG and SVG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+def make_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Matplotlib figures by name: epoch_time, scaling, top1, time_vs_accuracy."""
     import matplotlib.pyplot as plt
 
-    folder.mkdir(parents=True, exist_ok=True)
     table = summary_table(records)
     ok = table[table["status"] == "ok"]
-    written: list[Path] = []
-
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        for ext in ("png", "svg"):
-            path = folder / f"{name}.{ext}"
-            fig.savefig(path, dpi=120)
-            written.append(path)
-        plt.close(fig)
+    figures: dict[str, Any] = {}
 
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r.strategy}\nN={r.world_size} {r.device} {r.precision}" for r in ok.itertuples()]
@@ -210,7 +198,7 @@ def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
     ax.set_xticks(range(len(ok)), labels, fontsize=8)
     ax.set_ylabel("epoch time (s, median excl. warm-up)")
     ax.set_title("Epoch time per strategy and world size")
-    save(fig, "epoch_time")
+    figures["epoch_time"] = fig
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
@@ -223,10 +211,10 @@ def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
             ax.plot(ns, [one["images_per_s"].iloc[0] * n for n in ns], ":", color="grey")
     ax.set_xlabel("world size N (GPUs or CPU processes)")
     ax.set_ylabel("images/s (training)")
-    ax.set_title("Scaling (dotted: ideal linear)")
+    ax.set_title("Scaling (dotted: ideal linear from N=1)")
     if len(ok):
         ax.legend(fontsize=8)
-    save(fig, "scaling")
+    figures["scaling"] = fig
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for rec in records:
@@ -239,7 +227,7 @@ def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
     ax.set_title("Accuracy per epoch")
     if ax.lines:
         ax.legend(fontsize=7)
-    save(fig, "top1")
+    figures["top1"] = fig
 
     runs = run_rows(records)
     runs = runs[runs["status"] == "ok"] if not runs.empty else runs
@@ -251,7 +239,27 @@ def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
     ax.set_xlabel("total training time (s)")
     ax.set_ylabel("final top-1 (%)")
     ax.set_title("Time vs accuracy")
-    save(fig, "time_vs_accuracy")
+    figures["time_vs_accuracy"] = fig
+    for fig in figures.values():
+        fig.tight_layout()
+    return figures
+
+
+def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """Every figure of make_figures as PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, fig in make_figures(records).items():
+        for ext in ("png", "svg"):
+            path = folder / f"{name}.{ext}"
+            fig.savefig(path, dpi=120, metadata={"Date": None} if ext == "svg" else None)
+            written.append(path)
+        plt.close(fig)
     return written
 
 

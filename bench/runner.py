@@ -37,7 +37,7 @@ from strategies.base import Strategy, cpu_threads_per_process
 LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception
     """SIGTERM turned into an exception so the run can close its record."""
 
 
@@ -117,7 +117,7 @@ def default_workers(device_type: str, replicas: int) -> int:
 class RunPlan:
     """What a validated ``bench run`` will do; built before anything is written."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
         self.cfg = cfg
         self.strategy = resolve_strategy(cfg.strategy)
@@ -135,6 +135,8 @@ class RunPlan:
                                                                         self.replicas)
         )
         self.workers_per_process = self.workers_per_replica * self.replicas // self.processes
+        if not probe_output:  # a dry check (bench sweep validates every combination first)
+            return
         self.runs, self.created_dirs = check_output_writable(cfg.output)
         self.port = cfg.master_port
         self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
@@ -179,6 +181,7 @@ class RunPlan:
             "workers_per_replica": self.workers_per_replica,
             "workers_per_process": self.workers_per_process,
             "syncbn_requested": cfg.syncbn,
+            "tag": cfg.tag,
             "command": argv,
             "config": cfg.to_dict(),
             "env": capture_env(self.device_type),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import math
 import os
 import resource
@@ -103,8 +104,10 @@ class Trainer:
         self.per_process_batch = cfg.batch_size // strategy.world_size
         self.workers = spec["workers_per_process"]
         pin = strategy.device.type == "cuda"
+        self.verify = cfg.verify_steps is not None
         self.train_set = CifarTensorDataset(
-            load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit), augment=True
+            load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit),
+            augment=not self.verify,
         )
         test_set = CifarTensorDataset(
             load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit), augment=False
@@ -173,6 +176,7 @@ class Trainer:
         s, cfg = self.strategy, self.cfg
         self.sampler.set_epoch(epoch)
         self.model.train()
+        step_losses: list[float] = []
         loss_sum = torch.zeros((), device=s.device)
         seen = 0
         if s.device.type == "cuda":
@@ -206,6 +210,13 @@ class Trainer:
             step += 1
             if bar is not None:
                 bar.update()
+            if self.verify:  # not a timed run: per-step global loss, then stop at K steps
+                pair = torch.stack([loss.detach().float() * labels.numel(),
+                                    torch.tensor(float(labels.numel()), device=s.device)])
+                s.all_reduce(pair, "sum")
+                step_losses.append((pair[0] / pair[1]).item())
+                if step >= cfg.verify_steps:
+                    break
         _sync(s)
         train_time = time.perf_counter() - start
         # ---- end of timed region ----
@@ -218,6 +229,7 @@ class Trainer:
             "train_loss": (totals[0] / totals[1]).item(),
             "train_images": int(totals[1].item()),
             "lr_last": lr,
+            "step_losses": step_losses,
         }
 
     @torch.no_grad()
@@ -267,8 +279,28 @@ class Trainer:
         s.all_reduce(low, "max")
         return bool(torch.equal(high, -low)), high.tolist()
 
+    def run_verify(self) -> None:
+        """bench verify: K steps, then rank 0 saves per-step losses and final parameters."""
+        train = self.train_epoch(0)
+        if self.strategy.is_main:
+            out = Path(self.cfg.verify_dir)
+            module = getattr(self.model, "module", self.model)  # unwrapped (DP, DDP, apex)
+            state = {k: v.detach().float().cpu() for k, v in module.named_parameters()}
+            torch.save(state, out / "params.pt")
+            (out / "losses.json").write_text(json.dumps({
+                "losses": train["step_losses"], "precision": self.precision.label,
+                "norm": self.strategy.norm, "world_size": self.strategy.replicas,
+                "processes": self.strategy.world_size,
+            }))
+            self.record.update(status="ok", finished_at=utc_now(), norm=self.strategy.norm,
+                               notes=["bench verify run", *self.strategy.notes])
+            self._write_record()
+
     def run(self) -> None:
         s, cfg = self.strategy, self.cfg
+        if self.verify:
+            self.run_verify()
+            return
         self._start_record()
         epochs: list[dict[str, Any]] = []
         for epoch in range(cfg.epochs):
@@ -325,7 +357,7 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: get SIGKILL when the launcher dies, so no rank outlives its run."""
     try:
         import ctypes
@@ -365,8 +397,6 @@ def run_rank(spec: dict[str, Any]) -> None:
 
 
 def load_spec(path: str | Path) -> dict[str, Any]:
-    import json
-
     with open(path) as fh:
         return json.load(fh)
 
@@ -388,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
         i += 1
     if spec_path is None:
         raise SystemExit("usage: python -m bench.worker SPEC.json (started by `bench run`)")
-    _die_with_parent()
+    die_with_parent()
     run_rank(load_spec(spec_path))
 
 

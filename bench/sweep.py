@@ -1,0 +1,168 @@
+"""``bench sweep``: every strategy x world size (x repeat) with one recipe, one after another,
+each in its own ``bench run`` process. Resumable: a combination that already has an ``ok``
+record with the same sweep key is skipped."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.config import RunConfig
+from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
+from bench.results import load_records, read_record, runs_dir, utc_now, write_atomic
+from bench.runner import RunPlan
+
+# Options that do not change what a run measures, left out of the sweep key.
+_NOT_IN_KEY = {"strategy", "gpus", "output", "progress", "master_port", "tag", "timeout"}
+
+
+@dataclass
+class Combo:
+    strategy: str
+    gpus: int
+    repeat: int
+    key: str
+
+    @property
+    def tag(self) -> str:
+        return f"sweep:{self.key}:r{self.repeat}"
+
+    def label(self) -> str:
+        return f"{self.strategy} N={self.gpus} repeat {self.repeat + 1}"
+
+
+def sweep_key(cfg: RunConfig) -> str:
+    """Same key = same strategy, world size and recipe."""
+    recipe = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_KEY}
+    text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def parse_list(text: str, flag: str, cast=str) -> list:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        values = [cast(x) for x in items]
+    except ValueError:
+        raise ConfigError(f"{flag} takes a comma-separated list (got {text!r})") from None
+    if not values:
+        raise ConfigError(f"{flag} needs at least one value")
+    return values
+
+
+def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
+                repeats: int) -> list[Combo]:
+    """Every combination, validated before anything runs (bad input: ConfigError)."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1 (got {repeats})")
+    combos = []
+    for strategy in strategies:
+        for n in gpus:
+            cfg = RunConfig.from_dict({**base.to_dict(), "strategy": strategy, "gpus": n})
+            RunPlan(RunConfig.from_dict(cfg.to_dict()), probe_output=False)
+            key = sweep_key(cfg)
+            combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
+    return combos
+
+
+def _records_by_tag(output: str) -> dict[str, list[tuple[Path, dict]]]:
+    found: dict[str, list[tuple[Path, dict]]] = {}
+    folder = runs_dir(output)
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            record = read_record(path)
+            if isinstance(record, dict) and record.get("tag"):
+                found.setdefault(record["tag"], []).append((path, record))
+    return found
+
+
+def _supersede(paths: list[Path]) -> None:
+    """Move a combination's earlier failed/interrupted records aside (kept, not reported)."""
+    for path in paths:
+        target = path.parent / "superseded" / path.name
+        target.parent.mkdir(exist_ok=True)
+        os.replace(path, target)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum, frame) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the run (it stops its ranks and closes its record), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus: list[int],
+              repeats: int = 1, force: bool = False, run_timeout: float | None = None) -> int:
+    combos = plan_combos(base, strategies, gpus, repeats)
+    if run_timeout is not None and run_timeout <= 0:
+        raise ConfigError(f"--run-timeout must be positive seconds (got {run_timeout})")
+    outcomes: list[tuple[Combo, str]] = []
+    previous = signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        for i, combo in enumerate(combos, start=1):
+            existing = _records_by_tag(base.output).get(combo.tag, [])
+            if not force and any(r.get("status") == "ok" for _, r in existing):
+                print(f"[sweep {i}/{len(combos)}] {combo.label()}: ok record exists, skipped",
+                      flush=True)
+                outcomes.append((combo, "ok (skipped)"))
+                continue
+            _supersede([p for p, r in existing if r.get("status") != "ok" or force])
+            print(f"[sweep {i}/{len(combos)}] {combo.label()}", flush=True)
+            cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
+                   "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args]
+            proc = subprocess.Popen(cmd, start_new_session=True)
+            started = time.monotonic()
+            try:
+                rc = proc.wait(timeout=run_timeout)
+                status = {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+                status = "failed"
+                _mark_timeout(base.output, combo, time.monotonic() - started)
+            except BaseException:
+                _stop(proc)
+                raise
+            outcomes.append((combo, status))
+    except (KeyboardInterrupt, _Stop):
+        print("bench sweep: interrupted; run it again to finish the missing combinations",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    bad = [(c, s) for c, s in outcomes if not s.startswith("ok")]
+    print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
+          "".join(f"\n  {c.label()}: {s}" for c, s in bad))
+    return EXIT_OK if not bad else EXIT_FAILED
+
+
+def _mark_timeout(output: str, combo: Combo, seconds: float) -> None:
+    for path, record in _records_by_tag(output).get(combo.tag, []):
+        if record.get("status") in ("running", "interrupted"):
+            record.update(status="failed", finished_at=utc_now(),
+                          error=f"timeout: run exceeded --run-timeout ({seconds:.0f} s)")
+            write_atomic(path, record)
+
+
+__all__ = ["load_records", "run_sweep", "sweep_key"]

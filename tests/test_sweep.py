@@ -1,0 +1,80 @@
+"""bench sweep: all combinations, resumable after SIGTERM, per-run timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import ROOT, run_bench
+
+SWEEP = ["sweep", "--strategies", "dp,ddp", "--gpus", "1,2", "--cpu", "--epochs", "1",
+         "--width", "0.125", "--batch-size", "32", "--no-progress"]
+
+
+def _ok_records(out):
+    recs = []
+    for path in sorted((out / "runs").glob("*.json")):
+        rec = json.loads(path.read_text())  # every file is complete JSON
+        recs.append(rec)
+    return recs
+
+
+def test_sweep_resumes_after_sigterm_without_duplicates(cifar_dir, tmp_path):
+    args = [*SWEEP, "--data", "cifar100", "--data-dir", str(cifar_dir), "--no-download",
+            "--output", str(tmp_path)]
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        done = [r for r in _ok_records(tmp_path) if r["status"] == "ok"]
+        if len(done) >= 2:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError("sweep made no progress")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    first = _ok_records(tmp_path)
+    ok_before = {r["run_id"] for r in first if r["status"] == "ok"}
+    assert 2 <= len(ok_before) < 4
+    assert not list((tmp_path / "runs").glob("*.tmp"))
+
+    again = run_bench(*args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("ok record exists, skipped") == len(ok_before)
+    final = _ok_records(tmp_path)
+    assert all(r["status"] == "ok" for r in final)
+    # Exactly one ok record per combination, the earlier ones untouched.
+    combos = [(r["strategy"], r["gpus_requested"]) for r in final]
+    assert sorted(combos) == [("ddp", 1), ("ddp", 2), ("dp", 1), ("dp", 2)]
+    assert ok_before <= {r["run_id"] for r in final}
+    assert len({r["tag"] for r in final}) == 4
+
+
+def test_sweep_run_timeout_records_failure_and_goes_on(tmp_path):
+    args = ["sweep", "--strategies", "ddp,dp", "--gpus", "2", "--cpu", "--data", "synthetic",
+            "--train-limit", "4096", "--epochs", "50", "--width", "0.5", "--no-progress",
+            "--run-timeout", "8", "--output", str(tmp_path)]
+    proc = run_bench(*args, timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    recs = _ok_records(tmp_path)
+    assert len(recs) == 2
+    for rec in recs:
+        assert rec["status"] == "failed" and rec["error"].startswith("timeout"), rec["error"]
+    # No rank of a stopped run is left behind.
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout
+
+
+def test_sweep_bad_input_writes_nothing(tmp_path):
+    proc = run_bench("sweep", "--strategies", "ddp,nope", "--gpus", "1", "--cpu",
+                     "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "choose one of" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert os.listdir(tmp_path) == []
