@@ -1,6 +1,8 @@
-"""Launchers: how ranks are started. Each takes the spec file and a process count, starts
-the ranks, waits, and returns an exit code (0 = every rank finished). A launcher that is
-interrupted stops all its ranks before re-raising."""
+"""Launchers: how ranks are started. Each takes a ``Launch`` (spec file, process count, port,
+threads, watchdog), starts the ranks, waits, and returns an exit code (0 = every rank
+finished). While waiting, a watchdog reads the ranks' heartbeat files and ends a run whose
+ranks stopped making progress. An interrupted launcher stops all its ranks before re-raising.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +12,20 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import worker
 
 MASTER_ADDR = "127.0.0.1"
 _GRACE_S = 10.0
+_POLL_S = 0.5
+
+
+class RunTimeout(Exception):
+    """No progress from a rank for longer than the run's timeout."""
 
 
 def free_port() -> int:
@@ -36,6 +45,35 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+@dataclass
+class Launch:
+    """One run's launch: what every launcher needs."""
+
+    spec_path: Path
+    nprocs: int
+    port: int
+    threads: int
+    scratch: Path
+    timeout: float  # seconds without a heartbeat before the run is ended
+
+    def check_progress(self) -> None:
+        """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
+        least once a second while they work; a collective that waits does not beat."""
+        now = time.time()
+        for beat in self.scratch.glob("beat-rank*"):
+            try:
+                age = now - beat.stat().st_mtime
+                phase = beat.read_text().strip()
+            except OSError:
+                continue
+            if age > self.timeout:
+                rank = beat.name.removeprefix("beat-rank")
+                raise RunTimeout(
+                    f"timeout: rank {rank} made no progress for {age:.0f} s "
+                    f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
+                )
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM the launcher's process group (it forwards to its ranks), SIGKILL what lingers."""
     try:
@@ -49,10 +87,14 @@ def _stop_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _run_child(cmd: list[str], env: dict[str, str]) -> int:
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+def _run_child(cmd: list[str], launch: Launch) -> int:
+    proc = subprocess.Popen(cmd, env=_child_env(launch.threads), start_new_session=True)
     try:
-        return proc.wait()
+        while True:
+            try:
+                return proc.wait(timeout=_POLL_S)
+            except subprocess.TimeoutExpired:
+                launch.check_progress()
     except BaseException:
         _stop_group(proc)
         raise
@@ -69,10 +111,10 @@ def _child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def launch_inline(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
+def launch_inline(launch: Launch) -> int:
     """One process: the current one (nn.DataParallel)."""
     try:
-        worker.run_rank(worker.load_spec(spec_path))
+        worker.run_rank(worker.load_spec(launch.spec_path))
     except Exception:
         import traceback
 
@@ -81,26 +123,26 @@ def launch_inline(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
     return 0
 
 
-def launch_torchrun(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
+def launch_torchrun(launch: Launch) -> int:
     """``python -m torch.distributed.run`` (torchrun): env:// rendezvous, LOCAL_RANK set."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes=1", f"--nproc-per-node={nprocs}",
-        f"--master-addr={MASTER_ADDR}", f"--master-port={port}",
-        "-m", "bench.worker", str(spec_path),
+        "--nnodes=1", f"--nproc-per-node={launch.nprocs}",
+        f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
+        "-m", "bench.worker", str(launch.spec_path),
     ]
-    return _run_child(cmd, _child_env(threads))
+    return _run_child(cmd, launch)
 
 
-def launch_legacy(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
+def launch_legacy(launch: Launch) -> int:
     """``python -m torch.distributed.launch`` (deprecated): passes --local-rank to each rank."""
     cmd = [
         sys.executable, "-m", "torch.distributed.launch",
-        f"--nproc-per-node={nprocs}",
-        f"--master-addr={MASTER_ADDR}", f"--master-port={port}",
-        "-m", "bench.worker", str(spec_path),
+        f"--nproc-per-node={launch.nprocs}",
+        f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
+        "-m", "bench.worker", str(launch.spec_path),
     ]
-    return _run_child(cmd, _child_env(threads))
+    return _run_child(cmd, launch)
 
 
 def _spawn_rank(index: int, spec_path: str, nprocs: int) -> None:
@@ -112,23 +154,24 @@ def _spawn_rank(index: int, spec_path: str, nprocs: int) -> None:
     worker.run_rank(worker.load_spec(spec_path))
 
 
-def launch_spawn(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
+def launch_spawn(launch: Launch) -> int:
     """``torch.multiprocessing.spawn`` from this process; rank = process index."""
     import torch.multiprocessing as mp
 
-    os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+    os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(launch.port),
+                      OMP_NUM_THREADS=str(launch.threads))
     context = mp.start_processes(
-        _spawn_rank, args=(str(spec_path), nprocs), nprocs=nprocs, join=False,
-        start_method="spawn",
+        _spawn_rank, args=(str(launch.spec_path), launch.nprocs), nprocs=launch.nprocs,
+        join=False, start_method="spawn",
     )
     try:
-        while not context.join(timeout=1.0):
-            pass
+        while not context.join(timeout=_POLL_S):
+            launch.check_progress()
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         print(f"ddp-spawn: a rank failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
         return 1
     except BaseException:
-        for process in context.processes:  # interrupted: stop every rank before leaving
+        for process in context.processes:  # stop every rank before leaving
             if process.is_alive():
                 process.terminate()
         for process in context.processes:
@@ -140,19 +183,20 @@ def launch_spawn(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
     return 0
 
 
-def launch_horovodrun(spec_path: Path, nprocs: int, port: int, threads: int) -> int:
+def launch_horovodrun(launch: Launch) -> int:
     """``horovodrun --gloo -np N -H localhost:N`` (Gloo controller, no MPI)."""
     from strategies.horovod import horovodrun_path
 
     cmd = [
-        horovodrun_path() or "horovodrun", "--gloo", "-np", str(nprocs),
-        "-H", f"localhost:{nprocs}", "--gloo-timeout-seconds", "120",
-        sys.executable, "-m", "bench.worker", str(spec_path),
+        horovodrun_path() or "horovodrun", "--gloo", "-np", str(launch.nprocs),
+        "-H", f"localhost:{launch.nprocs}",
+        "--gloo-timeout-seconds", str(max(30, int(launch.timeout))),
+        sys.executable, "-m", "bench.worker", str(launch.spec_path),
     ]
-    return _run_child(cmd, _child_env(threads))
+    return _run_child(cmd, launch)
 
 
-LAUNCHERS: dict[str, Callable[[Path, int, int, int], int]] = {
+LAUNCHERS: dict[str, Callable[[Launch], int]] = {
     "inline": launch_inline,
     "torchrun": launch_torchrun,
     "torch.distributed.launch": launch_legacy,

@@ -31,7 +31,7 @@ RECORD_FIELDS = (
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",
     "train_loss", "test_loss", "top1", "top5", "test_images", "peak_mem_bytes", "lr_last",
-    "data_order_sha1",
+    "data_order_sha1", "step_time_p50_s", "step_time_p90_s",
 )
 ENV_FIELDS = (
     "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_count", "cuda",

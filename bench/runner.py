@@ -34,6 +34,11 @@ from bench.results import (
 )
 from strategies.base import Strategy, cpu_threads_per_process
 
+
+def watchdog_timeout(timeout: float) -> float:
+    """The watchdog ends a run whose ranks stopped beating a little after the collectives'
+    own timeout (which, when it fires first, names the waiting rank and the phase)."""
+    return timeout + max(5.0, 0.1 * timeout)
 LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
 
 
@@ -196,7 +201,10 @@ def _first_error(scratch: Path) -> str | None:
     if not files:
         return None
     rank = files[0].stem.removeprefix("error-rank")
-    return f"rank {rank}: {files[0].read_text().splitlines()[0]}"
+    line = files[0].read_text().splitlines()[0]
+    if line.startswith("timeout: "):
+        return f"timeout: rank {rank}: {line.removeprefix('timeout: ')}"
+    return f"rank {rank}: {line}"
 
 
 def reap_ranks(scratch: Path) -> None:
@@ -267,9 +275,13 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     status, error, code = "failed", None, EXIT_FAILED
     try:
-        rc = launch.LAUNCHERS[plan.strategy.launcher](spec_path, plan.processes, port, threads)
+        job = launch.Launch(spec_path, plan.processes, port, threads, scratch,
+                            timeout=watchdog_timeout(cfg.timeout))
+        rc = launch.LAUNCHERS[plan.strategy.launcher](job)
         if rc != 0:
             error = _first_error(scratch) or f"launcher {plan.strategy.launcher} exited with {rc}"
+    except launch.RunTimeout as exc:
+        status, error, rc = "failed", str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
         status, code = "interrupted", EXIT_INTERRUPTED
         error = f"interrupted ({type(exc).__name__} {exc})".strip()
@@ -278,7 +290,8 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, previous)
         reap_ranks(scratch)
     final = read_record(plan.record_path)
-    if rc == 0 and final.get("status") == "ok":
+    if final.get("status") == "ok" and (rc == 0 or status == "interrupted"):
+        # Every epoch was recorded; a signal during shutdown does not undo the run.
         status, code = "ok", EXIT_OK
     elif rc == 0:
         error = error or "ranks exited without finishing the record"

@@ -57,11 +57,68 @@ def global_order_digest(dataset, seed: int, epoch: int, world_size: int, per_ran
     return digest.hexdigest()
 
 
+PHASE = ["start-up"]  # where this rank is; named in its error report
+
+
+class Heartbeat:
+    """Touches ``scratch/beat-rank{r}`` (with the current phase) at most once a second, so
+    the launcher's watchdog can tell a slow rank from a stuck one."""
+
+    def __init__(self, scratch: Path, rank: int) -> None:
+        self.path = scratch / f"beat-rank{rank}" if scratch.is_dir() else None
+        self.last = 0.0
+
+    def __call__(self, phase: str, force: bool = False) -> None:
+        PHASE[0] = phase
+        now = time.monotonic()
+        if self.path is not None and (force or now - self.last >= 1.0):
+            self.last = now
+            self.path.write_text(phase)
+
+
+def parse_fault(text: str | None) -> tuple[str, int, int] | None:
+    """``BENCH_FAULT=raise:RANK:STEP`` or ``hang:RANK:STEP`` (a test hook: make that rank
+    raise, or stop taking part, before global step STEP)."""
+    if not text:
+        return None
+    kind, rank, step = text.split(":")
+    if kind not in ("raise", "hang"):
+        raise ValueError(f"BENCH_FAULT kind must be raise or hang, got {kind!r}")
+    return kind, int(rank), int(step)
+
+
+def _inject(fault: tuple[str, int, int], rank: int, step: int) -> None:
+    kind, fault_rank, fault_step = fault
+    if rank == fault_rank and step == fault_step:
+        if kind == "raise":
+            raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
+        while True:  # hang: never reach the next collective
+            time.sleep(60)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
 def _peak_memory(strategy: Strategy) -> int:
     if strategy.device.type == "cuda":
         return max(torch.cuda.max_memory_allocated(d) for d in strategy.process_devices())
     # ru_maxrss is in KiB on Linux: the peak resident set of this process so far.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _mark(cuda: bool):
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
 
 
 def _sync(strategy: Strategy) -> None:
@@ -136,6 +193,8 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
         self.record = read_record(self.record_path) if strategy.is_main else {}
+        self.beat = Heartbeat(Path(spec["scratch"]), strategy.rank)
+        self.fault = parse_fault(os.environ.get("BENCH_FAULT"))
 
     # ------------------------------------------------------------------ record (rank 0)
     def _write_record(self) -> None:
@@ -191,11 +250,18 @@ class Trainer:
                 leave=False, unit="step", disable=None,
             )
         step = epoch * self.steps_per_epoch
+        cuda = s.device.type == "cuda"
+        self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
         s.barrier()
         _sync(s)
         start = time.perf_counter()
+        # Step boundaries: CUDA events (no host sync) on GPU, the clock on CPU.
+        marks: list[Any] = [_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
         for images, labels in self.train_loader:
+            self.beat(f"train epoch {epoch + 1} step {step + 1}")
+            if self.fault:
+                _inject(self.fault, s.rank, step + 1)
             images = images.to(s.device, non_blocking=True)
             labels = labels.to(s.device, non_blocking=True)
             lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
@@ -208,6 +274,7 @@ class Trainer:
             loss_sum += loss.detach().float() * labels.numel()
             seen += labels.numel()
             step += 1
+            marks.append(_mark(cuda))
             if bar is not None:
                 bar.update()
             if self.verify:  # not a timed run: per-step global loss, then stop at K steps
@@ -220,6 +287,11 @@ class Trainer:
         _sync(s)
         train_time = time.perf_counter() - start
         # ---- end of timed region ----
+        if cuda:
+            step_times = [a.elapsed_time(b) / 1000 for a, b in zip(marks, marks[1:])]
+        else:
+            step_times = [b - a for a, b in zip(marks, marks[1:])]
+        self.beat(f"train epoch {epoch + 1} (end)", force=True)
         if bar is not None:
             bar.close()
         totals = torch.stack([loss_sum, torch.tensor(float(seen), device=s.device)])
@@ -230,6 +302,8 @@ class Trainer:
             "train_images": int(totals[1].item()),
             "lr_last": lr,
             "step_losses": step_losses,
+            "step_time_p50_s": _percentile(step_times, 0.5),
+            "step_time_p90_s": _percentile(step_times, 0.9),
         }
 
     @torch.no_grad()
@@ -241,7 +315,8 @@ class Trainer:
         totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
         _sync(s)
         start = time.perf_counter()
-        for images, labels in self.test_loader:
+        for batch, (images, labels) in enumerate(self.test_loader):
+            self.beat(f"eval batch {batch + 1}")
             images = images.to(s.device, non_blocking=True)
             labels = labels.to(s.device, non_blocking=True)
             with self.precision.autocast():
@@ -307,7 +382,8 @@ class Trainer:
             train = self.train_epoch(epoch)
             evaluation = self.evaluate()
             times = torch.tensor(
-                [train["train_time_s"], evaluation["eval_time_s"], float(_peak_memory(s))],
+                [train["train_time_s"], evaluation["eval_time_s"], float(_peak_memory(s)),
+                 train["step_time_p50_s"], train["step_time_p90_s"]],
                 device=s.device,
                 dtype=torch.float64,
             )
@@ -327,6 +403,8 @@ class Trainer:
                 "top5": evaluation["top5"],
                 "test_images": evaluation["test_images"],
                 "peak_mem_bytes": int(times[2].item()),
+                "step_time_p50_s": times[3].item(),
+                "step_time_p90_s": times[4].item(),
                 "lr_last": train["lr_last"],
                 "data_order_sha1": global_order_digest(
                     self.train_set, cfg.seed, epoch, s.world_size, self.per_process_batch
@@ -387,9 +465,12 @@ def run_rank(spec: dict[str, Any]) -> None:
         clean = True
     except BaseException as exc:
         rank = os.environ.get("RANK", str(strategy.rank))
+        line = _error_line(exc)
+        if "timed out" in line.lower() or "timeout" in line.lower():
+            line = f"timeout: {line}"
         if scratch.is_dir():
             (scratch / f"error-rank{rank}.txt").write_text(
-                _error_line(exc) + "\n" + traceback.format_exc()
+                f"{line} [in {PHASE[0]}]\n" + traceback.format_exc()
             )
         raise
     finally:

@@ -1,0 +1,105 @@
+"""Failures lose nothing and leave nothing behind: a crashing rank, a hanging rank, a stuck
+run, SIGTERM, and two runs at once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, assert_ok, only_record, run_bench
+
+SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "32",
+         "--width", "0.125", "--batch-size", "32", "--no-progress"]
+
+
+def _alive(pattern: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn"])
+def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
+    start = time.monotonic()
+    proc = run_bench("run", "--strategy", strategy, "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--output", str(tmp_path), env={"BENCH_FAULT": "raise:1:3"})
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    rec = only_record(tmp_path)
+    assert rec["status"] == "failed"
+    assert rec["error"].startswith("rank 1: RuntimeError: injected fault"), rec["error"]
+    assert "train epoch 1 step 3" in rec["error"]
+    assert elapsed < 60
+    assert not _alive(rec["run_id"]), "a rank outlived its run"
+    assert not _alive("multiprocessing.spawn"), "a spawned rank outlived its run"
+
+
+def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
+    start = time.monotonic()
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--timeout", "5", "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "hang:1:3"})
+    assert proc.returncode == 1, proc.stderr
+    rec = only_record(tmp_path)
+    # Rank 0 waited in the gradient all-reduce that rank 1 never joined.
+    assert rec["error"].startswith("timeout: rank 0"), rec["error"]
+    assert "train epoch 1 step 3" in rec["error"]
+    assert time.monotonic() - start < 60
+    assert not _alive(rec["run_id"])
+
+
+def test_watchdog_ends_a_rank_that_stops_without_a_collective(tmp_path):
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "1", "--epochs", "2", *SMALL,
+                     "--timeout", "2", "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "hang:0:3"})
+    assert proc.returncode == 1, proc.stderr
+    rec = only_record(tmp_path)
+    assert rec["error"].startswith("timeout: rank 0 made no progress"), rec["error"]
+    assert not _alive(rec["run_id"])
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp"])
+def test_sigterm_keeps_finished_epochs(strategy, tmp_path):
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
+           "--epochs", "200", *SMALL, "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        runs = list((tmp_path / "runs").glob("*.json")) if (tmp_path / "runs").exists() else []
+        if runs and len(json.loads(runs[0].read_text()).get("per_epoch", [])) >= 1:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    rec = only_record(tmp_path)
+    assert rec["status"] == "interrupted" and "SIGTERM" in rec["error"]
+    assert 1 <= len(rec["per_epoch"]) < 200
+    assert not _alive(rec["run_id"])
+
+
+def test_two_runs_at_once_do_not_collide(tmp_path):
+    cmds = [
+        [sys.executable, "-m", "bench", "run", "--strategy", s, "--gpus", "2", "--epochs", "1",
+         *SMALL, "--output", str(tmp_path / s)]
+        for s in ("ddp", "ddp-spawn")
+    ]
+    procs = [subprocess.Popen(c, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for c in cmds]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    ports = {only_record(tmp_path / s)["status"] for s in ("ddp", "ddp-spawn")}
+    assert ports == {"ok"}
+
+
+def test_result_files_are_never_half_written(tmp_path):
+    assert_ok(run_bench("run", "--strategy", "dp", "--epochs", "1", *SMALL,
+                        "--output", str(tmp_path)))
+    files = list((tmp_path / "runs").iterdir())
+    assert len(files) == 1 and files[0].suffix == ".json"
+    json.loads(files[0].read_text())
