@@ -55,6 +55,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="ddp-apex: wrap with apex.parallel or torch DDP")
     p.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
                    help="horovod: gradient compression")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-steps per optimizer step (--batch-size stays the effective batch)")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
+    p.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP option")
+    p.add_argument("--static-graph", action="store_true", help="DDP option")
+    p.add_argument("--find-unused-parameters", action="store_true", help="DDP option")
+    p.add_argument("--no-broadcast-buffers", action="store_true",
+                   help="DDP: do not broadcast rank 0's buffers every forward")
     p.add_argument("--no-syncbn", action="store_true", help="keep per-replica BatchNorm")
     p.add_argument("--output", default="results", help="results folder (records in runs/)")
     p.add_argument("--master-port", type=int, default=None, help="default: a free port")
@@ -121,6 +129,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         apex_opt_level=args.apex_opt_level,
         apex_ddp=args.apex_ddp,
         hvd_compression=args.hvd_compression,
+        grad_accum=args.grad_accum,
+        bucket_cap_mb=args.bucket_cap_mb,
+        gradient_as_bucket_view=args.gradient_as_bucket_view,
+        static_graph=args.static_graph,
+        find_unused_parameters=args.find_unused_parameters,
+        broadcast_buffers=not args.no_broadcast_buffers,
         syncbn=not args.no_syncbn,
         output=args.output,
         master_port=args.master_port,

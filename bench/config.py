@@ -53,6 +53,13 @@ class RunConfig:
     apex_opt_level: str = "O1"
     apex_ddp: str = "apex"  # which DDP wraps the apex model: apex.parallel or torch
     hvd_compression: str = "none"  # Horovod gradient compression: none | fp16
+    grad_accum: int = 1  # micro-steps per optimizer step; batch_size stays the effective batch
+    # DDP's knobs (torch defaults)
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
     syncbn: bool = True  # SyncBatchNorm where the strategy and device support it
     output: str = "results"
     master_port: int | None = None
@@ -109,16 +116,25 @@ class RunConfig:
                 raise ConfigError(f"{flag} must be one of {names} (got {value!r})")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port must lie in 1..65535 (got {self.master_port})")
+        if self.grad_accum < 1:
+            raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
+        if not self.bucket_cap_mb > 0:
+            raise ConfigError(f"--bucket-cap-mb must be positive (got {self.bucket_cap_mb})")
         if not self.timeout > 0:
             raise ConfigError(f"--timeout must be positive seconds (got {self.timeout})")
 
     def check_batch_split(self, replicas: int) -> int:
-        """Per-replica batch; the global batch must split evenly over the replicas."""
-        if self.batch_size % replicas:
-            lower = self.batch_size - self.batch_size % replicas
+        """Per-replica batch; the global batch must split evenly over the replicas and, with
+        --grad-accum K, each replica's share over K micro-batches."""
+        parts = replicas * self.grad_accum
+        if self.batch_size % parts:
+            lower = self.batch_size - self.batch_size % parts
+            what = f"{replicas} replicas" + (
+                f" x {self.grad_accum} micro-batches" if self.grad_accum > 1 else ""
+            )
             raise ConfigError(
-                f"--batch-size {self.batch_size} does not split evenly over {replicas} replicas; "
-                f"use a multiple of {replicas}, e.g. --batch-size {max(lower, replicas)}"
+                f"--batch-size {self.batch_size} does not split evenly over {what}; "
+                f"use a multiple of {parts}, e.g. --batch-size {max(lower, parts)}"
             )
         return self.batch_size // replicas
 

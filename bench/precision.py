@@ -29,12 +29,17 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
-    def backward_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        """Backward pass and optimizer step, through the scaler when there is one."""
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward pass, through the scaler when there is one (gradients accumulate)."""
         if self.scaler is None:
             loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Optimizer step (skipped by the scaler on inf/nan gradients) and scale update."""
+        if self.scaler is None:
             optimizer.step()
-            return
-        self.scaler.scale(loss).backward()
-        self.scaler.step(optimizer)
-        self.scaler.update()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()

@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.results import load_records
 
-GROUP_KEYS = ["workload", "strategy", "device", "world_size", "precision"]
+GROUP_KEYS = ["workload", "strategy", "device", "world_size", "precision", "grad_accum"]
 COLUMNS = [
     ("workload", "workload"),
     ("strategy", "strategy"),
@@ -18,6 +18,7 @@ COLUMNS = [
     ("world_size", "N"),
     ("processes", "procs"),
     ("precision", "precision"),
+    ("grad_accum", "accum"),
     ("norm", "norm"),
     ("runs", "runs"),
     ("epoch_time_s", "epoch time (s, median)"),
@@ -66,6 +67,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "world_size": rec.get("world_size"),
                 "processes": rec.get("processes"),
                 "precision": rec.get("precision"),
+                "grad_accum": rec.get("grad_accum", 1),
                 "norm": rec.get("norm"),
                 "status": rec.get("status"),
                 "error": rec.get("error"),
@@ -117,15 +119,13 @@ def summary_table(records: list[dict[str, Any]]):
         )
         out.append(row)
     table = pd.DataFrame(out)
-    base = {
-        (r.workload, r.strategy, r.device, r.precision): r.images_per_s
-        for r in table.itertuples()
-        if r.world_size == 1 and r.status == "ok"
-    }
+    def family(r) -> tuple:
+        return (r.workload, r.strategy, r.device, r.precision, r.grad_accum)
+
+    base = {family(r): r.images_per_s for r in table.itertuples()
+            if r.world_size == 1 and r.status == "ok"}
     table["speedup"] = [
-        r.images_per_s / base[(r.workload, r.strategy, r.device, r.precision)]
-        if (r.workload, r.strategy, r.device, r.precision) in base and r.status == "ok"
-        else math.nan
+        r.images_per_s / base[family(r)] if family(r) in base and r.status == "ok" else math.nan
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]

@@ -33,6 +33,7 @@ from bench.results import (
     write_atomic,
 )
 from strategies.base import Strategy, cpu_threads_per_process
+from strategies.ddp import DDPStrategy, ddp_kwargs
 
 
 def watchdog_timeout(timeout: float) -> float:
@@ -186,6 +187,8 @@ class RunPlan:
             "workers_per_replica": self.workers_per_replica,
             "workers_per_process": self.workers_per_process,
             "syncbn_requested": cfg.syncbn,
+            "grad_accum": cfg.grad_accum,
+            "ddp_options": ddp_kwargs(cfg) if isinstance(self.strategy, DDPStrategy) else None,
             "tag": cfg.tag,
             "command": argv,
             "config": cfg.to_dict(),

@@ -68,18 +68,33 @@ class Outcome:
         )
 
 
-def bn_groups(meta: dict) -> tuple[int, str]:
-    """How the strategy split each global batch for BatchNorm: (groups, how)."""
-    if meta["norm"] == "syncbn" or meta["world_size"] == 1:
-        return 1, "whole"
-    if meta["processes"] == meta["world_size"]:
-        return meta["world_size"], "rank-shards"  # DDP, Horovod: DistributedSampler shards
-    return meta["world_size"], "contiguous"  # DataParallel: scatter along dim 0
+@dataclass(frozen=True)
+class Layout:
+    """How a strategy cut each global batch into BatchNorm forward passes."""
+
+    processes: int = 1  # sampler shards (DistributedSampler ranks)
+    replicas_per_process: int = 1  # DataParallel scatters a process batch into this many
+    accum: int = 1  # micro-batches per optimizer step
+    sync: bool = False  # SyncBatchNorm: one statistic over all replicas' micro-batch
+
+    def describe(self) -> str:
+        kind = "sync" if self.sync else f"{self.processes * self.replicas_per_process} replicas"
+        return f"BN {kind} x {self.accum} micro"
 
 
-def reference(cfg: RunConfig, steps: int, groups: int = 1,
-              how: str = "whole") -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The plain loop: one process, no wrapper, same recipe and batches, BN groups as given."""
+def layout_of(meta: dict) -> Layout:
+    return Layout(
+        processes=meta["processes"],
+        replicas_per_process=meta["world_size"] // meta["processes"],
+        accum=meta.get("grad_accum", 1),
+        sync=meta["norm"] == "syncbn",
+    )
+
+
+def reference(cfg: RunConfig, steps: int,
+              layout: Layout = Layout()) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The plain loop: one process, no wrapper, same recipe and batches, and the strategy's
+    BatchNorm grouping: each group is one forward pass; their mean losses are averaged."""
     torch.manual_seed(cfg.seed)
     model = resnet18_cifar(width=cfg.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
@@ -87,30 +102,36 @@ def reference(cfg: RunConfig, steps: int, groups: int = 1,
     data = CifarTensorDataset(
         load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit), augment=False
     )
-    shards = groups if how == "rank-shards" else 1
     orders = []
-    for rank in range(shards):
-        sampler = epoch_sampler(data, cfg.seed, shards, rank)
+    for rank in range(layout.processes):
+        sampler = epoch_sampler(data, cfg.seed, layout.processes, rank)
         sampler.set_epoch(0)
         orders.append(list(sampler))
-    per_shard = cfg.batch_size // shards
-    steps_per_epoch = len(orders[0]) // per_shard
+    per_process = cfg.batch_size // layout.processes
+    micro = per_process // layout.accum
+    part = micro // layout.replicas_per_process
+    steps_per_epoch = len(orders[0]) // per_process
     warmup = round(cfg.warmup_epochs * steps_per_epoch)
     model.train()
     losses = []
     for step in range(steps):
-        chunks = [order[step * per_shard : (step + 1) * per_shard] for order in orders]
-        if how == "contiguous":
-            size = cfg.batch_size // groups
-            chunks = [chunks[0][g * size : (g + 1) * size] for g in range(groups)]
+        groups = []
+        for m in range(layout.accum):
+            start = step * per_process + m * micro
+            chunks = [order[start : start + micro] for order in orders]
+            if layout.sync:
+                groups.append([i for chunk in chunks for i in chunk])
+            else:
+                groups += [c[r * part : (r + 1) * part] for c in chunks
+                           for r in range(layout.replicas_per_process)]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps_per_epoch * cfg.epochs, warmup, cfg.peak_lr)
         optimizer.zero_grad()
         total = 0.0
-        for idx in chunks:
+        for idx in groups:
             images = torch.stack([data[i][0] for i in idx])
             labels = torch.stack([data[i][1] for i in idx])
-            loss = nn.functional.cross_entropy(model(images), labels) / len(chunks)
+            loss = nn.functional.cross_entropy(model(images), labels) / len(groups)
             loss.backward()
             total += loss.item()
         optimizer.step()
@@ -143,7 +164,7 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
           f"{base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, no augmentation; "
           "reference: one plain process with the strategy's BatchNorm grouping", flush=True)
-    references: dict[tuple[int, str], tuple[list[float], dict]] = {}
+    references: dict[Layout, tuple[list[float], dict]] = {}
     outcomes = []
     for name in names:
         plan = plans[name]
@@ -163,16 +184,16 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
                 outcomes.append(Outcome(name, "FAIL", detail=f"run exited with {code}"))
             else:
                 meta = json.loads((work / "losses.json").read_text())
-                key = bn_groups(meta)
+                key = layout_of(meta)
                 if key not in references:
-                    references[key] = reference(base, steps, *key)
+                    references[key] = reference(base, steps, key)
                 params = torch.load(work / "params.pt")
                 loss_diff, param_diff = compare(meta["losses"], params, *references[key])
                 tol = TOLERANCE["fp32" if meta["precision"] == "fp32" else "mixed"]
                 ok = loss_diff <= tol and param_diff <= tol
                 outcomes.append(Outcome(name, "pass" if ok else "FAIL", meta["precision"],
                                         meta["norm"], loss_diff, param_diff, tol,
-                                        detail=f"BN groups: {key[0]} ({key[1]})"))
+                                        detail=key.describe()))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(outcomes[-1].line(), flush=True)

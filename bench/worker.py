@@ -6,6 +6,7 @@ called in-process (inline, mp.spawn). Rank 0 alone writes the record, after ever
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -171,9 +172,10 @@ class Trainer:
         )
         self.test_size = len(test_set)
         self.sampler = strategy.train_sampler(self.train_set, cfg.seed)
+        self.micro_batch = self.per_process_batch // cfg.grad_accum
         self.train_loader = DataLoader(
             self.train_set,
-            batch_size=self.per_process_batch,
+            batch_size=self.micro_batch,
             sampler=self.sampler,
             drop_last=True,
             num_workers=self.workers,
@@ -189,7 +191,7 @@ class Trainer:
             pin_memory=pin,
             persistent_workers=self.workers > 0,
         )
-        self.steps_per_epoch = len(self.train_loader)
+        self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum  # optimizer steps
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
         self.record = read_record(self.record_path) if strategy.is_main else {}
@@ -210,9 +212,13 @@ class Trainer:
                 "processes": s.world_size,
                 "norm": s.norm,
                 "precision": self.precision.label,
-                "bn_batch_size": self.per_replica_batch if s.norm != "syncbn" else None,
+                # images behind each BatchNorm statistic (one micro-batch per replica, or all)
+                "bn_batch_size": self.per_replica_batch // self.cfg.grad_accum
+                * (s.replicas if s.norm == "syncbn" else 1),
                 "per_rank_batch": self.per_replica_batch,
                 "per_process_batch": self.per_process_batch,
+                "grad_accum": self.cfg.grad_accum,
+                "micro_batch_per_replica": self.per_replica_batch // self.cfg.grad_accum,
                 "workers_per_process": self.workers,
                 "threads_per_process": self.threads,
                 "train_size": len(self.train_set),
@@ -258,30 +264,45 @@ class Trainer:
         # Step boundaries: CUDA events (no host sync) on GPU, the clock on CPU.
         marks: list[Any] = [_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
-        for images, labels in self.train_loader:
-            self.beat(f"train epoch {epoch + 1} step {step + 1}")
-            if self.fault:
-                _inject(self.fault, s.rank, step + 1)
+        accum = cfg.grad_accum
+        step_loss = torch.zeros((), device=s.device)
+        for micro, (images, labels) in enumerate(self.train_loader):
+            if micro >= self.steps_per_epoch * accum:
+                break  # an incomplete group of micro-batches at the end is dropped
+            first, last = micro % accum == 0, micro % accum == accum - 1
+            if first:
+                self.beat(f"train epoch {epoch + 1} step {step + 1}")
+                if self.fault:
+                    _inject(self.fault, s.rank, step + 1)
+                lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.zero_grad()  # set_to_none by default (Horovod takes no args)
             images = images.to(s.device, non_blocking=True)
             labels = labels.to(s.device, non_blocking=True)
-            lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.zero_grad()  # set_to_none is the default (Horovod takes no args)
-            with self.precision.autocast():
-                loss = self.criterion(self.model(images), labels)
-            s.backward_step(loss, self.optimizer, self.precision)
-            loss_sum += loss.detach().float() * labels.numel()
+            # Micro-steps before the last skip the gradient all-reduce (DDP no_sync).
+            with contextlib.nullcontext() if last else s.no_sync(self.model):
+                with self.precision.autocast():
+                    loss = self.criterion(self.model(images), labels)
+                s.backward(loss / accum, self.optimizer, self.precision, last=last)
+            batch_loss = loss.detach().float() * labels.numel()
+            loss_sum += batch_loss
             seen += labels.numel()
+            if self.verify:
+                step_loss += batch_loss
+            if not last:
+                continue
+            s.step(self.optimizer, self.precision)
             step += 1
             marks.append(_mark(cuda))
             if bar is not None:
                 bar.update()
             if self.verify:  # not a timed run: per-step global loss, then stop at K steps
-                pair = torch.stack([loss.detach().float() * labels.numel(),
-                                    torch.tensor(float(labels.numel()), device=s.device)])
+                pair = torch.stack([step_loss, torch.tensor(float(self.per_process_batch),
+                                                            device=s.device)])
                 s.all_reduce(pair, "sum")
                 step_losses.append((pair[0] / pair[1]).item())
+                step_loss = torch.zeros((), device=s.device)
                 if step >= cfg.verify_steps:
                     break
         _sync(s)
@@ -366,6 +387,7 @@ class Trainer:
                 "losses": train["step_losses"], "precision": self.precision.label,
                 "norm": self.strategy.norm, "world_size": self.strategy.replicas,
                 "processes": self.strategy.world_size,
+                "grad_accum": self.cfg.grad_accum,
             }))
             self.record.update(status="ok", finished_at=utc_now(), norm=self.strategy.norm,
                                notes=["bench verify run", *self.strategy.notes])

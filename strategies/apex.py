@@ -6,6 +6,7 @@ with them), and apex AMP needs CUDA. This is the only module that imports apex."
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 
@@ -14,7 +15,7 @@ from torch import nn
 
 from bench.config import RunConfig
 from bench.precision import Precision
-from strategies.ddp import DDPStrategy
+from strategies.ddp import DDPStrategy, ddp_kwargs
 
 APEX_BUILD = (
     "build NVIDIA apex 25.05 from source on a CUDA machine: git clone "
@@ -76,14 +77,21 @@ class ApexStrategy(DDPStrategy):
             model = parallel.DistributedDataParallel(model)
         else:
             model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.local_rank]
+                model, device_ids=[self.local_rank], **ddp_kwargs(cfg)
             )
         self.notes.append(f"apex {cfg.apex_opt_level}, {cfg.apex_ddp} DDP")
         return model, optimizer
 
-    def backward_step(self, loss, optimizer, precision: Precision) -> None:
+    def no_sync(self, model: nn.Module):
+        # torch DDP can skip the all-reduce of micro-steps; apex DDP reduces every backward.
+        return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+
+    def backward(self, loss, optimizer, precision: Precision, last: bool = True) -> None:
         from apex import amp
 
-        with amp.scale_loss(loss, optimizer) as scaled_loss:
+        # Micro-steps before the last keep their gradients scaled (apex's accumulation idiom).
+        with amp.scale_loss(loss, optimizer, delay_unscale=not last) as scaled_loss:
             scaled_loss.backward()
+
+    def step(self, optimizer, precision: Precision) -> None:
         optimizer.step()

@@ -3,6 +3,7 @@ launcher's business (``bench/launch.py``); a strategy only names its launcher.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -90,10 +91,24 @@ class Strategy:
         """This rank's share of the test set: every image exactly once over all ranks."""
         return list(range(self.rank, size, self.world_size))
 
-    def backward_step(
-        self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, precision: Precision
-    ) -> None:
-        precision.backward_step(loss, optimizer)
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Context for a gradient-accumulation micro-step whose gradients are not yet
+        communicated (DDP: ``model.no_sync()``)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                 precision: Precision, last: bool = True) -> None:
+        """Backward of one (micro-)batch; ``last`` is the final micro-step before step()."""
+        precision.backward(loss)
+
+    def step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
+        precision.step(optimizer)
+
+    def backward_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                      precision: Precision) -> None:
+        """Backward and step without accumulation."""
+        self.backward(loss, optimizer, precision)
+        self.step(optimizer, precision)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce over ranks in place (``sum`` or ``max``); a no-op for one process."""

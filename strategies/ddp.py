@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from bench.config import RunConfig
+from bench.errors import ConfigError
 from strategies.base import Strategy
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -27,6 +28,17 @@ def _env_int(name: str) -> int:
         ) from None
 
 
+def ddp_kwargs(cfg: RunConfig) -> dict:
+    """DDP's tuning knobs as the run asked for them (all recorded)."""
+    return {
+        "bucket_cap_mb": cfg.bucket_cap_mb,
+        "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
+        "static_graph": cfg.static_graph,
+        "find_unused_parameters": cfg.find_unused_parameters,
+        "broadcast_buffers": cfg.broadcast_buffers,
+    }
+
+
 class DDPStrategy(Strategy):
     summary = "DistributedDataParallel, one process per GPU"
 
@@ -35,6 +47,13 @@ class DDPStrategy(Strategy):
         self.launcher = launcher
         if summary:
             self.summary = summary
+
+    def check(self, cfg: RunConfig, device_type: str) -> None:
+        if cfg.static_graph and cfg.grad_accum > 1:
+            raise ConfigError(
+                "--static-graph cannot be combined with --grad-accum > 1 (DDP's no_sync fails "
+                "an internal assert with a static graph); drop one of them"
+            )
 
     def setup(self, cfg: RunConfig, device_type: str) -> None:
         self.rank = _env_int("RANK")
@@ -75,7 +94,10 @@ class DDPStrategy(Strategy):
                 self.notes.append(f"BatchNorm statistics are per replica ({why})")
         model = model.to(self.device)
         device_ids = [self.local_rank] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        return DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs(cfg))
+
+    def no_sync(self, model: nn.Module):
+        return model.no_sync()
 
     def eval_module(self, model: nn.Module) -> nn.Module:
         # Evaluate on the bare module: ranks see different numbers of test batches, and the

@@ -78,6 +78,7 @@ class HorovodStrategy(Strategy):
             named_parameters=model.named_parameters(),
             compression=compression,
             op=hvd.Average,
+            backward_passes_per_step=self._accum,
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -85,20 +86,22 @@ class HorovodStrategy(Strategy):
 
     def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):
         self._compression = cfg.hvd_compression
+        self._accum = cfg.grad_accum
         self.notes.append(f"Horovod gradient compression: {cfg.hvd_compression}")
         return super().setup_model(model, cfg, make_optimizer)
 
-    def backward_step(self, loss, optimizer, precision: Precision) -> None:
+    def backward(self, loss, optimizer, precision: Precision, last: bool = True) -> None:
+        # With backward_passes_per_step=K Horovod starts the all-reduce on the K-th pass.
+        precision.backward(loss)
+
+    def step(self, optimizer, precision: Precision) -> None:
         if precision.scaler is None:
-            loss.backward()
             optimizer.step()  # waits for the averaged gradients
             return
-        scaler = precision.scaler
-        scaler.scale(loss).backward()
         optimizer.synchronize()
         with optimizer.skip_synchronize():
-            scaler.step(optimizer)
-        scaler.update()
+            precision.scaler.step(optimizer)
+        precision.scaler.update()
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         # hvd.allreduce averages by default: ask for Sum / Max explicitly.

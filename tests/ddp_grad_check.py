@@ -71,3 +71,27 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         gc.collect()
     finally:
         strategy.teardown()
+
+
+def knobs_main(rank: int, world: int, port: int, out_dir: str, knobs: dict) -> None:
+    """Wrap the model through the strategy with DDP knobs and report what DDP holds."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    cfg = RunConfig("ddp", gpus=world, cpu=True, width=0.125, **knobs)
+    strategy = strategies.get("ddp")
+    strategy.setup(cfg, "cpu")
+    try:
+        ddp = strategy.wrap_model(resnet18_cifar(width=0.125), cfg)
+        seen = {
+            "bucket_bytes_cap": ddp.bucket_bytes_cap,
+            "gradient_as_bucket_view": ddp.gradient_as_bucket_view,
+            "static_graph": ddp.static_graph,
+            "find_unused_parameters": ddp.find_unused_parameters,
+            "broadcast_buffers": ddp.broadcast_buffers,
+        }
+        if rank == 0:
+            Path(out_dir, "knobs.json").write_text(json.dumps(seen))
+        del ddp
+        gc.collect()
+    finally:
+        strategy.teardown()

@@ -8,7 +8,7 @@ import re
 from conftest import run_bench
 
 from bench.config import RunConfig
-from bench.verify import TOLERANCE, compare, reference
+from bench.verify import TOLERANCE, Layout, compare, reference
 
 STEPS = 8
 
@@ -35,8 +35,8 @@ def _base(**kw) -> RunConfig:
 
 def test_check_fails_on_summed_gradients():
     # Summing instead of averaging gradients over 2 ranks doubles the step.
-    ok_losses, ok_params = reference(_base(), STEPS, 2, "rank-shards")
-    bad_losses, bad_params = reference(_base(lr=0.002), STEPS, 2, "rank-shards")
+    ok_losses, ok_params = reference(_base(), STEPS, Layout(processes=2))
+    bad_losses, bad_params = reference(_base(lr=0.002), STEPS, Layout(processes=2))
     loss_diff, param_diff = compare(bad_losses, bad_params, ok_losses, ok_params)
     assert max(loss_diff, param_diff) > 3 * TOLERANCE["fp32"]
 
@@ -44,12 +44,12 @@ def test_check_fails_on_summed_gradients():
 def test_check_fails_when_bn_grouping_is_ignored():
     # A per-replica-BN strategy compared with a full-batch reference would be flagged: this is
     # why the reference reproduces the grouping.
-    whole = reference(_base(), STEPS, 1, "whole")
-    shards = reference(_base(), STEPS, 2, "rank-shards")
+    whole = reference(_base(), STEPS, Layout())
+    shards = reference(_base(), STEPS, Layout(processes=2))
     assert max(compare(*shards, *whole)) > 3 * TOLERANCE["fp32"]
 
 
 def test_check_fails_on_a_different_data_order():
-    ok = reference(_base(), STEPS, 2, "rank-shards")
-    other = reference(_base(seed=1), STEPS, 2, "rank-shards")
+    ok = reference(_base(), STEPS, Layout(processes=2))
+    other = reference(_base(seed=1), STEPS, Layout(processes=2))
     assert compare(*other, *ok)[0] > 3 * TOLERANCE["fp32"]
