@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset
 
 import strategies
 from bench.config import RunConfig
@@ -114,6 +114,26 @@ def _peak_memory(strategy: Strategy) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+class EvalShard(Dataset):
+    """A rank's test images; ``None`` entries are padding (served, flagged not valid)."""
+
+    def __init__(self, base: Dataset, indices: list[int | None]) -> None:
+        self.base, self.indices = base, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        index = self.indices[i]
+        image, label = self.base[0 if index is None else index]
+        return image, label, index is not None
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter gathered whole; others as they are. Collective."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def _mark(cuda: bool):
     if cuda:
         event = torch.cuda.Event(enable_timing=True)
@@ -184,7 +204,7 @@ class Trainer:
             generator=torch.Generator().manual_seed(aug_seed),
         )
         self.test_loader = DataLoader(
-            Subset(test_set, strategy.eval_indices(len(test_set))),
+            EvalShard(test_set, strategy.eval_indices(len(test_set))),
             batch_size=max(256, self.per_process_batch),
             shuffle=False,
             num_workers=self.workers,
@@ -336,19 +356,21 @@ class Trainer:
         totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
         _sync(s)
         start = time.perf_counter()
-        for batch, (images, labels) in enumerate(self.test_loader):
+        for batch, (images, labels, valid) in enumerate(self.test_loader):
             self.beat(f"eval batch {batch + 1}")
             images = images.to(s.device, non_blocking=True)
             labels = labels.to(s.device, non_blocking=True)
+            valid = valid.to(s.device, non_blocking=True)
             with self.precision.autocast():
                 logits = net(images)
             logits = logits.float()
             top5 = logits.topk(5, dim=1).indices
-            hits = top5 == labels[:, None]
+            hits = (top5 == labels[:, None]) & valid[:, None]
             totals[0] += hits[:, 0].sum()
             totals[1] += hits.any(dim=1).sum()
-            totals[2] += labels.numel()
-            totals[3] += nn.functional.cross_entropy(logits, labels, reduction="sum")
+            totals[2] += valid.sum()
+            losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+            totals[3] += (losses * valid).sum()
         _sync(s)
         eval_time = time.perf_counter() - start
         s.all_reduce(totals, "sum")
@@ -366,7 +388,8 @@ class Trainer:
         """Whether every rank ends with bit-identical parameters, checked through three
         float64 fingerprints whose max and min over ranks must agree."""
         s = self.strategy
-        params = [p.detach().double().reshape(-1) for p in s.eval_module(self.model).parameters()]
+        params = [_full(p.detach()).double().reshape(-1)
+                  for p in s.eval_module(self.model).parameters()]
         flat = torch.cat(params)
         weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
         local = torch.stack([flat.sum(), (flat * flat).sum(), (flat * weights).sum()])
@@ -378,10 +401,10 @@ class Trainer:
     def run_verify(self) -> None:
         """bench verify: K steps, then rank 0 saves per-step losses and final parameters."""
         train = self.train_epoch(0)
+        module = getattr(self.model, "module", self.model)  # unwrapped (DP, DDP, apex)
+        state = {k: _full(v.detach()).float().cpu() for k, v in module.named_parameters()}
         if self.strategy.is_main:
             out = Path(self.cfg.verify_dir)
-            module = getattr(self.model, "module", self.model)  # unwrapped (DP, DDP, apex)
-            state = {k: v.detach().float().cpu() for k, v in module.named_parameters()}
             torch.save(state, out / "params.pt")
             (out / "losses.json").write_text(json.dumps({
                 "losses": train["step_losses"], "precision": self.precision.label,

@@ -9,6 +9,7 @@ from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
 from strategies.ddp_amp import DDPAmpStrategy
 from strategies.dp import DataParallelStrategy
+from strategies.fsdp import FSDPStrategy
 from strategies.horovod import HorovodStrategy
 
 REGISTRY: dict[str, Callable[[], Strategy]] = {
@@ -27,6 +28,7 @@ REGISTRY: dict[str, Callable[[], Strategy]] = {
     "ddp-amp": lambda: DDPAmpStrategy("ddp-amp", launcher="torchrun"),
     "ddp-apex": lambda: ApexStrategy("ddp-apex", launcher="torchrun"),
     "horovod": lambda: HorovodStrategy("horovod"),
+    "fsdp": lambda: FSDPStrategy("fsdp", launcher="torchrun"),
 }
 
 

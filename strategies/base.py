@@ -19,6 +19,7 @@ class Strategy:
 
     launcher: str = "inline"
     summary: str = ""
+    collective_forward = False  # True when every forward is a collective (FSDP)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -87,9 +88,14 @@ class Strategy:
         """Devices this process computes on (for peak memory)."""
         return [self.device]
 
-    def eval_indices(self, size: int) -> list[int]:
-        """This rank's share of the test set: every image exactly once over all ranks."""
-        return list(range(self.rank, size, self.world_size))
+    def eval_indices(self, size: int) -> list[int | None]:
+        """This rank's share of the test set: every image exactly once over all ranks. When
+        forwards are collectives every rank needs the same number of batches: short shards
+        are padded with None (not counted)."""
+        share: list[int | None] = list(range(self.rank, size, self.world_size))
+        if self.collective_forward:
+            share += [None] * (-(-size // self.world_size) - len(share))
+        return share
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Context for a gradient-accumulation micro-step whose gradients are not yet

@@ -19,7 +19,7 @@ def test_verify_passes_for_every_cpu_strategy():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = {m.group(1): m.group(2) for m in re.finditer(r"^(\S+)\s+(pass|FAIL|skipped)",
                                                           proc.stdout, re.M)}
-    for name in ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp"):
+    for name in ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "fsdp"):
         assert lines.get(name) == "pass", proc.stdout
     assert lines.get("ddp-apex") == "skipped"
     assert re.search(r"\d+ passed, 0 failed", proc.stdout)

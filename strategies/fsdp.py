@@ -1,0 +1,89 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimizer state
+sharded over the ranks; each residual stage and the root are sharding units. Ranks started
+by torchrun; NCCL on CUDA, gloo on CPU. Mixed precision through FSDP's own
+``MixedPrecisionPolicy`` (bf16/fp16 parameters, fp32 gradient reduction)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from bench.config import RunConfig
+from bench.precision import Precision
+from strategies.ddp import DDPStrategy
+
+
+def fsdp_api():
+    """(fully_shard, MixedPrecisionPolicy) or None where this torch has no FSDP2."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        try:  # torch 2.4/2.5 kept FSDP2 under _composable
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError:
+            return None
+    return fully_shard, MixedPrecisionPolicy
+
+
+class FSDPStrategy(DDPStrategy):
+    summary = "FSDP2 fully_shard per residual stage + root, ranks started by torchrun"
+    collective_forward = True  # every forward all-gathers: ranks must evaluate in lockstep
+
+    def requires(self, device_type: str) -> str | None:
+        if fsdp_api() is None:
+            return f"torch {torch.__version__} has no FSDP2 (fully_shard); use torch >= 2.4"
+        return None
+
+    def make_precision(self, cfg: RunConfig) -> Precision:
+        # FSDP casts parameters itself; no autocast. fp16 still needs loss scaling.
+        precision = Precision(cfg.precision or "fp32", self.device)
+        precision.dtype = None
+        precision.label = cfg.precision or "fp32"
+        return precision
+
+    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+        fully_shard, policy_cls = fsdp_api()
+        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            self.norm = "syncbn"
+        else:
+            self.norm = "per-replica-bn"
+            if self.world_size > 1:
+                self.notes.append("BatchNorm statistics are per replica (FSDP on CPU)")
+        model = model.to(self.device)
+        kwargs = {}
+        if cfg.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+            kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32)
+            # BatchNorm stays fp32 (its own unit), as in every mixed-precision recipe.
+            bn_policy = policy_cls(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                   output_dtype=dtype, cast_forward_inputs=True)
+            for module in model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    fully_shard(module, mp_policy=bn_policy)
+            self.notes.append(
+                f"FSDP MixedPrecisionPolicy: {cfg.precision} params, fp32 reduce, fp32 BatchNorm"
+            )
+        for stage in model.stages:
+            fully_shard(stage, **kwargs)
+        fully_shard(model, **kwargs)
+        self.notes.append("FSDP2: sharded units = 4 residual stages + root")
+        return model
+
+    def eval_module(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def no_sync(self, model: nn.Module):
+        # FSDP2: skip the gradient reduce-scatter on micro-steps before the last.
+        model.set_requires_gradient_sync(False)
+        return _resync(model)
+
+
+@contextlib.contextmanager
+def _resync(model: nn.Module):
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
