@@ -10,6 +10,8 @@ from bench.config import (
     APEX_OPT_LEVELS,
     DATASETS,
     HVD_COMPRESSION,
+    LOADERS,
+    OPTIMIZER_IMPLS,
     PRECISIONS,
     RunConfig,
     default_data_dir,
@@ -55,6 +57,16 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="ddp-apex: wrap with apex.parallel or torch DDP")
     p.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
                    help="horovod: gradient compression")
+    p.add_argument("--loader", choices=LOADERS, default="torch",
+                   help="torch: DataLoader + per-image transforms (the seeds' way); "
+                        "gpu: whole set on the device, batch-wide crop/flip")
+    p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (compile time recorded apart)")
+    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
+                   help="SGD implementation")
+    p.add_argument("--no-cudnn-benchmark", action="store_true",
+                   help="turn cudnn.benchmark off (on by default on GPU)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-steps per optimizer step (--batch-size stays the effective batch)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
@@ -130,6 +142,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         apex_ddp=args.apex_ddp,
         hvd_compression=args.hvd_compression,
         grad_accum=args.grad_accum,
+        loader=args.loader,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        optimizer_impl=args.optimizer_impl,
+        cudnn_benchmark=not args.no_cudnn_benchmark,
         bucket_cap_mb=args.bucket_cap_mb,
         gradient_as_bucket_view=args.gradient_as_bucket_view,
         static_graph=args.static_graph,

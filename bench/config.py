@@ -15,6 +15,8 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 APEX_OPT_LEVELS = ("O0", "O1", "O2", "O3")
 APEX_DDP = ("apex", "torch")
 HVD_COMPRESSION = ("none", "fp16")
+LOADERS = ("torch", "gpu")
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
 
 
@@ -53,6 +55,11 @@ class RunConfig:
     apex_opt_level: str = "O1"
     apex_ddp: str = "apex"  # which DDP wraps the apex model: apex.parallel or torch
     hvd_compression: str = "none"  # Horovod gradient compression: none | fp16
+    loader: str = "torch"  # torch: DataLoader + per-image transforms; gpu: on-device batches
+    channels_last: bool = False
+    compile: bool = False  # torch.compile; compile time measured apart from epoch time
+    optimizer_impl: str = "default"  # SGD implementation: default | foreach | fused
+    cudnn_benchmark: bool = True
     grad_accum: int = 1  # micro-steps per optimizer step; batch_size stays the effective batch
     # DDP's knobs (torch defaults)
     bucket_cap_mb: float = 25.0
@@ -110,6 +117,8 @@ class RunConfig:
             ("--apex-opt-level", self.apex_opt_level, APEX_OPT_LEVELS),
             ("--apex-ddp", self.apex_ddp, APEX_DDP),
             ("--hvd-compression", self.hvd_compression, HVD_COMPRESSION),
+            ("--loader", self.loader, LOADERS),
+            ("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS),
         ):
             if value not in allowed:
                 names = ", ".join(a for a in allowed if a)

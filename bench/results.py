@@ -26,7 +26,8 @@ RECORD_FIELDS = (
     "base_lr", "lr_schedule", "warmup_epochs", "optimizer", "epochs", "dataset", "train_size",
     "test_size", "seed", "workers_per_replica", "workers_per_process", "threads_per_process",
     "steps_per_epoch", "model", "command", "config", "env", "notes", "per_epoch", "summary",
-    "replicas_identical", "param_fingerprint",
+    "replicas_identical", "param_fingerprint", "grad_accum", "loader", "channels_last",
+    "compile", "compile_time_s", "optimizer_impl", "cudnn_benchmark",
 )
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 import strategies
 from bench.config import RunConfig
 from bench.data import CifarTensorDataset, load_split
+from bench.device_loader import DeviceLoader
 from bench.model import count_parameters, resnet18_cifar
 from bench.results import read_record, summarise_epochs, utc_now, write_atomic
 from strategies.base import Strategy, cpu_threads_per_process, epoch_sampler
@@ -161,18 +162,28 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # identical initial weights for every rank and strategy
         model = resnet18_cifar(width=cfg.width)
         self.num_params = count_parameters(model)
+        if cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if strategy.device.type == "cuda":
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
         self.precision = strategy.make_precision(cfg)
 
         def make_optimizer(params) -> torch.optim.Optimizer:
+            impl = {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(
+                cfg.optimizer_impl, {}
+            )
             return torch.optim.SGD(
                 params,
                 lr=cfg.peak_lr,
                 momentum=cfg.momentum,
                 nesterov=cfg.nesterov,
                 weight_decay=cfg.weight_decay,
+                **impl,
             )
 
         self.model, self.optimizer = strategy.setup_model(model, cfg, make_optimizer)
+        self.forward_model = torch.compile(self.model) if cfg.compile else self.model
+        self.memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
         self.criterion = nn.CrossEntropyLoss()
 
         # Augmentation differs per rank (and per loader worker), deterministically.
@@ -180,37 +191,47 @@ class Trainer:
         torch.manual_seed(aug_seed)
         self.per_replica_batch = cfg.batch_size // strategy.replicas
         self.per_process_batch = cfg.batch_size // strategy.world_size
-        self.workers = spec["workers_per_process"]
-        pin = strategy.device.type == "cuda"
-        self.verify = cfg.verify_steps is not None
-        self.train_set = CifarTensorDataset(
-            load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit),
-            augment=not self.verify,
-        )
-        test_set = CifarTensorDataset(
-            load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit), augment=False
-        )
-        self.test_size = len(test_set)
-        self.sampler = strategy.train_sampler(self.train_set, cfg.seed)
         self.micro_batch = self.per_process_batch // cfg.grad_accum
-        self.train_loader = DataLoader(
-            self.train_set,
-            batch_size=self.micro_batch,
-            sampler=self.sampler,
-            drop_last=True,
-            num_workers=self.workers,
-            pin_memory=pin,
-            persistent_workers=self.workers > 0,
-            generator=torch.Generator().manual_seed(aug_seed),
-        )
-        self.test_loader = DataLoader(
-            EvalShard(test_set, strategy.eval_indices(len(test_set))),
-            batch_size=max(256, self.per_process_batch),
-            shuffle=False,
-            num_workers=self.workers,
-            pin_memory=pin,
-            persistent_workers=self.workers > 0,
-        )
+        self.workers = spec["workers_per_process"]
+        self.verify = cfg.verify_steps is not None
+        train_images = load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit)
+        test_images = load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit)
+        self.train_size, self.test_size = len(train_images), len(test_images)
+        eval_batch = max(256, self.per_process_batch)
+        eval_indices = strategy.eval_indices(self.test_size)
+        if cfg.loader == "gpu":
+            self.train_loader = DeviceLoader(
+                train_images, strategy.device, self.micro_batch, train=True,
+                augment=not self.verify, seed=cfg.seed, world_size=strategy.world_size,
+                rank=strategy.rank, aug_seed=aug_seed, channels_last=cfg.channels_last,
+            )
+            self.sampler = self.train_loader.sampler
+            self.test_loader = DeviceLoader(
+                test_images, strategy.device, eval_batch, train=False, indices=eval_indices,
+                channels_last=cfg.channels_last,
+            )
+        else:
+            pin = strategy.device.type == "cuda"
+            train_set = CifarTensorDataset(train_images, augment=not self.verify)
+            self.sampler = strategy.train_sampler(train_set, cfg.seed)
+            self.train_loader = DataLoader(
+                train_set,
+                batch_size=self.micro_batch,
+                sampler=self.sampler,
+                drop_last=True,
+                num_workers=self.workers,
+                pin_memory=pin,
+                persistent_workers=self.workers > 0,
+                generator=torch.Generator().manual_seed(aug_seed),
+            )
+            self.test_loader = DataLoader(
+                EvalShard(CifarTensorDataset(test_images, augment=False), eval_indices),
+                batch_size=eval_batch,
+                shuffle=False,
+                num_workers=self.workers,
+                pin_memory=pin,
+                persistent_workers=self.workers > 0,
+            )
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum  # optimizer steps
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
@@ -241,7 +262,7 @@ class Trainer:
                 "micro_batch_per_replica": self.per_replica_batch // self.cfg.grad_accum,
                 "workers_per_process": self.workers,
                 "threads_per_process": self.threads,
-                "train_size": len(self.train_set),
+                "train_size": self.train_size,
                 "test_size": self.test_size,
                 "steps_per_epoch": self.steps_per_epoch,
                 "warmup_steps": self.warmup_steps,
@@ -298,12 +319,12 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 self.optimizer.zero_grad()  # set_to_none by default (Horovod takes no args)
-            images = images.to(s.device, non_blocking=True)
+            images = images.to(s.device, non_blocking=True, memory_format=self.memory_format)
             labels = labels.to(s.device, non_blocking=True)
             # Micro-steps before the last skip the gradient all-reduce (DDP no_sync).
             with contextlib.nullcontext() if last else s.no_sync(self.model):
                 with self.precision.autocast():
-                    loss = self.criterion(self.model(images), labels)
+                    loss = self.criterion(self.forward_model(images), labels)
                 s.backward(loss / accum, self.optimizer, self.precision, last=last)
             batch_loss = loss.detach().float() * labels.numel()
             loss_sum += batch_loss
@@ -416,11 +437,41 @@ class Trainer:
                                notes=["bench verify run", *self.strategy.notes])
             self._write_record()
 
+    def compile_warm_up(self) -> float | None:
+        """With --compile: compile on one batch (forward + backward, no step; BatchNorm
+        buffers restored) before the timed epochs. Returns the seconds it took."""
+        if not self.cfg.compile:
+            return None
+        s = self.strategy
+        self.beat("compile", force=True)
+        module = getattr(self.model, "module", self.model)
+        saved = [b.detach().clone() for b in module.buffers()]
+        images, labels = next(iter(self.train_loader))[:2]
+        images = images.to(s.device, memory_format=self.memory_format)
+        labels = labels.to(s.device)
+        _sync(s)
+        start = time.perf_counter()
+        with self.precision.autocast():
+            loss = self.criterion(self.forward_model(images), labels)
+        s.backward(loss, self.optimizer, self.precision)
+        _sync(s)
+        seconds = time.perf_counter() - start
+        self.optimizer.zero_grad()
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), saved):
+                buffer.copy_(value)
+        if self.precision.scaler is not None:  # forget the warm-up's scaling state
+            self.precision.scaler.update(self.precision.scaler.get_scale())
+        return seconds
+
     def run(self) -> None:
         s, cfg = self.strategy, self.cfg
         if self.verify:
             self.run_verify()
             return
+        compile_time = self.compile_warm_up()
+        if s.is_main:
+            self.record["compile_time_s"] = compile_time
         self._start_record()
         epochs: list[dict[str, Any]] = []
         for epoch in range(cfg.epochs):
@@ -452,7 +503,7 @@ class Trainer:
                 "step_time_p90_s": times[4].item(),
                 "lr_last": train["lr_last"],
                 "data_order_sha1": global_order_digest(
-                    self.train_set, cfg.seed, epoch, s.world_size, self.per_process_batch
+                    range(self.train_size), cfg.seed, epoch, s.world_size, self.per_process_batch
                 ),
             }
             epochs.append(entry)

@@ -1,0 +1,106 @@
+"""--loader gpu: same shards as DistributedSampler, torchvision crop/flip semantics, and the
+speed flags recorded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_ok, only_record, run_bench
+from torch.utils.data import DistributedSampler
+
+from bench.data import CIFAR100_MEAN, CIFAR100_STD, ImageSet
+from bench.device_loader import DeviceLoader, random_crop_flip
+
+N = 100  # label i marks image i, so the labels show which images a rank drew
+
+
+def _indexed_set() -> ImageSet:
+    return ImageSet(np.zeros((N, 32, 32, 3), np.uint8), np.arange(N, dtype=np.int64))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_shards_match_distributed_sampler(world):
+    cpu = torch.device("cpu")
+    for epoch in (0, 1):
+        drawn = []
+        for rank in range(world):
+            loader = DeviceLoader(_indexed_set(), cpu, 8, train=True, seed=5, world_size=world,
+                                  rank=rank, aug_seed=rank)
+            loader.sampler.set_epoch(epoch)
+            labels = [int(v) for _, y in loader for v in y]
+            ref = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True,
+                                     seed=5, drop_last=True)
+            ref.set_epoch(epoch)
+            expected = list(ref)[: len(loader) * 8]
+            assert labels == expected
+            drawn.append(labels)
+        flat = [i for d in drawn for i in d]
+        assert len(flat) == len(set(flat))  # no overlap between ranks
+
+
+def test_crop_flip_hand_checked():
+    padded = torch.zeros(1, 1, 40, 40, dtype=torch.uint8)
+    padded[0, 0, 4, 4] = 255  # the image's top-left pixel after 4-pixel padding
+    zero, four = torch.tensor([0]), torch.tensor([4])
+    same = random_crop_flip(padded, four, four, torch.tensor([False]))
+    assert same[0, 0, 0, 0] == 255 and same.sum() == 255  # offset (4,4): the image itself
+    shifted = random_crop_flip(padded, zero, zero, torch.tensor([False]))
+    assert shifted[0, 0, 4, 4] == 255  # offset (0,0): image moved down-right by 4
+    mirrored = random_crop_flip(padded, zero, zero, torch.tensor([True]))
+    assert mirrored[0, 0, 4, 27] == 255  # then mirrored: column 4 -> 31 - 4
+
+
+def test_augmentation_matches_torchvision_semantics():
+    img = np.zeros((1, 32, 32, 3), np.uint8)
+    img[0, 0, 0] = 255
+    loader = DeviceLoader(ImageSet(img.repeat(64, 0), np.zeros(64, np.int64)),
+                          torch.device("cpu"), 64, train=True, aug_seed=0)
+    padded = torch.nn.functional.pad(torch.from_numpy(img[0]).permute(2, 0, 1), (4, 4, 4, 4))
+    mean = torch.tensor(CIFAR100_MEAN).view(3, 1, 1)
+    std = torch.tensor(CIFAR100_STD).view(3, 1, 1)
+    candidates = {}
+    for top in range(9):
+        for left in range(9):
+            crop = padded[:, top : top + 32, left : left + 32].float() / 255
+            candidates[(top, left, False)] = (crop - mean) / std
+            candidates[(top, left, True)] = (crop.flip(-1) - mean) / std
+    seen = set()
+    for _ in range(20):
+        images, _ = next(iter(loader))
+        for out in images:
+            match = [k for k, v in candidates.items() if torch.allclose(out, v, atol=1e-4)]
+            assert match, "not a pad-4 crop (optionally mirrored) of the image"
+            seen.update(match)
+    assert {k[2] for k in seen} == {False, True} and {k[0] for k in seen} == set(range(9))
+
+
+def test_speed_flags_are_recorded(tmp_path):
+    proc = run_bench(
+        "run", "--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
+        "synthetic", "--train-limit", "256", "--test-limit", "10", "--width", "0.125",
+        "--batch-size", "32", "--no-progress", "--loader", "gpu", "--channels-last",
+        "--optimizer-impl", "foreach", "--compile", "--output", str(tmp_path), timeout=600,
+    )
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    assert rec["loader"] == "gpu" and rec["channels_last"] is True
+    assert rec["optimizer_impl"] == "foreach" and rec["compile"] is True
+    assert rec["compile_time_s"] > 0
+    assert rec["cudnn_benchmark"] is None  # CPU run: not applicable
+    assert [e["test_images"] for e in rec["per_epoch"]] == [10, 10]
+    assert rec["replicas_identical"] is True
+
+
+def test_gpu_loader_sees_the_same_batches_as_the_torch_loader(tmp_path):
+    common = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
+              "synthetic", "--train-limit", "256", "--test-limit", "10", "--width", "0.125",
+              "--batch-size", "32", "--no-progress"]
+    for loader in ("torch", "gpu"):
+        assert_ok(run_bench("run", *common, "--loader", loader, "--output",
+                            str(tmp_path / loader)))
+    digests = {
+        loader: [e["data_order_sha1"] for e in only_record(tmp_path / loader)["per_epoch"]]
+        for loader in ("torch", "gpu")
+    }
+    assert digests["torch"] == digests["gpu"]
