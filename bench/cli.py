@@ -67,6 +67,16 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="SGD implementation")
     p.add_argument("--no-cudnn-benchmark", action="store_true",
                    help="turn cudnn.benchmark off (on by default on GPU)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="machines; run the same command on each (torchrun c10d rendezvous)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's index (0..nodes-1)")
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
+    p.add_argument("--rdzv-id", default=None,
+                   help="run id shared by all nodes (default: derived from the command)")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts")
+    p.add_argument("--hosts", default=None, help="horovod: host1:4,host2:4 for horovodrun -H")
+    p.add_argument("--no-slurm", action="store_true",
+                   help="ignore Slurm variables (do not act as one srun task)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-steps per optimizer step (--batch-size stays the effective batch)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
@@ -108,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--strategies", default=None, help="comma-separated (default: all)")
     verify.add_argument("--gpus", type=int, default=2, help="world size (default 2)")
     verify.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    slurm = sub.add_parser(
+        "slurm", help="write (and optionally submit) an sbatch script for a multi-node run",
+        description="Any other option is a `bench run` option, passed to every task.",
+    )
+    slurm.add_argument("--strategy", required=True)
+    slurm.add_argument("--nodes", type=int, required=True)
+    slurm.add_argument("--gpus", type=int, required=True, help="GPUs (tasks) per node")
+    slurm.add_argument("--time", default="01:00:00", help="wall-clock limit, HH:MM:SS")
+    slurm.add_argument("--job-name", default="parallel-bench")
+    slurm.add_argument("--partition", default=None)
+    slurm.add_argument("--cpus-per-task", type=int, default=None)
+    slurm.add_argument("--out", default="bench-slurm.sbatch", help="script path")
+    slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
     report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
@@ -142,6 +165,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         apex_ddp=args.apex_ddp,
         hvd_compression=args.hvd_compression,
         grad_accum=args.grad_accum,
+        nodes=args.nodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        max_restarts=args.max_restarts,
+        hosts=args.hosts,
+        use_slurm=not args.no_slurm,
         loader=args.loader,
         channels_last=args.channels_last,
         compile=args.compile,
@@ -200,6 +230,47 @@ def cmd_sweep(args: argparse.Namespace, run_args: list[str]) -> int:
                      run_timeout=args.run_timeout)
 
 
+def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
+    import re
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from bench.cluster import sbatch_script
+
+    for flag in ("--nodes", "--gpus", "--strategy", "--node-rank", "--rdzv-endpoint"):
+        if any(a == flag or a.startswith(flag + "=") for a in run_args):
+            raise ConfigError(f"bench slurm sets {flag} itself")
+    if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
+        raise ConfigError(f"--time must look like HH:MM:SS (got {args.time!r})")
+    # Validate the run options as the tasks will see them.
+    run = build_parser().parse_args(
+        ["run", "--strategy", args.strategy, "--gpus", str(args.gpus), *run_args]
+    )
+    cfg = config_from_args(run)
+    cfg.validate()
+    from bench.runner import resolve_strategy
+
+    strategy = resolve_strategy(args.strategy)
+    if strategy.launcher != "torchrun":
+        raise ConfigError(f"{args.strategy} cannot run as srun tasks; use ddp, ddp-amp, "
+                          "ddp-apex or fsdp")
+    if args.nodes < 1 or args.gpus < 1:
+        raise ConfigError("--nodes and --gpus must be at least 1")
+    cfg.check_batch_split(args.nodes * args.gpus)
+    script = sbatch_script(strategy=args.strategy, nodes=args.nodes, gpus=args.gpus,
+                           time=args.time, job_name=args.job_name, run_args=run_args,
+                           partition=args.partition, cpus_per_task=args.cpus_per_task)
+    if args.submit and shutil.which("sbatch") is None:
+        raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
+                          "--submit and copy the script there")
+    Path(args.out).write_text(script)
+    print(f"wrote {args.out}")
+    if args.submit:
+        return subprocess.run(["sbatch", args.out]).returncode
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     from bench.sweep import parse_list
     from bench.verify import default_strategies, run_verify
@@ -222,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["sweep"]:
             args, run_args = parser.parse_known_args(argv)
             return cmd_sweep(args, run_args)
+        if argv[:1] == ["slurm"]:
+            args, run_args = parser.parse_known_args(argv)
+            return cmd_slurm(args, run_args)
         if argv[:1] == ["verify"]:
             args, run_args = parser.parse_known_args(argv)
             return cmd_verify(args, run_args)

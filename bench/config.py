@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,13 @@ class RunConfig:
     compile: bool = False  # torch.compile; compile time measured apart from epoch time
     optimizer_impl: str = "default"  # SGD implementation: default | foreach | fused
     cudnn_benchmark: bool = True
+    nodes: int = 1  # machines; each runs the same command (torchrun c10d rendezvous)
+    node_rank: int = 0  # this machine's index; node 0 closes the record after a failure
+    rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (nodes > 1)
+    rdzv_id: str | None = None  # the same on every node; default derived from the command
+    max_restarts: int = 0  # torchrun --max-restarts
+    hosts: str | None = None  # horovod across machines: host1:4,host2:4
+    use_slurm: bool = True  # inside `srun`, take rank / world size from Slurm
     grad_accum: int = 1  # micro-steps per optimizer step; batch_size stays the effective batch
     # DDP's knobs (torch defaults)
     bucket_cap_mb: float = 25.0
@@ -125,6 +133,23 @@ class RunConfig:
                 raise ConfigError(f"{flag} must be one of {names} (got {value!r})")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port must lie in 1..65535 (got {self.master_port})")
+        if self.nodes < 1:
+            raise ConfigError(f"--nodes must be at least 1 (got {self.nodes})")
+        if not 0 <= self.node_rank < self.nodes:
+            raise ConfigError(
+                f"--node-rank must lie in 0..{self.nodes - 1} for --nodes {self.nodes} "
+                f"(got {self.node_rank})"
+            )
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
+        if self.rdzv_endpoint is not None and not re.fullmatch(r"[^:\s]+:\d+",
+                                                                self.rdzv_endpoint):
+            raise ConfigError(
+                f"--rdzv-endpoint must be HOST:PORT (got {self.rdzv_endpoint!r})"
+            )
+        if self.hosts is not None and not re.fullmatch(r"[^:,\s]+:\d+(,[^:,\s]+:\d+)*",
+                                                       self.hosts):
+            raise ConfigError(f"--hosts must look like host1:4,host2:4 (got {self.hosts!r})")
         if self.grad_accum < 1:
             raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
         if not self.bucket_cap_mb > 0:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import worker
 
@@ -55,6 +56,12 @@ class Launch:
     threads: int
     scratch: Path
     timeout: float  # seconds without a heartbeat before the run is ended
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None  # c10d rendezvous (several machines)
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    hosts: str | None = None  # horovodrun -H
+    slurm: Any = None  # bench.cluster.SlurmTask when this process is one srun task
 
     def check_progress(self) -> None:
         """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
@@ -125,12 +132,14 @@ def launch_inline(launch: Launch) -> int:
 
 def launch_torchrun(launch: Launch) -> int:
     """``python -m torch.distributed.run`` (torchrun): env:// rendezvous, LOCAL_RANK set."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes=1", f"--nproc-per-node={launch.nprocs}",
-        f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
-        "-m", "bench.worker", str(launch.spec_path),
-    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           f"--nproc-per-node={launch.nprocs}", f"--max-restarts={launch.max_restarts}"]
+    if launch.rdzv_endpoint:  # several machines: each runs this, c10d rendezvous joins them
+        cmd += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}"]
+    else:
+        cmd += ["--nnodes=1", f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}"]
+    cmd += ["-m", "bench.worker", str(launch.spec_path)]
     return _run_child(cmd, launch)
 
 
@@ -189,11 +198,22 @@ def launch_horovodrun(launch: Launch) -> int:
 
     cmd = [
         horovodrun_path() or "horovodrun", "--gloo", "-np", str(launch.nprocs),
-        "-H", f"localhost:{launch.nprocs}",
+        "-H", launch.hosts or f"localhost:{launch.nprocs}",
         "--gloo-timeout-seconds", str(max(30, int(launch.timeout))),
         sys.executable, "-m", "bench.worker", str(launch.spec_path),
     ]
     return _run_child(cmd, launch)
+
+
+def launch_slurm_task(launch: Launch) -> int:
+    """This process is one ``srun`` task: map Slurm's variables and run the rank here."""
+    task = launch.slurm
+    os.environ.update(
+        RANK=str(task.rank), WORLD_SIZE=str(task.world_size), LOCAL_RANK=str(task.local_rank),
+        LOCAL_WORLD_SIZE=str(task.local_world_size), MASTER_ADDR=task.master_addr,
+        MASTER_PORT=str(launch.port), OMP_NUM_THREADS=str(launch.threads),
+    )
+    return launch_inline(launch)
 
 
 LAUNCHERS: dict[str, Callable[[Launch], int]] = {
@@ -202,4 +222,5 @@ LAUNCHERS: dict[str, Callable[[Launch], int]] = {
     "torch.distributed.launch": launch_legacy,
     "spawn": launch_spawn,
     "horovodrun": launch_horovodrun,
+    "slurm": launch_slurm_task,
 }

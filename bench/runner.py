@@ -14,6 +14,7 @@ from typing import Any
 
 import strategies
 from bench import launch
+from bench.cluster import default_rdzv_id, slurm_task
 from bench.config import RunConfig
 from bench.data import SYNTHETIC_SIZES, prepare_cifar100
 from bench.errors import (
@@ -47,6 +48,14 @@ class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Ex
     """SIGTERM turned into an exception so the run can close its record."""
 
 
+def shared_run_id(strategy: str, world: int, device_type: str, run_tag: str) -> str:
+    """A run id every machine of one multi-node run computes alike."""
+    import datetime as _dt
+
+    day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
+    return f"{day}-{strategy}-{world}{device_type}-{run_tag}"
+
+
 def resolve_device(cfg: RunConfig) -> str:
     """``cuda`` or ``cpu``; asking for GPUs that are not there is bad input naming --cpu."""
     if cfg.cpu:
@@ -58,7 +67,7 @@ def resolve_device(cfg: RunConfig) -> str:
         raise ConfigError(
             f"no CUDA GPU is visible here; add --cpu to run {cfg.gpus} CPU process(es) instead"
         )
-    if cfg.gpus > visible:
+    if cfg.gpus > visible and not (cfg.use_slurm and slurm_task()):
         raise ConfigError(
             f"--gpus {cfg.gpus} but only {visible} CUDA GPU(s) are visible; "
             f"use --gpus {visible} or fewer, or --cpu"
@@ -131,9 +140,25 @@ class RunPlan:
         cfg.precision = cfg.precision or self.strategy.default_precision(self.device_type)
         if cfg.precision == "fp16" and self.device_type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
+        self.slurm = slurm_task() if cfg.use_slurm else None
+        self.launcher = self.strategy.launcher
+        if self.slurm is not None:
+            if self.strategy.launcher != "torchrun":
+                raise ConfigError(
+                    f"under srun each task is one rank; {cfg.strategy} cannot run that way: use "
+                    "ddp, ddp-amp, ddp-apex or fsdp (or --no-slurm)"
+                )
+            cfg.nodes, cfg.node_rank = self.slurm.nodes, 0
+            self.launcher = "slurm"
         self.strategy.check(cfg, self.device_type)
         self.processes = self.strategy.num_processes(cfg, self.device_type)
         self.replicas = self.strategy.num_replicas(cfg, self.device_type)
+        self.local_processes = self.processes
+        if self.slurm is not None:
+            self.processes, self.replicas = 1, self.slurm.world_size
+            self.local_processes = self.slurm.local_world_size
+        if cfg.nodes > 1 and self.slurm is None and cfg.rdzv_id is None:
+            cfg.rdzv_id = default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict())
         self.per_replica_batch = cfg.check_batch_split(self.replicas)
         cfg.check_batch_split(self.processes)
         self.workers_per_replica = (
@@ -145,7 +170,19 @@ class RunPlan:
             return
         self.runs, self.created_dirs = check_output_writable(cfg.output)
         self.port = cfg.master_port
-        self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
+        # One record per run, whatever the number of machines: every node (or Slurm task)
+        # derives the same run id, and only global rank 0 fills it.
+        self.writes_record = True
+        if self.slurm is not None:
+            self.run_id = shared_run_id(cfg.strategy, self.replicas, self.device_type,
+                                        f"slurm{self.slurm.job_id}.{self.slurm.step_id}")
+            self.writes_record = self.slurm.rank == 0
+            self.port = cfg.master_port or self.slurm.default_port()
+        elif cfg.nodes > 1:
+            self.run_id = shared_run_id(cfg.strategy, self.replicas, self.device_type,
+                                        cfg.rdzv_id)
+        else:
+            self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
         self.record_path = self.runs / f"{self.run_id}.json"
 
     def skeleton(self, argv: list[str]) -> dict[str, Any]:
@@ -158,12 +195,12 @@ class RunPlan:
             "status": "running",
             "error": None,
             "strategy": cfg.strategy,
-            "launcher": self.strategy.launcher,
+            "launcher": self.launcher,
             "device": self.device_type,
             "gpus_requested": cfg.gpus,
             "world_size": self.replicas,
             "processes": self.processes,
-            "nodes": 1,
+            "nodes": cfg.nodes,
             "precision": cfg.precision,
             "norm": None,
             "global_batch": cfg.batch_size,
@@ -240,9 +277,8 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     anything is written."""
     plan = RunPlan(cfg)
     try:
-        if plan.port is not None and plan.strategy.launcher != "inline" and launch.port_in_use(
-            plan.port
-        ):
+        if (plan.port is not None and plan.launcher not in ("inline", "slurm")
+                and cfg.nodes == 1 and launch.port_in_use(plan.port)):
             raise ConfigError(
                 f"--master-port {plan.port} is in use; choose another or leave it out"
             )
@@ -261,7 +297,13 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     record.update(dataset=dataset, train_size=train_size, test_size=test_size)
     if dataset != "synthetic":
         record["data_dir"] = str(Path(cfg.data_dir).resolve())
-    write_atomic(plan.record_path, record)
+    if plan.slurm is not None:
+        record["rendezvous"] = {"slurm_job": plan.slurm.job_id, "master": plan.slurm.master_addr,
+                                "port": plan.port}
+    elif cfg.nodes > 1:
+        record["rendezvous"] = {"endpoint": cfg.rdzv_endpoint, "id": cfg.rdzv_id}
+    if plan.writes_record:
+        write_atomic(plan.record_path, record)
 
     scratch = Path(tempfile.mkdtemp(prefix=f"bench-{plan.run_id}-"))
     spec = {
@@ -270,25 +312,31 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
         "record_path": str(plan.record_path.resolve()),
         "scratch": str(scratch),
         "workers_per_process": plan.workers_per_process,
+        "record": record,
     }
     spec_path = scratch / "spec.json"
     write_atomic(spec_path, spec)
     port = plan.port or launch.free_port()
-    threads = cpu_threads_per_process(plan.processes)
+    threads = cpu_threads_per_process(plan.local_processes)
+    where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
     print(
         f"bench: {cfg.strategy} on {plan.replicas} {plan.device_type} replica(s), "
-        f"{plan.processes} process(es), launcher {plan.strategy.launcher}; "
+        f"{plan.processes} process(es) here{where}, launcher {plan.launcher}; "
         f"record {plan.record_path}",
         flush=True,
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     status, error, code = "failed", None, EXIT_FAILED
     try:
-        job = launch.Launch(spec_path, plan.processes, port, threads, scratch,
-                            timeout=watchdog_timeout(cfg.timeout))
-        rc = launch.LAUNCHERS[plan.strategy.launcher](job)
+        job = launch.Launch(
+            spec_path, plan.processes, port, threads, scratch,
+            timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,
+            rdzv_endpoint=cfg.rdzv_endpoint if cfg.nodes > 1 else None, rdzv_id=cfg.rdzv_id,
+            max_restarts=cfg.max_restarts, hosts=cfg.hosts, slurm=plan.slurm,
+        )
+        rc = launch.LAUNCHERS[plan.launcher](job)
         if rc != 0:
-            error = _first_error(scratch) or f"launcher {plan.strategy.launcher} exited with {rc}"
+            error = _first_error(scratch) or f"launcher {plan.launcher} exited with {rc}"
     except launch.RunTimeout as exc:
         status, error, rc = "failed", str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -298,6 +346,17 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         reap_ranks(scratch)
+    if not plan.writes_record:  # a Slurm task other than rank 0: the record is not ours
+        shutil.rmtree(scratch, ignore_errors=True)
+        return EXIT_OK if rc == 0 else (EXIT_INTERRUPTED if status == "interrupted"
+                                        else EXIT_FAILED)
+    if (cfg.nodes > 1 and rc == 0 and not (scratch / "rank0-here").exists()
+            and read_record(plan.record_path).get("status") == "running"):
+        # Global rank 0 ran on another machine and wrote the record there.
+        plan.record_path.unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+        print("bench: ok; the record was written on the node that hosted global rank 0")
+        return EXIT_OK
     final = read_record(plan.record_path)
     if final.get("status") == "ok" and (rc == 0 or status == "interrupted"):
         # Every epoch was recorded; a signal during shutdown does not undo the run.

@@ -235,7 +235,13 @@ class Trainer:
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum  # optimizer steps
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
-        self.record = read_record(self.record_path) if strategy.is_main else {}
+        self.record = {}
+        if strategy.is_main:
+            self.record = (read_record(self.record_path) if self.record_path.exists()
+                           else dict(spec["record"]))
+            scratch = Path(spec["scratch"])
+            if scratch.is_dir():  # tells this machine's launcher that global rank 0 ran here
+                (scratch / "rank0-here").touch()
         self.beat = Heartbeat(Path(spec["scratch"]), strategy.rank)
         self.fault = parse_fault(os.environ.get("BENCH_FAULT"))
 

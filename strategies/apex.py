@@ -15,7 +15,7 @@ from torch import nn
 
 from bench.config import RunConfig
 from bench.precision import Precision
-from strategies.ddp import DDPStrategy, ddp_kwargs
+from strategies.ddp import DDPStrategy, _ddp_call_kwargs
 
 APEX_BUILD = (
     "build NVIDIA apex 25.05 from source on a CUDA machine: git clone "
@@ -77,7 +77,7 @@ class ApexStrategy(DDPStrategy):
             model = parallel.DistributedDataParallel(model)
         else:
             model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.local_rank], **ddp_kwargs(cfg)
+                model, device_ids=[self.device.index], **_ddp_call_kwargs(cfg)
             )
         self.notes.append(f"apex {cfg.apex_opt_level}, {cfg.apex_ddp} DDP")
         return model, optimizer

@@ -47,8 +47,8 @@ class Strategy:
         return cfg.gpus
 
     def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
-        """Model replicas over which the global batch is split."""
-        return cfg.gpus
+        """Model replicas over which the global batch is split (all machines)."""
+        return cfg.gpus * cfg.nodes
 
     # ---- inside a rank ------------------------------------------------------------------
     def setup(self, cfg: RunConfig, device_type: str) -> None:

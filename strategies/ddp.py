@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from bench.cluster import slurm_task
 from bench.config import RunConfig
 from bench.errors import ConfigError
 from strategies.base import Strategy
@@ -39,6 +40,15 @@ def ddp_kwargs(cfg: RunConfig) -> dict:
     }
 
 
+def _ddp_call_kwargs(cfg: RunConfig) -> dict:
+    """What is passed to DDP: the default broadcast_buffers=True is left implicit (newer
+    torch warns about the argument itself)."""
+    kwargs = ddp_kwargs(cfg)
+    if kwargs["broadcast_buffers"]:
+        del kwargs["broadcast_buffers"]
+    return kwargs
+
+
 class DDPStrategy(Strategy):
     summary = "DistributedDataParallel, one process per GPU"
 
@@ -49,6 +59,18 @@ class DDPStrategy(Strategy):
             self.summary = summary
 
     def check(self, cfg: RunConfig, device_type: str) -> None:
+        if cfg.nodes > 1 and self.launcher in ("spawn", "torch.distributed.launch"):
+            raise ConfigError(
+                f"{self.name} starts its ranks on one machine by design; for --nodes > 1 use "
+                "--strategy ddp (torchrun rendezvous)"
+            )
+        under_srun = cfg.use_slurm and slurm_task() is not None
+        if cfg.nodes > 1 and not cfg.rdzv_endpoint and not under_srun:
+            raise ConfigError("--nodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every "
+                              "node)")
+        if cfg.hosts:
+            raise ConfigError("--hosts is for horovod; DDP across machines uses --nodes and "
+                              "--rdzv-endpoint")
         if cfg.static_graph and cfg.grad_accum > 1:
             raise ConfigError(
                 "--static-graph cannot be combined with --grad-accum > 1 (DDP's no_sync fails "
@@ -70,8 +92,10 @@ class DDPStrategy(Strategy):
                 )
         backend = "gloo"
         if device_type == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+            # A Slurm task may see only its own GPU: index modulo the visible ones.
+            index = self.local_rank % torch.cuda.device_count()
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
             backend = "nccl"
         dist.init_process_group(
             backend,
@@ -93,8 +117,8 @@ class DDPStrategy(Strategy):
                 )
                 self.notes.append(f"BatchNorm statistics are per replica ({why})")
         model = model.to(self.device)
-        device_ids = [self.local_rank] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs(cfg))
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, **_ddp_call_kwargs(cfg))
 
     def no_sync(self, model: nn.Module):
         return model.no_sync()
@@ -114,7 +138,7 @@ class DDPStrategy(Strategy):
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
-            dist.barrier(device_ids=[self.local_rank])
+            dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
 

@@ -33,8 +33,11 @@ class DataParallelStrategy(Strategy):
             )
 
     def check(self, cfg: RunConfig, device_type: str) -> None:
-        if getattr(cfg, "nodes", 1) > 1:
-            raise ConfigError("dp runs in one process on one machine; use --strategy ddp")
+        if cfg.nodes > 1 or cfg.hosts:
+            raise ConfigError(
+                "dp runs in one process on one machine and cannot use --nodes/--hosts; "
+                "use --strategy ddp"
+            )
 
     def process_devices(self) -> list[torch.device]:
         if self.device.type == "cuda":

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig
+from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import Strategy
 
@@ -26,6 +27,18 @@ def horovodrun_path() -> str | None:
 class HorovodStrategy(Strategy):
     launcher = "horovodrun"
     summary = "Horovod DistributedOptimizer, ranks started by horovodrun --gloo"
+
+    def num_processes(self, cfg: RunConfig, device_type: str) -> int:
+        return self.num_replicas(cfg, device_type)
+
+    def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
+        if cfg.hosts:  # horovodrun -np = all slots of all hosts
+            return sum(int(h.rsplit(":", 1)[1]) for h in cfg.hosts.split(","))
+        return cfg.gpus
+
+    def check(self, cfg: RunConfig, device_type: str) -> None:
+        if cfg.nodes > 1:
+            raise ConfigError("horovod spans machines with --hosts host1:4,host2:4, not --nodes")
 
     def requires(self, device_type: str) -> str | None:
         try:

@@ -1,0 +1,112 @@
+"""More than one machine: Slurm's variables, rendezvous ids, and sbatch scripts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+SLURM_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
+
+
+@dataclass
+class SlurmTask:
+    """This process as one task of an ``srun`` step: one rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    nodes: int
+    master_addr: str
+    job_id: str
+    step_id: str
+
+    def default_port(self) -> int:
+        """Every task derives the same port from the job id."""
+        digits = re.sub(r"\D", "", self.job_id) or "0"
+        return 20000 + int(digits) % 20000
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``gpu[03-05,07],cpu1`` -> ``gpu03``."""
+    head = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if head is None:
+        raise ValueError(f"cannot read SLURM_JOB_NODELIST {nodelist!r}")
+    prefix, ranges = head.group(1), head.group(3)
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _tasks_per_node(env: dict[str, str], world: int, nodes: int) -> int:
+    # SLURM_TASKS_PER_NODE looks like "4(x2)" or "4,3"; the local node's count is what counts.
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = env.get(name)
+        if value:
+            found = re.match(r"(\d+)", value)
+            if found:
+                return int(found.group(1))
+    return max(1, world // max(1, nodes))
+
+
+def slurm_task(env: dict[str, str] | None = None) -> SlurmTask | None:
+    """The Slurm task this process is, or None outside ``srun``."""
+    env = dict(os.environ if env is None else env)
+    if not all(env.get(name) for name in SLURM_VARS):
+        return None
+    world = int(env["SLURM_NTASKS"])
+    nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    return SlurmTask(
+        rank=int(env["SLURM_PROCID"]),
+        world_size=world,
+        local_rank=int(env["SLURM_LOCALID"]),
+        local_world_size=_tasks_per_node(env, world, nodes),
+        nodes=nodes,
+        master_addr=first_host(env["SLURM_JOB_NODELIST"]),
+        job_id=env.get("SLURM_JOB_ID", "0"),
+        step_id=env.get("SLURM_STEP_ID", "0"),
+    )
+
+
+def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
+    """The same id on every node that runs the same command against the same endpoint."""
+    shared = {k: v for k, v in config.items() if k not in ("node_rank", "progress")}
+    text = json.dumps([endpoint, shared], sort_keys=True, default=str)
+    return "rdzv" + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: str,
+                  run_args: list[str], partition: str | None = None,
+                  cpus_per_task: int | None = None, python: str = "python") -> str:
+    """A ready sbatch script: one task per GPU, ``srun`` starts them, each is one rank."""
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={gpus}",
+        f"#SBATCH --gpus-per-node={gpus}",
+        f"#SBATCH --time={time}",
+    ]
+    if cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += [
+        "#SBATCH --output=%x-%j.out",
+        "",
+        "# Each srun task is one rank; bench maps SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID",
+        "# to rank / world size / local rank and rendezvouses on the first node of the job.",
+        "set -euo pipefail",
+        " ".join(
+            ["srun", python, "-m", "bench", "run", "--strategy", strategy,
+             "--gpus", str(gpus), "--nodes", str(nodes), *map(shlex.quote, run_args)]
+        ),
+        "",
+    ]
+    return "\n".join(lines)

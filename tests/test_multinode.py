@@ -1,0 +1,120 @@
+"""More than one machine, simulated on loopback: torchrun c10d rendezvous, Slurm tasks,
+sbatch scripts, horovodrun --hosts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, assert_ok, only_record, records, run_bench
+
+from bench.cluster import first_host, slurm_task
+from bench.launch import free_port
+from strategies.horovod import HorovodStrategy
+
+SMALL = ["--cpu", "--epochs", "2", "--data", "synthetic", "--train-limit", "256",
+         "--test-limit", "10", "--width", "0.125", "--batch-size", "32", "--no-progress"]
+
+
+def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(procs: list[subprocess.Popen]) -> None:
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+
+
+def test_two_nodes_on_loopback_write_one_record(tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [
+        _start(["run", "--strategy", "ddp", "--nodes", "2", "--gpus", "1", "--node-rank",
+                str(rank), "--rdzv-endpoint", endpoint, "--rdzv-id", "looptest", *SMALL,
+                "--output", str(tmp_path)])
+        for rank in (0, 1)
+    ]
+    _finish(procs)
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["nodes"] == 2
+    assert rec["processes"] == 2  # all ranks, over both nodes
+    assert rec["rendezvous"] == {"endpoint": endpoint, "id": "looptest"}
+    assert len(rec["per_epoch"]) == 2 and rec["replicas_identical"] is True
+    assert rec["per_epoch"][-1]["test_images"] == 10
+
+
+def test_slurm_tasks_train_together(tmp_path):
+    port = str(free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+               "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242",
+               "SLURM_STEP_ID": "0", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}
+        procs.append(_start(["run", "--strategy", "ddp", "--gpus", "2", *SMALL,
+                             "--master-port", port, "--output", str(tmp_path)], env))
+    _finish(procs)
+    rec = only_record(tmp_path)
+    assert rec["launcher"] == "slurm" and rec["status"] == "ok"
+    assert rec["world_size"] == 2 and rec["processes"] == 2
+    assert rec["rendezvous"]["slurm_job"] == "4242"
+    assert rec["replicas_identical"] is True
+
+
+def test_slurm_variables_are_read():
+    task = slurm_task({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                       "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NNODES": "2",
+                       "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_ID": "99"})
+    assert (task.rank, task.world_size, task.local_rank) == (5, 8, 1)
+    assert task.local_world_size == 4 and task.nodes == 2 and task.master_addr == "gpu07"
+    assert slurm_task({"SLURM_PROCID": "0"}) is None
+
+
+@pytest.mark.parametrize("nodelist, host", [
+    ("node01", "node01"), ("gpu[03-05,07],cpu1", "gpu03"), ("a[1,2]", "a1"),
+    ("x-y[010-012]", "x-y010"),
+])
+def test_first_host(nodelist, host):
+    assert first_host(nodelist) == host
+
+
+def test_sbatch_script(tmp_path):
+    out = tmp_path / "job.sbatch"
+    proc = run_bench("slurm", "--nodes", "2", "--gpus", "4", "--strategy", "ddp", "--time",
+                     "00:30:00", "--out", str(out), "--epochs", "90")
+    assert_ok(proc)
+    lines = out.read_text().splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for expected in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+                     "#SBATCH --gpus-per-node=4", "#SBATCH --time=00:30:00"):
+        assert expected in lines
+    srun = [x for x in lines if x.startswith("srun ")]
+    assert srun == ["srun python -m bench run --strategy ddp --gpus 4 --nodes 2 --epochs 90"]
+
+
+def test_sbatch_refuses_what_cannot_run_as_tasks(tmp_path):
+    proc = run_bench("slurm", "--nodes", "2", "--gpus", "4", "--strategy", "ddp-spawn",
+                     "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("strategy", ["dp", "ddp-spawn", "ddp-launch"])
+def test_single_machine_strategies_refuse_nodes(strategy, tmp_path):
+    proc = run_bench("run", "--strategy", strategy, "--nodes", "2", "--rdzv-endpoint",
+                     "127.0.0.1:1234", *SMALL, "--output", str(tmp_path))
+    assert proc.returncode == 2 and "--strategy ddp" in proc.stderr, proc.stderr
+    assert not records(tmp_path)
+
+
+@pytest.mark.skipif(HorovodStrategy("horovod").requires("cpu") is not None,
+                    reason=f"horovod unavailable: {HorovodStrategy('horovod').requires('cpu')}")
+def test_horovod_hosts(tmp_path):
+    assert_ok(run_bench("run", "--strategy", "horovod", "--hosts", "localhost:2", *SMALL,
+                        "--output", str(tmp_path)))
+    rec = only_record(tmp_path)
+    assert rec["world_size"] == 2 and rec["config"]["hosts"] == "localhost:2"
+    assert rec["replicas_identical"] is True
