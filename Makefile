@@ -11,7 +11,7 @@ DEMO_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs
 # The README's comparison table: every strategy on the same CPU workload, then the report.
 TABLE_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 \
               --batch-size 64 --no-progress --output results
-TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp horovod ddp-apex
+TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 
 .PHONY: install demo table test test-fast lint horovod clean
 
@@ -40,6 +40,7 @@ table: $(STAMP)
 	for s in $(TABLE_STRATEGIES); do \
 	  $(BIN)/bench run --strategy $$s --gpus 2 $(TABLE_ARGS) || echo "$$s exited $$?"; \
 	done
+	$(BIN)/bench run --strategy ddp --gpus 2 --grad-accum 4 $(TABLE_ARGS)
 	$(BIN)/bench report --results results --update-readme
 
 lint: $(STAMP)

@@ -141,54 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Flags that switch a RunConfig default off: flag dest -> field.
+_NEGATED = {
+    "no_download": "download", "no_syncbn": "syncbn", "no_progress": "progress",
+    "no_slurm": "use_slurm", "no_cudnn_benchmark": "cudnn_benchmark",
+    "no_broadcast_buffers": "broadcast_buffers",
+}
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    return RunConfig(
-        strategy=args.strategy,
-        gpus=args.gpus,
-        cpu=args.cpu,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        base_lr=args.base_lr,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup_epochs=args.warmup_epochs,
-        data=args.data,
-        data_dir=args.data_dir,
-        download=not args.no_download,
-        train_limit=args.train_limit,
-        test_limit=args.test_limit,
-        seed=args.seed,
-        workers=args.workers,
-        width=args.width,
-        precision=args.precision,
-        apex_opt_level=args.apex_opt_level,
-        apex_ddp=args.apex_ddp,
-        hvd_compression=args.hvd_compression,
-        grad_accum=args.grad_accum,
-        nodes=args.nodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        max_restarts=args.max_restarts,
-        hosts=args.hosts,
-        use_slurm=not args.no_slurm,
-        loader=args.loader,
-        channels_last=args.channels_last,
-        compile=args.compile,
-        optimizer_impl=args.optimizer_impl,
-        cudnn_benchmark=not args.no_cudnn_benchmark,
-        bucket_cap_mb=args.bucket_cap_mb,
-        gradient_as_bucket_view=args.gradient_as_bucket_view,
-        static_graph=args.static_graph,
-        find_unused_parameters=args.find_unused_parameters,
-        broadcast_buffers=not args.no_broadcast_buffers,
-        syncbn=not args.no_syncbn,
-        output=args.output,
-        master_port=args.master_port,
-        timeout=args.timeout,
-        progress=not args.no_progress,
-        tag=args.tag,
-    )
+    """The RunConfig of parsed `bench run` options (option names are field names)."""
+    values = {}
+    for name, value in vars(args).items():
+        if name in _NEGATED:
+            values[_NEGATED[name]] = not value
+        else:
+            values[name] = value
+    return RunConfig.from_dict(values)
 
 
 def cmd_list() -> int:

@@ -45,9 +45,11 @@ def workload(rec: dict[str, Any]) -> str:
     """What was trained: only runs of the same workload are compared with each other."""
     width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
     model = "resnet18" if width == 1.0 else f"resnet18 x{width:g}"
+    config = rec.get("config") or {}
+    size = rec.get("train_size") or config.get("train_limit") or 50_000
     return (
-        f"{rec.get('dataset') or rec.get('config', {}).get('data')} "
-        f"{rec.get('train_size') or '?'} img, batch {rec.get('global_batch')}, {model}"
+        f"{rec.get('dataset') or config.get('data')} {size} img, "
+        f"batch {rec.get('global_batch')}, {model}"
     )
 
 
@@ -106,8 +108,7 @@ def summary_table(records: list[dict[str, Any]]):
             norm=use["norm"].iloc[-1],
             runs=len(ok),
             epoch_time_s=_median(list(ok["epoch_time_s"])),
-            epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else 0.0
-            if times else math.nan,
+            epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else math.nan,
             images_per_s=_median(list(ok["images_per_s"])),
             final_top1=_median(list(ok["final_top1"])),
             best_top1=_median(list(ok["best_top1"])),
@@ -158,7 +159,9 @@ def _cells(table) -> list[list[str]]:
     for r in table.to_dict("records"):
         cells = [_fmt(r.get(c), c) for c, _ in COLUMNS]
         if r.get("status") != "ok" and r.get("error"):
-            cells[-1] = f"{r['status']}: {r['error']}"
+            reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
+            reason = reason if len(reason) <= 110 else reason[:107] + "..."
+            cells[-1] = f"{r['status']}: {reason}"
         rows.append(cells)
     return rows
 
@@ -211,6 +214,9 @@ def make_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
             ax.plot(ns, [one["images_per_s"].iloc[0] * n for n in ns], ":", color="grey")
     ax.set_xlabel("world size N (GPUs or CPU processes)")
     ax.set_ylabel("images/s (training)")
+    ax.set_ylim(bottom=0)
+    if len(ok):
+        ax.set_xticks(sorted({int(n) for n in ok["world_size"]}))
     ax.set_title("Scaling (dotted: ideal linear from N=1)")
     if len(ok):
         ax.legend(fontsize=8)

@@ -201,7 +201,7 @@ class RunPlan:
             "world_size": self.replicas,
             "processes": self.processes,
             "nodes": cfg.nodes,
-            "precision": cfg.precision,
+            "precision": self.strategy.precision_label(cfg),
             "norm": None,
             "global_batch": cfg.batch_size,
             "per_rank_batch": self.per_replica_batch,

@@ -60,7 +60,7 @@ def main() -> int:
             rates = [e["images_per_s"] for e in record["per_epoch"][1:]]
             mean = statistics.fmean(rates)
             spread = 1.96 * statistics.stdev(rates) if len(rates) > 1 else 0.0
-            rows.append((strategy, world, record["precision"], mean, spread,
+            rows.append((strategy, record["world_size"], record["precision"], mean, spread,
                          mean / record["world_size"]))
     print(f"{'strategy':<10} {'N':>2} {'precision':<9} {'img/s (mean ± 1.96σ)':>22} "
           f"{'per replica':>12}")

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig
+from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.ddp import DDPStrategy, _ddp_call_kwargs
 
@@ -59,9 +60,18 @@ class ApexStrategy(DDPStrategy):
             return None
         return "; ".join(problems) + "; " + APEX_BUILD
 
+    def check(self, cfg: RunConfig, device_type: str) -> None:
+        super().check(cfg, device_type)
+        if cfg.precision not in (None, "fp32"):
+            raise ConfigError("ddp-apex sets its precision with --apex-opt-level O0..O3, "
+                              "not --precision")
+
+    def precision_label(self, cfg: RunConfig) -> str:
+        return f"apex-{cfg.apex_opt_level}"
+
     def make_precision(self, cfg: RunConfig) -> Precision:
         precision = Precision("fp32", self.device)  # apex patches the ops; no torch autocast
-        precision.label = f"apex-{cfg.apex_opt_level}"
+        precision.label = self.precision_label(cfg)
         return precision
 
     def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):

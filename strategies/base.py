@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -58,6 +59,10 @@ class Strategy:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def precision_label(self, cfg: RunConfig) -> str:
+        """What the record calls this run's precision."""
+        return cfg.precision or "fp32"
+
     def make_precision(self, cfg: RunConfig) -> Precision:
         """Autocast and loss scaling, chosen once per run."""
         return Precision(cfg.precision or "fp32", self.device)
@@ -69,6 +74,19 @@ class Strategy:
         model = self.wrap_model(model, cfg)
         optimizer = self.wrap_optimizer(make_optimizer(model.parameters()), model)
         return model, optimizer
+
+    def apply_norm(self, model: nn.Module, cfg: RunConfig,
+                   to_sync: Callable[[nn.Module], nn.Module], cpu_reason: str) -> nn.Module:
+        """SyncBatchNorm (through ``to_sync``) on CUDA with several replicas unless
+        --no-syncbn; per-replica BatchNorm otherwise. Sets ``self.norm`` and says why."""
+        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
+            self.norm = "syncbn"
+            return to_sync(model)
+        self.norm = "per-replica-bn"
+        if self.world_size > 1:
+            why = cpu_reason if self.device.type != "cuda" else "--no-syncbn"
+            self.notes.append(f"BatchNorm statistics are per replica ({why})")
+        return model
 
     def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
         """Move the model to the device, convert normalisation, wrap; sets ``self.norm``."""

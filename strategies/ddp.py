@@ -106,17 +106,8 @@ class DDPStrategy(Strategy):
         )
 
     def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
-        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-            self.norm = "syncbn"
-        else:
-            self.norm = "per-replica-bn"
-            if self.world_size > 1:
-                why = "DDP refuses SyncBatchNorm on CPU" if self.device.type != "cuda" else (
-                    "--no-syncbn"
-                )
-                self.notes.append(f"BatchNorm statistics are per replica ({why})")
-        model = model.to(self.device)
+        model = self.apply_norm(model, cfg, nn.SyncBatchNorm.convert_sync_batchnorm,
+                                "DDP refuses SyncBatchNorm on CPU").to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **_ddp_call_kwargs(cfg))
 

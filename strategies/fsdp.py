@@ -45,14 +45,8 @@ class FSDPStrategy(DDPStrategy):
 
     def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
         fully_shard, policy_cls = fsdp_api()
-        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-            self.norm = "syncbn"
-        else:
-            self.norm = "per-replica-bn"
-            if self.world_size > 1:
-                self.notes.append("BatchNorm statistics are per replica (FSDP on CPU)")
-        model = model.to(self.device)
+        model = self.apply_norm(model, cfg, nn.SyncBatchNorm.convert_sync_batchnorm,
+                                "SyncBatchNorm needs CUDA").to(self.device)
         kwargs = {}
         if cfg.precision in ("bf16", "fp16"):
             dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16

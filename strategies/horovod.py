@@ -69,16 +69,10 @@ class HorovodStrategy(Strategy):
             self.device = torch.device("cuda", self.local_rank)
 
     def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
-        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
-            model = _convert_to_hvd_syncbn(model, self.hvd.SyncBatchNorm)
-            self.norm = "syncbn"
-        else:
-            self.norm = "per-replica-bn"
-            if self.world_size > 1:
-                why = "hvd.SyncBatchNorm is CUDA-only" if self.device.type != "cuda" else (
-                    "--no-syncbn"
-                )
-                self.notes.append(f"BatchNorm statistics are per replica ({why})")
+        model = self.apply_norm(
+            model, cfg, lambda m: _convert_to_hvd_syncbn(m, self.hvd.SyncBatchNorm),
+            "hvd.SyncBatchNorm is CUDA-only",
+        )
         return model.to(self.device)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module):
