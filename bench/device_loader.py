@@ -16,16 +16,18 @@ from strategies.base import epoch_sampler
 
 def random_crop_flip(padded: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
                      flip: torch.Tensor, size: int = 32) -> torch.Tensor:
-    """Crop ``size`` x ``size`` windows at per-image offsets from a padded uint8 batch
-    (B x C x H x W) and mirror the images where ``flip`` is set."""
-    batch = padded.shape[0]
+    """Crop ``size`` x ``size`` windows at per-image offsets from a padded batch
+    (B x C x H x W) and mirror the images where ``flip`` is set: one gather over each
+    flattened plane."""
+    batch, channels, height, width = padded.shape
     steps = torch.arange(size, device=padded.device)
-    rows = (top[:, None] + steps)[:, None, :, None]  # B x 1 x size x 1
-    cols = (left[:, None] + steps)  # B x size
-    cols = torch.where(flip[:, None], cols.flip(-1), cols)[:, None, None, :]
-    index_b = torch.arange(batch, device=padded.device)[:, None, None, None]
-    index_c = torch.arange(padded.shape[1], device=padded.device)[None, :, None, None]
-    return padded[index_b, index_c, rows, cols]
+    rows = top[:, None] + steps  # B x size
+    cols = left[:, None] + steps
+    cols = torch.where(flip[:, None], cols.flip(-1), cols)
+    flat = (rows[:, :, None] * width + cols[:, None, :]).reshape(batch, 1, size * size)
+    planes = padded.reshape(batch, channels, height * width)
+    crops = planes.gather(2, flat.expand(batch, channels, size * size))
+    return crops.reshape(batch, channels, size, size)
 
 
 class DeviceLoader:
