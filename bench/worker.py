@@ -483,8 +483,10 @@ class Trainer:
         for epoch in range(cfg.epochs):
             train = self.train_epoch(epoch)
             evaluation = self.evaluate()
+            # Peak memory: the largest GPU's max-allocated; on CPU rank 0's peak RSS.
+            memory = _peak_memory(s) if (s.device.type == "cuda" or s.is_main) else 0
             times = torch.tensor(
-                [train["train_time_s"], evaluation["eval_time_s"], float(_peak_memory(s)),
+                [train["train_time_s"], evaluation["eval_time_s"], float(memory),
                  train["step_time_p50_s"], train["step_time_p90_s"]],
                 device=s.device,
                 dtype=torch.float64,
