@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.results import load_records
+from bench.results import load_records, summarise_epochs
 
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "precision", "grad_accum"]
 COLUMNS = [
@@ -34,11 +35,9 @@ COLUMNS = [
 
 
 def _median(values: list[float]) -> float:
-    values = sorted(v for v in values if v is not None and not math.isnan(v))
-    if not values:
-        return math.nan
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    """Median of the values that exist (NaN when none do)."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
 
 
 def workload(rec: dict[str, Any]) -> str:
@@ -60,7 +59,7 @@ def run_rows(records: list[dict[str, Any]]):
     rows = []
     for rec in records:
         epochs = rec.get("per_epoch") or []
-        timed = epochs[1:] if len(epochs) > 1 else epochs
+        figures = summarise_epochs(epochs)  # the one definition of "median excl. warm-up"
         rows.append(
             {
                 "run_id": rec.get("run_id"),
@@ -77,13 +76,12 @@ def run_rows(records: list[dict[str, Any]]):
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
                 "epochs_done": len(epochs),
-                "epoch_time_s": _median([e["train_time_s"] for e in timed]),
-                "images_per_s": _median([e["images_per_s"] for e in timed]),
-                "final_top1": 100 * epochs[-1]["top1"] if epochs else math.nan,
-                "best_top1": 100 * max(e["top1"] for e in epochs) if epochs else math.nan,
-                "total_train_time_s": sum(e["train_time_s"] for e in epochs),
-                "peak_mem_mib": max(e["peak_mem_bytes"] for e in epochs) / 2**20
-                if epochs else math.nan,
+                "epoch_time_s": figures.get("median_epoch_time_s", math.nan),
+                "images_per_s": figures.get("median_images_per_s", math.nan),
+                "final_top1": 100 * figures.get("final_top1", math.nan),
+                "best_top1": 100 * figures.get("best_top1", math.nan),
+                "total_train_time_s": figures.get("total_train_time_s", 0.0),
+                "peak_mem_mib": figures.get("peak_mem_bytes", math.nan) / 2**20,
             }
         )
     return pd.DataFrame(rows)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 RECORD_VERSION = 1
-STATUSES = ("running", "ok", "failed", "unavailable", "interrupted")
 
 # Fields every record carries (a finished run fills them all; see README "Results record").
 RECORD_FIELDS = (
@@ -107,7 +106,7 @@ def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         "timed_epochs": len(timed),
         "final_top1": top1[-1],
         "best_top1": max(top1),
-        "final_top5": epochs[-1]["top5"],
+        "final_top5": epochs[-1].get("top5"),
         "total_train_time_s": sum(e["train_time_s"] for e in epochs),
         "peak_mem_bytes": max(e["peak_mem_bytes"] for e in epochs),
     }

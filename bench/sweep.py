@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.config import RunConfig
 from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
-from bench.results import load_records, read_record, runs_dir, utc_now, write_atomic
+from bench.results import read_record, runs_dir, utc_now, write_atomic
 from bench.runner import RunPlan
 
 # Options that do not change what a run measures, left out of the sweep key.
@@ -164,5 +164,3 @@ def _mark_timeout(output: str, combo: Combo, seconds: float) -> None:
                           error=f"timeout: run exceeded --run-timeout ({seconds:.0f} s)")
             write_atomic(path, record)
 
-
-__all__ = ["load_records", "run_sweep", "sweep_key"]

@@ -21,14 +21,18 @@ def _alive(pattern: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
+def _failing_run(tmp_path, strategy: str, gpus: int, fault: str, *extra: str):
+    """Run with an injected fault; it must fail (exit 1). Returns (record, seconds)."""
+    start = time.monotonic()
+    proc = run_bench("run", "--strategy", strategy, "--gpus", str(gpus), "--epochs", "2",
+                     *SMALL, *extra, "--output", str(tmp_path), env={"BENCH_FAULT": fault})
+    assert proc.returncode == 1, proc.stderr
+    return only_record(tmp_path), time.monotonic() - start
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn"])
 def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
-    start = time.monotonic()
-    proc = run_bench("run", "--strategy", strategy, "--gpus", "2", "--epochs", "2", *SMALL,
-                     "--output", str(tmp_path), env={"BENCH_FAULT": "raise:1:3"})
-    elapsed = time.monotonic() - start
-    assert proc.returncode == 1, proc.stderr
-    rec = only_record(tmp_path)
+    rec, elapsed = _failing_run(tmp_path, strategy, 2, "raise:1:3")
     assert rec["status"] == "failed"
     assert rec["error"].startswith("rank 1: RuntimeError: injected fault"), rec["error"]
     assert "train epoch 1 step 3" in rec["error"]
@@ -38,25 +42,16 @@ def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
 
 
 def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
-    start = time.monotonic()
-    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
-                     "--timeout", "5", "--output", str(tmp_path),
-                     env={"BENCH_FAULT": "hang:1:3"})
-    assert proc.returncode == 1, proc.stderr
-    rec = only_record(tmp_path)
+    rec, elapsed = _failing_run(tmp_path, "ddp", 2, "hang:1:3", "--timeout", "5")
     # Rank 0 waited in the gradient all-reduce that rank 1 never joined.
     assert rec["error"].startswith("timeout: rank 0"), rec["error"]
     assert "train epoch 1 step 3" in rec["error"]
-    assert time.monotonic() - start < 60
+    assert elapsed < 60
     assert not _alive(rec["run_id"])
 
 
 def test_watchdog_ends_a_rank_that_stops_without_a_collective(tmp_path):
-    proc = run_bench("run", "--strategy", "ddp", "--gpus", "1", "--epochs", "2", *SMALL,
-                     "--timeout", "2", "--output", str(tmp_path),
-                     env={"BENCH_FAULT": "hang:0:3"})
-    assert proc.returncode == 1, proc.stderr
-    rec = only_record(tmp_path)
+    rec, _ = _failing_run(tmp_path, "ddp", 1, "hang:0:3", "--timeout", "2")
     assert rec["error"].startswith("timeout: rank 0 made no progress"), rec["error"]
     assert not _alive(rec["run_id"])
 
