@@ -1,10 +1,12 @@
-"""The ``bench`` command: list, run, report."""
+"""bench: which PyTorch data-parallel strategy is fastest on your hardware, and does it cost
+accuracy? Commands: list, run, sweep, verify, report, slurm."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from bench import __version__
 from bench.config import (
     APEX_DDP,
     APEX_OPT_LEVELS,
@@ -26,76 +28,125 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message}; see `{self.prog} --help`")
 
 
+class _Version(argparse.Action):
+    """``bench --version``: this package's version and torch's (imported only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print bench's and torch's versions and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import torch
+
+        print(f"bench {__version__} (torch {torch.__version__}, CUDA {torch.version.cuda})")
+        parser.exit()
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strategy", required=True, help="strategy name (see `bench list`)")
-    p.add_argument("--gpus", type=int, default=1,
-                   help="GPUs to use, or CPU processes with --cpu (default 1)")
-    p.add_argument("--cpu", action="store_true", help="run on CPU (gloo): --gpus = processes")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=128, help="global batch (default 128)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="peak lr (default: --base-lr x batch/128)")
-    p.add_argument("--base-lr", type=float, default=0.1, help="lr at global batch 128")
-    p.add_argument("--warmup-epochs", type=float, default=1.0)
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--data", choices=DATASETS, default="cifar100")
-    p.add_argument("--data-dir", default=str(default_data_dir()),
-                   help="CIFAR-100 folder (downloaded there when absent)")
-    p.add_argument("--no-download", action="store_true", help="never download CIFAR-100")
-    p.add_argument("--train-limit", type=int, default=None, help="use the first N train images")
-    p.add_argument("--test-limit", type=int, default=None, help="use the first N test images")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=None,
-                   help="loader workers per GPU/replica (default 0 on CPU, up to 4 per GPU)")
-    p.add_argument("--width", type=float, default=1.0,
-                   help="ResNet-18 channel multiplier (1.0 = the real model)")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="default fp32; ddp-amp: fp16 on CUDA, bf16 on CPU")
-    p.add_argument("--apex-opt-level", choices=APEX_OPT_LEVELS, default="O1",
-                   help="ddp-apex: apex.amp opt level")
-    p.add_argument("--apex-ddp", choices=APEX_DDP, default="apex",
-                   help="ddp-apex: wrap with apex.parallel or torch DDP")
-    p.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
-                   help="horovod: gradient compression")
-    p.add_argument("--loader", choices=LOADERS, default="torch",
-                   help="torch: DataLoader + per-image transforms (the seeds' way); "
-                        "gpu: whole set on the device, batch-wide crop/flip")
-    p.add_argument("--channels-last", action="store_true", help="NHWC memory format")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (compile time recorded apart)")
-    p.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
-                   help="SGD implementation")
-    p.add_argument("--no-cudnn-benchmark", action="store_true",
-                   help="turn cudnn.benchmark off (on by default on GPU)")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="machines; run the same command on each (torchrun c10d rendezvous)")
-    p.add_argument("--node-rank", type=int, default=0, help="this machine's index (0..nodes-1)")
-    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
-    p.add_argument("--rdzv-id", default=None,
-                   help="run id shared by all nodes (default: derived from the command)")
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts")
-    p.add_argument("--hosts", default=None, help="horovod: host1:4,host2:4 for horovodrun -H")
-    p.add_argument("--no-slurm", action="store_true",
-                   help="ignore Slurm variables (do not act as one srun task)")
-    p.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-steps per optimizer step (--batch-size stays the effective batch)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP gradient bucket size")
-    p.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP option")
-    p.add_argument("--static-graph", action="store_true", help="DDP option")
-    p.add_argument("--find-unused-parameters", action="store_true", help="DDP option")
-    p.add_argument("--no-broadcast-buffers", action="store_true",
-                   help="DDP: do not broadcast rank 0's buffers every forward")
-    p.add_argument("--no-syncbn", action="store_true", help="keep per-replica BatchNorm")
-    p.add_argument("--output", default="results", help="results folder (records in runs/)")
-    p.add_argument("--master-port", type=int, default=None, help="default: a free port")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds a collective may wait before the run fails")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--tag", default=None, help="label stored in the record")
+    what = p.add_argument_group("strategy and devices")
+    what.add_argument("--strategy", required=True, help="strategy name (see `bench list`)")
+    what.add_argument("--gpus", type=int, default=1,
+                      help="GPUs to use, or CPU processes with --cpu (default 1)")
+    what.add_argument("--cpu", action="store_true",
+                      help="run on CPU (gloo): --gpus = processes")
+
+    data = p.add_argument_group("data")
+    data.add_argument("--data", choices=DATASETS, default="cifar100",
+                      help="cifar100 (real, default) or synthetic (deterministic, learnable)")
+    data.add_argument("--data-dir", default=str(default_data_dir()),
+                      help="CIFAR-100 folder (downloaded there when absent)")
+    data.add_argument("--no-download", action="store_true", help="never download CIFAR-100")
+    data.add_argument("--train-limit", type=int, default=None,
+                      help="use the first N training images")
+    data.add_argument("--test-limit", type=int, default=None, help="use the first N test images")
+    data.add_argument("--workers", type=int, default=None,
+                      help="loader workers per GPU/replica (default 0 on CPU, up to 4 per GPU)")
+    data.add_argument("--loader", choices=LOADERS, default="torch",
+                      help="torch: DataLoader + per-image transforms (the seeds' way); "
+                           "gpu: whole set on the device, batch-wide crop/flip")
+
+    train = p.add_argument_group("training")
+    train.add_argument("--epochs", type=int, default=30,
+                       help="epochs; the first is reported as warm-up (default 30)")
+    train.add_argument("--batch-size", type=int, default=128,
+                       help="global batch, split evenly over replicas (default 128)")
+    train.add_argument("--lr", type=float, default=None,
+                       help="peak lr (default: --base-lr x batch/128)")
+    train.add_argument("--base-lr", type=float, default=0.1,
+                       help="lr at global batch 128, scaled linearly (default 0.1)")
+    train.add_argument("--warmup-epochs", type=float, default=1.0,
+                       help="linear warm-up epochs, then cosine decay to 0 (default 1)")
+    train.add_argument("--weight-decay", type=float, default=5e-4,
+                       help="SGD weight decay; momentum 0.9, Nesterov (default 5e-4)")
+    train.add_argument("--grad-accum", type=int, default=1,
+                       help="micro-steps per optimizer step (--batch-size stays the "
+                            "effective batch)")
+    train.add_argument("--seed", type=int, default=0,
+                       help="seed of weights, data order and augmentation (default 0)")
+    train.add_argument("--width", type=float, default=1.0,
+                       help="ResNet-18 channel multiplier (1.0 = the real model)")
+    train.add_argument("--no-syncbn", action="store_true",
+                       help="keep per-replica BatchNorm (SyncBatchNorm otherwise, on GPU)")
+
+    speed = p.add_argument_group("precision and speed")
+    speed.add_argument("--precision", choices=PRECISIONS, default=None,
+                       help="default fp32; ddp-amp: fp16 on CUDA, bf16 on CPU")
+    speed.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    speed.add_argument("--compile", action="store_true",
+                       help="torch.compile the model (compile time recorded apart)")
+    speed.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
+                       help="SGD implementation")
+    speed.add_argument("--no-cudnn-benchmark", action="store_true",
+                       help="turn cudnn.benchmark off (on by default on GPU)")
+
+    dist = p.add_argument_group("distributed")
+    dist.add_argument("--nodes", type=int, default=1,
+                      help="machines; run the same command on each (torchrun c10d rendezvous)")
+    dist.add_argument("--node-rank", type=int, default=0,
+                      help="this machine's index (0..nodes-1)")
+    dist.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
+    dist.add_argument("--rdzv-id", default=None,
+                      help="run id shared by all nodes (default: derived from the command)")
+    dist.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts")
+    dist.add_argument("--no-slurm", action="store_true",
+                      help="ignore Slurm variables (do not act as one srun task)")
+    dist.add_argument("--master-port", type=int, default=None,
+                      help="rendezvous port on this machine (default: a free port)")
+    dist.add_argument("--timeout", type=float, default=300.0,
+                      help="seconds a collective may wait before the run fails")
+
+    ddp = p.add_argument_group("DDP knobs (torch's defaults; recorded as ddp_options)")
+    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                     help="gradient bucket size in MiB (default 25)")
+    ddp.add_argument("--gradient-as-bucket-view", action="store_true",
+                     help="gradients are views into the all-reduce buckets")
+    ddp.add_argument("--static-graph", action="store_true",
+                     help="the graph is the same every step (not with --grad-accum > 1)")
+    ddp.add_argument("--find-unused-parameters", action="store_true",
+                     help="look for parameters without gradients every step")
+    ddp.add_argument("--no-broadcast-buffers", action="store_true",
+                     help="do not broadcast rank 0's buffers every forward")
+
+    other = p.add_argument_group("horovod and apex")
+    other.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
+                       help="horovod: gradient compression on the wire")
+    other.add_argument("--hosts", default=None,
+                       help="horovod: host1:4,host2:4 for horovodrun -H")
+    other.add_argument("--apex-opt-level", choices=APEX_OPT_LEVELS, default="O1",
+                       help="ddp-apex: apex.amp opt level")
+    other.add_argument("--apex-ddp", choices=APEX_DDP, default="apex",
+                       help="ddp-apex: wrap with apex.parallel or torch DDP")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--output", default="results",
+                     help="results folder; records go to OUTPUT/runs/ (default results)")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--tag", default=None, help="free-form label stored in the record")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bench", description=__doc__)
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="registered strategies and whether they run here")
     run = sub.add_parser("run", help="train with one strategy and write a JSON record")
@@ -122,18 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
         "slurm", help="write (and optionally submit) an sbatch script for a multi-node run",
         description="Any other option is a `bench run` option, passed to every task.",
     )
-    slurm.add_argument("--strategy", required=True)
-    slurm.add_argument("--nodes", type=int, required=True)
+    slurm.add_argument("--strategy", required=True,
+                       help="a strategy whose ranks can be srun tasks (see `bench list`)")
+    slurm.add_argument("--nodes", type=int, required=True, help="machines to allocate")
     slurm.add_argument("--gpus", type=int, required=True, help="GPUs (tasks) per node")
     slurm.add_argument("--time", default="01:00:00", help="wall-clock limit, HH:MM:SS")
-    slurm.add_argument("--job-name", default="parallel-bench")
-    slurm.add_argument("--partition", default=None)
-    slurm.add_argument("--cpus-per-task", type=int, default=None)
+    slurm.add_argument("--job-name", default="parallel-bench", help="Slurm job name")
+    slurm.add_argument("--partition", default=None, help="Slurm partition (default: the site's)")
+    slurm.add_argument("--cpus-per-task", type=int, default=None,
+                       help="CPU cores per task (loader workers need some)")
     slurm.add_argument("--out", default="bench-slurm.sbatch", help="script path")
     slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
-    report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text")
+    report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text",
+                        help="how the table is printed (default text)")
     report.add_argument("--no-write", action="store_true",
                         help="print only; do not write summary files")
     report.add_argument("--update-readme", nargs="?", const="README.md", default=None,
@@ -218,12 +272,9 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
     )
     cfg = config_from_args(run)
     cfg.validate()
-    from bench.runner import resolve_strategy
+    from bench.runner import check_srun_task, resolve_strategy
 
-    strategy = resolve_strategy(args.strategy)
-    if strategy.launcher != "torchrun":
-        raise ConfigError(f"{args.strategy} cannot run as srun tasks; use ddp, ddp-amp, "
-                          "ddp-apex or fsdp")
+    check_srun_task(resolve_strategy(cfg))
     if args.nodes < 1 or args.gpus < 1:
         raise ConfigError("--nodes and --gpus must be at least 1")
     cfg.check_batch_split(args.nodes * args.gpus)

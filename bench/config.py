@@ -29,9 +29,64 @@ def default_data_dir() -> Path:
     return Path(cache) / "parallel-bench" / "cifar100"
 
 
-@dataclass
+@dataclass(frozen=True)
+class DDPOptions:
+    """DistributedDataParallel's tuning knobs (torch's defaults); recorded as ``ddp_options``."""
+
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ApexOptions:
+    """NVIDIA apex AMP: the opt level and which DDP wraps the apex model."""
+
+    opt_level: str = "O1"
+    ddp: str = "apex"  # apex.parallel.DistributedDataParallel, or torch's ("torch")
+
+
+@dataclass(frozen=True)
+class HorovodOptions:
+    """Horovod's own choices."""
+
+    compression: str = "none"  # gradient compression on the wire: none | fp16
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """Each strategy's own options; the registry hands every strategy the part that is its."""
+
+    ddp: DDPOptions = field(default_factory=DDPOptions)
+    apex: ApexOptions = field(default_factory=ApexOptions)
+    horovod: HorovodOptions = field(default_factory=HorovodOptions)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a run's ranks go, as the plan resolved it; the same for every rank. What a
+    strategy needs to validate a run, count its processes and join its group."""
+
+    device_type: str  # cuda | cpu
+    gpus: int = 1  # GPUs (CPU processes with --cpu) asked for on each machine
+    nodes: int = 1
+    hosts: str | None = None  # horovodrun -H host1:4,host2:4
+    rdzv_endpoint: str | None = None
+    under_srun: bool = False  # this process is one task of an srun step
+    timeout: float = 300.0  # seconds a collective may wait
+
+
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything that defines a run. Same config, same work, whatever the strategy."""
+    """Everything that defines a run. Same config, same work, whatever the strategy.
+
+    Frozen: validated once, never changed. Where the plan resolves a default (precision,
+    Slurm's node count, the rendezvous id) it derives a new config with ``derive``."""
 
     strategy: str
     gpus: int = 1
@@ -85,6 +140,26 @@ class RunConfig:
     # write per-step losses and final parameters to verify_dir.
     verify_steps: int | None = None
     verify_dir: str | None = None
+
+    @property
+    def strategy_options(self) -> StrategyOptions:
+        return StrategyOptions(
+            ddp=DDPOptions(
+                bucket_cap_mb=self.bucket_cap_mb,
+                gradient_as_bucket_view=self.gradient_as_bucket_view,
+                static_graph=self.static_graph,
+                find_unused_parameters=self.find_unused_parameters,
+                broadcast_buffers=self.broadcast_buffers,
+            ),
+            apex=ApexOptions(opt_level=self.apex_opt_level, ddp=self.apex_ddp),
+            horovod=HorovodOptions(compression=self.hvd_compression),
+        )
+
+    def derive(self, **changes: Any) -> RunConfig:
+        """A new, validated config with some fields changed; this one stays as it is."""
+        derived = dataclasses.replace(self, **changes)
+        derived.validate()
+        return derived
 
     @property
     def peak_lr(self) -> float:

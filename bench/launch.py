@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench import worker
+from bench.cluster import SlurmTask
+from bench.scratch import Scratch
 
 MASTER_ADDR = "127.0.0.1"
 _GRACE_S = 10.0
@@ -54,27 +55,26 @@ class Launch:
     nprocs: int
     port: int
     threads: int
-    scratch: Path
+    scratch: Scratch
     timeout: float  # seconds without a heartbeat before the run is ended
     nnodes: int = 1
     rdzv_endpoint: str | None = None  # c10d rendezvous (several machines)
     rdzv_id: str | None = None
     max_restarts: int = 0
     hosts: str | None = None  # horovodrun -H
-    slurm: Any = None  # bench.cluster.SlurmTask when this process is one srun task
+    slurm: SlurmTask | None = None  # when this process is one srun task
 
     def check_progress(self) -> None:
         """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
         least once a second while they work; a collective that waits does not beat."""
         now = time.time()
-        for beat in self.scratch.glob("beat-rank*"):
+        for rank, beat in self.scratch.beats():
             try:
                 age = now - beat.stat().st_mtime
                 phase = beat.read_text().strip()
             except OSError:
                 continue
             if age > self.timeout:
-                rank = beat.name.removeprefix("beat-rank")
                 raise RunTimeout(
                     f"timeout: rank {rank} made no progress for {age:.0f} s "
                     f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
@@ -121,7 +121,7 @@ def _child_env(threads: int) -> dict[str, str]:
 def launch_inline(launch: Launch) -> int:
     """One process: the current one (nn.DataParallel)."""
     try:
-        worker.run_rank(worker.load_spec(launch.spec_path))
+        worker.run_rank(launch.spec_path)
     except Exception:
         import traceback
 
@@ -160,7 +160,7 @@ def _spawn_rank(index: int, spec_path: str, nprocs: int) -> None:
         RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
         LOCAL_WORLD_SIZE=str(nprocs),
     )
-    worker.run_rank(worker.load_spec(spec_path))
+    worker.run_rank(spec_path)
 
 
 def launch_spawn(launch: Launch) -> int:

@@ -9,13 +9,14 @@ import shutil
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import strategies
 from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
-from bench.config import RunConfig
+from bench.config import RunConfig, Topology
 from bench.data import SYNTHETIC_SIZES, prepare_cifar100
 from bench.errors import (
     EXIT_FAILED,
@@ -24,24 +25,17 @@ from bench.errors import (
     EXIT_UNAVAILABLE,
     ConfigError,
 )
-from bench.results import (
-    RECORD_VERSION,
-    capture_env,
-    new_run_id,
-    read_record,
-    runs_dir,
-    utc_now,
-    write_atomic,
-)
+from bench.record import RunRecord
+from bench.results import new_run_id, runs_dir
+from bench.scratch import Scratch
+from bench.spec import WorkerSpec
 from strategies.base import Strategy, cpu_threads_per_process
-from strategies.ddp import DDPStrategy, ddp_kwargs
 
 
 def watchdog_timeout(timeout: float) -> float:
     """The watchdog ends a run whose ranks stopped beating a little after the collectives'
     own timeout (which, when it fires first, names the waiting rank and the phase)."""
     return timeout + max(5.0, 0.1 * timeout)
-LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception
@@ -75,11 +69,22 @@ def resolve_device(cfg: RunConfig) -> str:
     return "cuda"
 
 
-def resolve_strategy(name: str) -> Strategy:
+def resolve_strategy(cfg: RunConfig) -> Strategy:
+    """The run's strategy, built with its own options; an unknown name is bad input."""
     try:
-        return strategies.get(name)
+        return strategies.get(cfg.strategy, cfg.strategy_options)
     except KeyError as exc:
         raise ConfigError(exc.args[0]) from None
+
+
+def check_srun_task(strategy: Strategy, alternative: str = "") -> None:
+    """Under srun each task is one rank: only strategies that find their rank in the
+    environment can run that way."""
+    if not strategy.runs_as_srun_task:
+        raise ConfigError(
+            f"under srun each task is one rank; {strategy.name} cannot run that way: use "
+            f"{', '.join(strategies.srun_capable())}{alternative}"
+        )
 
 
 def check_output_writable(output: str) -> tuple[Path, list[Path]]:
@@ -130,35 +135,40 @@ def default_workers(device_type: str, replicas: int) -> int:
 
 
 class RunPlan:
-    """What a validated ``bench run`` will do; built before anything is written."""
+    """What a validated ``bench run`` will do; built before anything is written. Its
+    ``cfg`` is derived from the one given (defaults resolved), never that one changed."""
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
-        self.cfg = cfg
-        self.strategy = resolve_strategy(cfg.strategy)
+        self.strategy = resolve_strategy(cfg)
         self.device_type = resolve_device(cfg)
-        cfg.precision = cfg.precision or self.strategy.default_precision(self.device_type)
-        if cfg.precision == "fp16" and self.device_type != "cuda":
+        resolved: dict[str, Any] = {
+            "precision": cfg.precision or self.strategy.default_precision(self.device_type)
+        }
+        if resolved["precision"] == "fp16" and self.device_type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
         self.slurm = slurm_task() if cfg.use_slurm else None
         self.launcher = self.strategy.launcher
         if self.slurm is not None:
-            if self.strategy.launcher != "torchrun":
-                raise ConfigError(
-                    f"under srun each task is one rank; {cfg.strategy} cannot run that way: use "
-                    "ddp, ddp-amp, ddp-apex or fsdp (or --no-slurm)"
-                )
-            cfg.nodes, cfg.node_rank = self.slurm.nodes, 0
+            check_srun_task(self.strategy, " (or --no-slurm)")
+            resolved.update(nodes=self.slurm.nodes, node_rank=0)
             self.launcher = "slurm"
-        self.strategy.check(cfg, self.device_type)
-        self.processes = self.strategy.num_processes(cfg, self.device_type)
-        self.replicas = self.strategy.num_replicas(cfg, self.device_type)
+        cfg = cfg.derive(**resolved)
+        self.topology = Topology(
+            device_type=self.device_type, gpus=cfg.gpus, nodes=cfg.nodes, hosts=cfg.hosts,
+            rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None,
+            timeout=cfg.timeout,
+        )
+        self.strategy.check(self.topology, cfg.precision, cfg.grad_accum)
+        self.processes = self.strategy.num_processes(self.topology)
+        self.replicas = self.strategy.num_replicas(self.topology)
         self.local_processes = self.processes
         if self.slurm is not None:
             self.processes, self.replicas = 1, self.slurm.world_size
             self.local_processes = self.slurm.local_world_size
         if cfg.nodes > 1 and self.slurm is None and cfg.rdzv_id is None:
-            cfg.rdzv_id = default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict())
+            cfg = cfg.derive(rdzv_id=default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict()))
+        self.cfg = cfg
         self.per_replica_batch = cfg.check_batch_split(self.replicas)
         cfg.check_batch_split(self.processes)
         self.workers_per_replica = (
@@ -185,77 +195,43 @@ class RunPlan:
             self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
         self.record_path = self.runs / f"{self.run_id}.json"
 
-    def skeleton(self, argv: list[str]) -> dict[str, Any]:
-        cfg = self.cfg
-        return {
-            "record_version": RECORD_VERSION,
-            "run_id": self.run_id,
-            "started_at": utc_now(),
-            "finished_at": None,
-            "status": "running",
-            "error": None,
-            "strategy": cfg.strategy,
-            "launcher": self.launcher,
-            "device": self.device_type,
-            "gpus_requested": cfg.gpus,
-            "world_size": self.replicas,
-            "processes": self.processes,
-            "nodes": cfg.nodes,
-            "precision": self.strategy.precision_label(cfg),
-            "norm": None,
-            "global_batch": cfg.batch_size,
-            "per_rank_batch": self.per_replica_batch,
-            "lr": cfg.peak_lr,
-            "base_lr": cfg.base_lr,
-            "lr_reference_batch": 128,
-            "lr_schedule": LR_SCHEDULE,
-            "warmup_epochs": cfg.warmup_epochs,
-            "optimizer": {
-                "name": "SGD",
-                "momentum": cfg.momentum,
-                "nesterov": cfg.nesterov,
-                "weight_decay": cfg.weight_decay,
-            },
-            "epochs": cfg.epochs,
-            "dataset": None,
-            "train_size": None,
-            "test_size": None,
-            "seed": cfg.seed,
-            "workers_per_replica": self.workers_per_replica,
-            "workers_per_process": self.workers_per_process,
-            "syncbn_requested": cfg.syncbn,
-            "grad_accum": cfg.grad_accum,
-            "loader": cfg.loader,
-            "channels_last": cfg.channels_last,
-            "compile": cfg.compile,
-            "compile_time_s": None,
-            "optimizer_impl": cfg.optimizer_impl,
-            "cudnn_benchmark": cfg.cudnn_benchmark if self.device_type == "cuda" else None,
-            "ddp_options": ddp_kwargs(cfg) if isinstance(self.strategy, DDPStrategy) else None,
-            "tag": cfg.tag,
-            "command": argv,
-            "config": cfg.to_dict(),
-            "env": capture_env(self.device_type),
-            "notes": [],
-            "per_epoch": [],
-            "summary": {},
-        }
+    def skeleton(self, argv: list[str]) -> RunRecord:
+        return RunRecord.skeleton(
+            self.record_path, cfg=self.cfg, run_id=self.run_id, launcher=self.launcher,
+            device_type=self.device_type, replicas=self.replicas, processes=self.processes,
+            per_replica_batch=self.per_replica_batch,
+            workers_per_replica=self.workers_per_replica,
+            workers_per_process=self.workers_per_process,
+            precision=self.strategy.precision_label(self.cfg.precision),
+            strategy_options=self.strategy.record_options(), command=argv,
+        )
 
 
-def _first_error(scratch: Path) -> str | None:
-    files = sorted(scratch.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
-    if not files:
+@dataclass(frozen=True)
+class Outcome:
+    """How the launch ended: the record's status and error, the launcher's exit code and
+    the scratch folder the ranks reported through."""
+
+    status: str  # failed | interrupted until the record says ok
+    error: str | None
+    rc: int
+    scratch: Scratch
+
+
+def _first_error(scratch: Scratch) -> str | None:
+    errors = scratch.errors()
+    if not errors:
         return None
-    rank = files[0].stem.removeprefix("error-rank")
-    line = files[0].read_text().splitlines()[0]
+    rank, path = errors[0]
+    line = path.read_text().splitlines()[0]
     if line.startswith("timeout: "):
         return f"timeout: rank {rank}: {line.removeprefix('timeout: ')}"
     return f"rank {rank}: {line}"
 
 
-def reap_ranks(scratch: Path) -> None:
+def reap_ranks(scratch: Scratch) -> None:
     """Kill any rank of this run that outlived its launcher (found by its pid file)."""
-    for pid_file in scratch.glob("pid-rank*"):
+    for pid_file in scratch.pids():
         try:
             pid = int(pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -263,7 +239,7 @@ def reap_ranks(scratch: Path) -> None:
             continue
         if pid == os.getpid():
             continue
-        if str(scratch).encode() in cmdline or b"spawn_main" in cmdline:
+        if str(scratch.root).encode() in cmdline or b"spawn_main" in cmdline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -276,6 +252,19 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     """Run one configuration; returns the exit code. Bad input raises ConfigError before
     anything is written."""
     plan = RunPlan(cfg)
+    record = open_record(plan, argv)
+    if record.status == "unavailable":
+        print(f"bench: {plan.cfg.strategy} is unavailable here: {record.data['error']}",
+              file=sys.stderr)
+        print(f"record: {plan.record_path}")
+        return EXIT_UNAVAILABLE
+    return close_record(plan, launch_ranks(plan, record))
+
+
+def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
+    """The record's skeleton with the data set's facts, written (by the machine that owns
+    it), or closed at once as ``unavailable``. Bad input leaves nothing behind."""
+    cfg = plan.cfg
     try:
         if (plan.port is not None and plan.launcher not in ("inline", "slurm")
                 and cfg.nodes == 1 and launch.port_in_use(plan.port)):
@@ -285,39 +274,33 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
         record = plan.skeleton(argv)
         reason = plan.strategy.requires(plan.device_type)
         if reason:
-            record.update(status="unavailable", error=reason, finished_at=utc_now())
-            write_atomic(plan.record_path, record)
-            print(f"bench: {cfg.strategy} is unavailable here: {reason}", file=sys.stderr)
-            print(f"record: {plan.record_path}")
-            return EXIT_UNAVAILABLE
+            record.unavailable(reason)
+            return record
         dataset, train_size, test_size = prepare_data(cfg)
     except ConfigError:
         remove_created(plan.created_dirs)
         raise
-    record.update(dataset=dataset, train_size=train_size, test_size=test_size)
-    if dataset != "synthetic":
-        record["data_dir"] = str(Path(cfg.data_dir).resolve())
+    record.set_data(dataset, train_size, test_size,
+                    None if dataset == "synthetic" else str(Path(cfg.data_dir).resolve()))
     if plan.slurm is not None:
-        record["rendezvous"] = {"slurm_job": plan.slurm.job_id, "master": plan.slurm.master_addr,
-                                "port": plan.port}
+        record.set_rendezvous({"slurm_job": plan.slurm.job_id,
+                               "master": plan.slurm.master_addr, "port": plan.port})
     elif cfg.nodes > 1:
-        record["rendezvous"] = {"endpoint": cfg.rdzv_endpoint, "id": cfg.rdzv_id}
+        record.set_rendezvous({"endpoint": cfg.rdzv_endpoint, "id": cfg.rdzv_id})
     if plan.writes_record:
-        write_atomic(plan.record_path, record)
+        record.write()
+    return record
 
-    scratch = Path(tempfile.mkdtemp(prefix=f"bench-{plan.run_id}-"))
-    spec = {
-        "config": cfg.to_dict(),
-        "device_type": plan.device_type,
-        "record_path": str(plan.record_path.resolve()),
-        "scratch": str(scratch),
-        "workers_per_process": plan.workers_per_process,
-        "record": record,
-    }
-    spec_path = scratch / "spec.json"
-    write_atomic(spec_path, spec)
+
+def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
+    """Start the ranks through the plan's launcher and wait; SIGTERM and Ctrl-C end them."""
+    cfg = plan.cfg
+    scratch = Scratch.create(plan.run_id)
+    spec_path = WorkerSpec(
+        config=cfg, topology=plan.topology, record_path=plan.record_path.resolve(),
+        scratch=scratch, workers_per_process=plan.workers_per_process, record=record.data,
+    ).write()
     port = plan.port or launch.free_port()
-    threads = cpu_threads_per_process(plan.local_processes)
     where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
     print(
         f"bench: {cfg.strategy} on {plan.replicas} {plan.device_type} replica(s), "
@@ -326,11 +309,11 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
         flush=True,
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-    status, error, code = "failed", None, EXIT_FAILED
+    status, error = "failed", None
     try:
         job = launch.Launch(
-            spec_path, plan.processes, port, threads, scratch,
-            timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,
+            spec_path, plan.processes, port, cpu_threads_per_process(plan.local_processes),
+            scratch, timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,
             rdzv_endpoint=cfg.rdzv_endpoint if cfg.nodes > 1 else None, rdzv_id=cfg.rdzv_id,
             max_restarts=cfg.max_restarts, hosts=cfg.hosts, slurm=plan.slurm,
         )
@@ -338,43 +321,49 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
         if rc != 0:
             error = _first_error(scratch) or f"launcher {plan.launcher} exited with {rc}"
     except launch.RunTimeout as exc:
-        status, error, rc = "failed", str(exc), -1
+        error, rc = str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
-        status, code = "interrupted", EXIT_INTERRUPTED
+        status, rc = "interrupted", -1
         error = f"interrupted ({type(exc).__name__} {exc})".strip()
-        rc = -1
     finally:
         signal.signal(signal.SIGTERM, previous)
         reap_ranks(scratch)
-    if not plan.writes_record:  # a Slurm task other than rank 0: the record is not ours
-        shutil.rmtree(scratch, ignore_errors=True)
-        return EXIT_OK if rc == 0 else (EXIT_INTERRUPTED if status == "interrupted"
-                                        else EXIT_FAILED)
-    if (cfg.nodes > 1 and rc == 0 and not (scratch / "rank0-here").exists()
-            and read_record(plan.record_path).get("status") == "running"):
-        # Global rank 0 ran on another machine and wrote the record there.
-        plan.record_path.unlink(missing_ok=True)
-        shutil.rmtree(scratch, ignore_errors=True)
-        print("bench: ok; the record was written on the node that hosted global rank 0")
-        return EXIT_OK
-    final = read_record(plan.record_path)
-    if final.get("status") == "ok" and (rc == 0 or status == "interrupted"):
-        # Every epoch was recorded; a signal during shutdown does not undo the run.
-        status, code = "ok", EXIT_OK
-    elif rc == 0:
-        error = error or "ranks exited without finishing the record"
-    if status != "ok" or final.get("status") != "ok":
-        final.update(status=status, error=error, finished_at=utc_now())
-        write_atomic(plan.record_path, final)
-    shutil.rmtree(scratch, ignore_errors=True)
-    summary = final.get("summary") or {}
+    return Outcome(status, error, rc, scratch)
+
+
+def close_record(plan: RunPlan, outcome: Outcome) -> int:
+    """Say how the run ended, in the record (unless another machine owns it) and on the
+    terminal; returns the exit code."""
+    cfg, status, error, rc = plan.cfg, outcome.status, outcome.error, outcome.rc
+    try:
+        if not plan.writes_record:  # a Slurm task other than rank 0: the record is not ours
+            if rc == 0:
+                return EXIT_OK
+            return EXIT_INTERRUPTED if status == "interrupted" else EXIT_FAILED
+        if (cfg.nodes > 1 and rc == 0 and not outcome.scratch.rank0_here.exists()
+                and RunRecord.load(plan.record_path).status == "running"):
+            # Global rank 0 ran on another machine and wrote the record there.
+            plan.record_path.unlink(missing_ok=True)
+            print("bench: ok; the record was written on the node that hosted global rank 0")
+            return EXIT_OK
+        final = RunRecord.load(plan.record_path)
+        if final.status == "ok" and (rc == 0 or status == "interrupted"):
+            # Every epoch was recorded; a signal during shutdown does not undo the run.
+            status = "ok"
+        elif rc == 0:
+            error = error or "ranks exited without finishing the record"
+        if status != "ok" or final.status != "ok":
+            final.fail(status, error)
+    finally:
+        shutil.rmtree(outcome.scratch.root, ignore_errors=True)
     if status == "ok":
+        summary = final.summary
         print(
             f"bench: ok  median epoch {summary.get('median_epoch_time_s', float('nan')):.2f}s  "
             f"{summary.get('median_images_per_s', float('nan')):.0f} img/s  "
             f"final top1 {100 * summary.get('final_top1', float('nan')):.2f}%  "
             f"-> {plan.record_path}"
         )
-    else:
-        print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
-    return code
+        return EXIT_OK
+    print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
+    return EXIT_INTERRUPTED if status == "interrupted" else EXIT_FAILED

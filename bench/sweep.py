@@ -65,8 +65,8 @@ def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
     combos = []
     for strategy in strategies:
         for n in gpus:
-            cfg = RunConfig.from_dict({**base.to_dict(), "strategy": strategy, "gpus": n})
-            RunPlan(RunConfig.from_dict(cfg.to_dict()), probe_output=False)
+            cfg = base.derive(strategy=strategy, gpus=n)
+            RunPlan(cfg, probe_output=False)
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
     return combos

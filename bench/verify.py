@@ -39,7 +39,7 @@ from bench.data import CifarTensorDataset, load_split
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.model import resnet18_cifar
 from bench.runner import RunPlan, execute
-from bench.worker import lr_at
+from bench.trainer import lr_at
 from strategies.base import epoch_sampler
 
 VERIFY_LR = 0.001
@@ -153,14 +153,10 @@ def compare(losses: list[float], params: dict[str, torch.Tensor], ref_losses: li
 def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1 (got {steps})")
-    base.train_limit = steps * base.batch_size
-    base.epochs, base.warmup_epochs, base.progress = 1, 0.0, False
-    if base.lr is None:
-        base.lr = VERIFY_LR
-    plans = {}
-    for name in names:  # validate everything first: bad input writes nothing
-        cfg = RunConfig.from_dict({**base.to_dict(), "strategy": name})
-        plans[name] = RunPlan(RunConfig.from_dict(cfg.to_dict()), probe_output=False)
+    base = base.derive(train_limit=steps * base.batch_size, epochs=1, warmup_epochs=0.0,
+                       progress=False, lr=VERIFY_LR if base.lr is None else base.lr)
+    # Validate everything first: bad input writes nothing.
+    plans = {name: RunPlan(base.derive(strategy=name), probe_output=False) for name in names}
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
           f"{base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, no augmentation; "
           "reference: one plain process with the strategy's BatchNorm grouping", flush=True)
@@ -175,9 +171,8 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
             continue
         work = Path(tempfile.mkdtemp(prefix=f"bench-verify-{name}-"))
         try:
-            cfg = RunConfig.from_dict({**base.to_dict(), "strategy": name,
-                                       "verify_steps": steps, "verify_dir": str(work),
-                                       "output": str(work / "results")})
+            cfg = base.derive(strategy=name, verify_steps=steps, verify_dir=str(work),
+                              output=str(work / "results"))
             with contextlib.redirect_stdout(io.StringIO()):
                 code = execute(cfg, ["bench", "verify", name])
             if code != 0 or not (work / "losses.json").exists():

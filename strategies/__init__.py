@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from bench.config import StrategyOptions
 from strategies.apex import ApexStrategy
 from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
@@ -12,23 +13,25 @@ from strategies.dp import DataParallelStrategy
 from strategies.fsdp import FSDPStrategy
 from strategies.horovod import HorovodStrategy
 
-REGISTRY: dict[str, Callable[[], Strategy]] = {
-    "dp": lambda: DataParallelStrategy("dp"),
-    "ddp": lambda: DDPStrategy(
-        "ddp", launcher="torchrun", summary="DDP, ranks started by torchrun"
+# name -> factory; each factory takes the run's StrategyOptions and hands its strategy the
+# part that is its own (DDP knobs, apex, Horovod), never the whole config.
+REGISTRY: dict[str, Callable[[StrategyOptions], Strategy]] = {
+    "dp": lambda o: DataParallelStrategy("dp"),
+    "ddp": lambda o: DDPStrategy(
+        "ddp", ddp=o.ddp, launcher="torchrun", summary="DDP, ranks started by torchrun"
     ),
-    "ddp-spawn": lambda: DDPStrategy(
-        "ddp-spawn", launcher="spawn", summary="DDP, ranks started by torch.multiprocessing.spawn"
+    "ddp-spawn": lambda o: DDPStrategy(
+        "ddp-spawn", ddp=o.ddp, launcher="spawn",
+        summary="DDP, ranks started by torch.multiprocessing.spawn",
     ),
-    "ddp-launch": lambda: DDPStrategy(
-        "ddp-launch",
-        launcher="torch.distributed.launch",
+    "ddp-launch": lambda o: DDPStrategy(
+        "ddp-launch", ddp=o.ddp, launcher="torch.distributed.launch",
         summary="DDP, ranks started by the deprecated torch.distributed.launch (--local-rank)",
     ),
-    "ddp-amp": lambda: DDPAmpStrategy("ddp-amp", launcher="torchrun"),
-    "ddp-apex": lambda: ApexStrategy("ddp-apex", launcher="torchrun"),
-    "horovod": lambda: HorovodStrategy("horovod"),
-    "fsdp": lambda: FSDPStrategy("fsdp", launcher="torchrun"),
+    "ddp-amp": lambda o: DDPAmpStrategy("ddp-amp", ddp=o.ddp),
+    "ddp-apex": lambda o: ApexStrategy("ddp-apex", apex=o.apex, ddp=o.ddp),
+    "horovod": lambda o: HorovodStrategy("horovod", options=o.horovod),
+    "fsdp": lambda o: FSDPStrategy("fsdp", ddp=o.ddp),
 }
 
 
@@ -36,15 +39,21 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def get(name: str) -> Strategy:
-    """A new strategy object; KeyError names the registered strategies."""
+def get(name: str, options: StrategyOptions | None = None) -> Strategy:
+    """A new strategy object with its own options (defaults when none are given); KeyError
+    names the registered strategies."""
     try:
         factory = REGISTRY[name]
     except KeyError:
         raise KeyError(
             f"unknown strategy {name!r}; choose one of: {', '.join(REGISTRY)}"
         ) from None
-    return factory()
+    return factory(options or StrategyOptions())
 
 
-__all__ = ["REGISTRY", "Strategy", "get", "names"]
+def srun_capable() -> list[str]:
+    """The strategies whose ranks can be srun tasks."""
+    return [name for name in REGISTRY if get(name).runs_as_srun_task]
+
+
+__all__ = ["REGISTRY", "Strategy", "get", "names", "srun_capable"]

@@ -13,9 +13,10 @@ import importlib.util
 import torch
 from torch import nn
 
-from bench.config import RunConfig
+from bench.config import ApexOptions, DDPOptions, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
+from strategies.base import OptimizerFactory
 from strategies.ddp import DDPStrategy, _ddp_call_kwargs
 
 APEX_BUILD = (
@@ -49,6 +50,11 @@ def apex_problem() -> str | None:
 class ApexStrategy(DDPStrategy):
     summary = "DDP + NVIDIA apex AMP (amp.initialize, apex.parallel DDP), ranks by torchrun"
 
+    def __init__(self, name: str, *, apex: ApexOptions | None = None,
+                 ddp: DDPOptions | None = None, launcher: str | None = None) -> None:
+        super().__init__(name, ddp=ddp, launcher=launcher)
+        self.apex_options = apex or ApexOptions()
+
     def requires(self, device_type: str) -> str | None:
         problems = []
         if device_type != "cuda":
@@ -60,36 +66,39 @@ class ApexStrategy(DDPStrategy):
             return None
         return "; ".join(problems) + "; " + APEX_BUILD
 
-    def check(self, cfg: RunConfig, device_type: str) -> None:
-        super().check(cfg, device_type)
-        if cfg.precision not in (None, "fp32"):
+    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+        super().check(topology, precision, grad_accum)
+        if precision != "fp32":
             raise ConfigError("ddp-apex sets its precision with --apex-opt-level O0..O3, "
                               "not --precision")
 
-    def precision_label(self, cfg: RunConfig) -> str:
-        return f"apex-{cfg.apex_opt_level}"
+    def precision_label(self, precision: str) -> str:
+        return f"apex-{self.apex_options.opt_level}"
 
-    def make_precision(self, cfg: RunConfig) -> Precision:
-        precision = Precision("fp32", self.device)  # apex patches the ops; no torch autocast
-        precision.label = self.precision_label(cfg)
-        return precision
+    def make_precision(self, precision: str) -> Precision:
+        chosen = Precision("fp32", self.device)  # apex patches the ops; no torch autocast
+        chosen.label = self.precision_label(precision)
+        return chosen
 
-    def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):
+    def setup_model(self, model: nn.Module, make_optimizer: OptimizerFactory, *,
+                    syncbn: bool, precision: Precision,
+                    grad_accum: int) -> tuple[nn.Module, torch.optim.Optimizer]:
         from apex import amp, parallel
 
-        if cfg.syncbn and self.world_size > 1:
+        opt_level, which_ddp = self.apex_options.opt_level, self.apex_options.ddp
+        if syncbn and self.world_size > 1:
             model = parallel.convert_syncbn_model(model)
             self.norm = "syncbn"
         model = model.to(self.device)
         optimizer = make_optimizer(model.parameters())
-        model, optimizer = amp.initialize(model, optimizer, opt_level=cfg.apex_opt_level)
-        if cfg.apex_ddp == "apex":
+        model, optimizer = amp.initialize(model, optimizer, opt_level=opt_level)
+        if which_ddp == "apex":
             model = parallel.DistributedDataParallel(model)
         else:
             model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.device.index], **_ddp_call_kwargs(cfg)
+                model, device_ids=[self.device.index], **_ddp_call_kwargs(self.ddp_options)
             )
-        self.notes.append(f"apex {cfg.apex_opt_level}, {cfg.apex_ddp} DDP")
+        self.notes.append(f"apex {opt_level}, {which_ddp} DDP")
         return model, optimizer
 
     def no_sync(self, model: nn.Module):

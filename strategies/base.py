@@ -5,25 +5,35 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from bench.config import RunConfig
+from bench.config import Topology
 from bench.precision import Precision
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 class Strategy:
-    """Base class. Subclasses set ``launcher`` and ``summary`` and override what differs."""
+    """Base class. Subclasses set ``launcher`` and ``summary`` and override what differs.
+
+    A strategy is built by the registry with its own options (never the whole config); every
+    hook receives the run-wide values it needs as arguments."""
 
     launcher: str = "inline"
     summary: str = ""
     collective_forward = False  # True when every forward is a collective (FSDP)
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, launcher: str | None = None,
+                 summary: str | None = None) -> None:
         self.name = name
+        if launcher is not None:
+            self.launcher = launcher
+        if summary is not None:
+            self.summary = summary
         self.rank = 0
         self.local_rank = 0
         self.world_size = 1  # processes taking part in the run
@@ -37,49 +47,61 @@ class Strategy:
         """Why this strategy cannot run here (missing dependency, no CUDA...), or None."""
         return None
 
-    def check(self, cfg: RunConfig, device_type: str) -> None:
-        """Strategy-specific validation of the config; raises ConfigError."""
+    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+        """Strategy-specific validation of a run; raises ConfigError."""
 
     def default_precision(self, device_type: str) -> str:
         return "fp32"
 
-    def num_processes(self, cfg: RunConfig, device_type: str) -> int:
+    def num_processes(self, topology: Topology) -> int:
         """Ranks the launcher starts on this machine."""
-        return cfg.gpus
+        return topology.gpus
 
-    def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
+    def num_replicas(self, topology: Topology) -> int:
         """Model replicas over which the global batch is split (all machines)."""
-        return cfg.gpus * cfg.nodes
+        return topology.gpus * topology.nodes
+
+    @property
+    def runs_as_srun_task(self) -> bool:
+        """Whether one rank can be one ``srun`` task (ranks found through the environment)."""
+        return self.launcher == "torchrun"
+
+    def precision_label(self, precision: str) -> str:
+        """What the record calls this run's precision."""
+        return precision
+
+    def record_options(self) -> dict | None:
+        """This strategy's own options as the record's ``ddp_options`` shows them."""
+        return None
 
     # ---- inside a rank ------------------------------------------------------------------
-    def setup(self, cfg: RunConfig, device_type: str) -> None:
+    def setup(self, topology: Topology) -> None:
         """Join the group (if any) and pick this rank's device."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def precision_label(self, cfg: RunConfig) -> str:
-        """What the record calls this run's precision."""
-        return cfg.precision or "fp32"
-
-    def make_precision(self, cfg: RunConfig) -> Precision:
+    def make_precision(self, precision: str) -> Precision:
         """Autocast and loss scaling, chosen once per run."""
-        return Precision(cfg.precision or "fp32", self.device)
+        return Precision(precision, self.device)
 
-    def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):
+    def setup_model(self, model: nn.Module, make_optimizer: OptimizerFactory, *,
+                    syncbn: bool, precision: Precision,
+                    grad_accum: int) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Wrapped model and optimizer. The default wraps the model, then builds the optimizer
         over its parameters and wraps that; strategies that must see both at once (apex)
         override this."""
-        model = self.wrap_model(model, cfg)
-        optimizer = self.wrap_optimizer(make_optimizer(model.parameters()), model)
+        model = self.wrap_model(model, syncbn=syncbn, precision=precision)
+        optimizer = self.wrap_optimizer(make_optimizer(model.parameters()), model,
+                                        grad_accum=grad_accum)
         return model, optimizer
 
-    def apply_norm(self, model: nn.Module, cfg: RunConfig,
+    def apply_norm(self, model: nn.Module, syncbn: bool,
                    to_sync: Callable[[nn.Module], nn.Module], cpu_reason: str) -> nn.Module:
         """SyncBatchNorm (through ``to_sync``) on CUDA with several replicas unless
         --no-syncbn; per-replica BatchNorm otherwise. Sets ``self.norm`` and says why."""
-        if self.device.type == "cuda" and cfg.syncbn and self.world_size > 1:
+        if self.device.type == "cuda" and syncbn and self.world_size > 1:
             self.norm = "syncbn"
             return to_sync(model)
         self.norm = "per-replica-bn"
@@ -88,11 +110,12 @@ class Strategy:
             self.notes.append(f"BatchNorm statistics are per replica ({why})")
         return model
 
-    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+    def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         """Move the model to the device, convert normalisation, wrap; sets ``self.norm``."""
         return model.to(self.device)
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module):
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
+                       grad_accum: int) -> torch.optim.Optimizer:
         return optimizer
 
     def eval_module(self, model: nn.Module) -> nn.Module:

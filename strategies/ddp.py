@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.cluster import slurm_task
-from bench.config import RunConfig
+from bench.config import DDPOptions, Topology
 from bench.errors import ConfigError
+from bench.precision import Precision
 from strategies.base import Strategy
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -29,21 +29,10 @@ def _env_int(name: str) -> int:
         ) from None
 
 
-def ddp_kwargs(cfg: RunConfig) -> dict:
-    """DDP's tuning knobs as the run asked for them (all recorded)."""
-    return {
-        "bucket_cap_mb": cfg.bucket_cap_mb,
-        "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
-        "static_graph": cfg.static_graph,
-        "find_unused_parameters": cfg.find_unused_parameters,
-        "broadcast_buffers": cfg.broadcast_buffers,
-    }
-
-
-def _ddp_call_kwargs(cfg: RunConfig) -> dict:
+def _ddp_call_kwargs(options: DDPOptions) -> dict:
     """What is passed to DDP: the default broadcast_buffers=True is left implicit (newer
     torch warns about the argument itself)."""
-    kwargs = ddp_kwargs(cfg)
+    kwargs = options.as_dict()
     if kwargs["broadcast_buffers"]:
         del kwargs["broadcast_buffers"]
     return kwargs
@@ -51,33 +40,35 @@ def _ddp_call_kwargs(cfg: RunConfig) -> dict:
 
 class DDPStrategy(Strategy):
     summary = "DistributedDataParallel, one process per GPU"
+    launcher = "torchrun"
 
-    def __init__(self, name: str, launcher: str = "torchrun", summary: str | None = None):
-        super().__init__(name)
-        self.launcher = launcher
-        if summary:
-            self.summary = summary
+    def __init__(self, name: str, *, ddp: DDPOptions | None = None,
+                 launcher: str | None = None, summary: str | None = None) -> None:
+        super().__init__(name, launcher=launcher, summary=summary)
+        self.ddp_options = ddp or DDPOptions()
 
-    def check(self, cfg: RunConfig, device_type: str) -> None:
-        if cfg.nodes > 1 and self.launcher in ("spawn", "torch.distributed.launch"):
+    def record_options(self) -> dict | None:
+        return self.ddp_options.as_dict()
+
+    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+        if topology.nodes > 1 and self.launcher in ("spawn", "torch.distributed.launch"):
             raise ConfigError(
                 f"{self.name} starts its ranks on one machine by design; for --nodes > 1 use "
                 "--strategy ddp (torchrun rendezvous)"
             )
-        under_srun = cfg.use_slurm and slurm_task() is not None
-        if cfg.nodes > 1 and not cfg.rdzv_endpoint and not under_srun:
+        if topology.nodes > 1 and not topology.rdzv_endpoint and not topology.under_srun:
             raise ConfigError("--nodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every "
                               "node)")
-        if cfg.hosts:
+        if topology.hosts:
             raise ConfigError("--hosts is for horovod; DDP across machines uses --nodes and "
                               "--rdzv-endpoint")
-        if cfg.static_graph and cfg.grad_accum > 1:
+        if self.ddp_options.static_graph and grad_accum > 1:
             raise ConfigError(
                 "--static-graph cannot be combined with --grad-accum > 1 (DDP's no_sync fails "
                 "an internal assert with a static graph); drop one of them"
             )
 
-    def setup(self, cfg: RunConfig, device_type: str) -> None:
+    def setup(self, topology: Topology) -> None:
         self.rank = _env_int("RANK")
         self.world_size = _env_int("WORLD_SIZE")
         self.local_rank = _env_int("LOCAL_RANK")
@@ -91,7 +82,7 @@ class DDPStrategy(Strategy):
                     f"rank 0 read its local rank from `{os.environ['BENCH_LOCAL_RANK_ARG']}`"
                 )
         backend = "gloo"
-        if device_type == "cuda":
+        if topology.device_type == "cuda":
             # A Slurm task may see only its own GPU: index modulo the visible ones.
             index = self.local_rank % torch.cuda.device_count()
             torch.cuda.set_device(index)
@@ -102,14 +93,15 @@ class DDPStrategy(Strategy):
             init_method="env://",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=cfg.timeout),
+            timeout=timedelta(seconds=topology.timeout),
         )
 
-    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
-        model = self.apply_norm(model, cfg, nn.SyncBatchNorm.convert_sync_batchnorm,
+    def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
+        model = self.apply_norm(model, syncbn, nn.SyncBatchNorm.convert_sync_batchnorm,
                                 "DDP refuses SyncBatchNorm on CPU").to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **_ddp_call_kwargs(cfg))
+        return DistributedDataParallel(model, device_ids=device_ids,
+                                       **_ddp_call_kwargs(self.ddp_options))
 
     def no_sync(self, model: nn.Module):
         return model.no_sync()

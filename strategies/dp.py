@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.config import RunConfig
+from bench.config import Topology
 from bench.errors import ConfigError
+from bench.precision import Precision
 from strategies.base import Strategy
 
 
@@ -14,26 +15,26 @@ class DataParallelStrategy(Strategy):
     launcher = "inline"
     summary = "nn.DataParallel, one process over N GPUs (one replica on CPU)"
 
-    def num_processes(self, cfg: RunConfig, device_type: str) -> int:
+    def num_processes(self, topology: Topology) -> int:
         return 1
 
-    def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
+    def num_replicas(self, topology: Topology) -> int:
         # Without CUDA nn.DataParallel does nothing: the model runs once, on the CPU.
-        return cfg.gpus if device_type == "cuda" else 1
+        return topology.gpus if topology.device_type == "cuda" else 1
 
-    def setup(self, cfg: RunConfig, device_type: str) -> None:
-        self.replicas = self.num_replicas(cfg, device_type)
-        if device_type == "cuda":
+    def setup(self, topology: Topology) -> None:
+        self.replicas = self.num_replicas(topology)
+        if topology.device_type == "cuda":
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
-        elif cfg.gpus > 1:
+        elif topology.gpus > 1:
             self.notes.append(
-                f"nn.DataParallel has no effect without CUDA: asked for {cfg.gpus}, "
+                f"nn.DataParallel has no effect without CUDA: asked for {topology.gpus}, "
                 "one CPU replica ran in one process"
             )
 
-    def check(self, cfg: RunConfig, device_type: str) -> None:
-        if cfg.nodes > 1 or cfg.hosts:
+    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+        if topology.nodes > 1 or topology.hosts:
             raise ConfigError(
                 "dp runs in one process on one machine and cannot use --nodes/--hosts; "
                 "use --strategy ddp"
@@ -44,7 +45,7 @@ class DataParallelStrategy(Strategy):
             return [torch.device("cuda", i) for i in range(self.replicas)]
         return [self.device]
 
-    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+    def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         model = model.to(self.device)
         # SyncBatchNorm under DataParallel silently acts per replica, so plain BN is used and
         # the record says what ran.

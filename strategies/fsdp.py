@@ -10,7 +10,6 @@ import contextlib
 import torch
 from torch import nn
 
-from bench.config import RunConfig
 from bench.precision import Precision
 from strategies.ddp import DDPStrategy
 
@@ -36,20 +35,19 @@ class FSDPStrategy(DDPStrategy):
             return f"torch {torch.__version__} has no FSDP2 (fully_shard); use torch >= 2.4"
         return None
 
-    def make_precision(self, cfg: RunConfig) -> Precision:
+    def make_precision(self, precision: str) -> Precision:
         # FSDP casts parameters itself; no autocast. fp16 still needs loss scaling.
-        precision = Precision(cfg.precision or "fp32", self.device)
-        precision.dtype = None
-        precision.label = cfg.precision or "fp32"
-        return precision
+        chosen = Precision(precision, self.device)
+        chosen.dtype = None
+        return chosen
 
-    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+    def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         fully_shard, policy_cls = fsdp_api()
-        model = self.apply_norm(model, cfg, nn.SyncBatchNorm.convert_sync_batchnorm,
+        model = self.apply_norm(model, syncbn, nn.SyncBatchNorm.convert_sync_batchnorm,
                                 "SyncBatchNorm needs CUDA").to(self.device)
         kwargs = {}
-        if cfg.precision in ("bf16", "fp16"):
-            dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+        if precision.name in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if precision.name == "bf16" else torch.float16
             kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32)
             # BatchNorm stays fp32 (its own unit), as in every mixed-precision recipe.
             bn_policy = policy_cls(param_dtype=torch.float32, reduce_dtype=torch.float32,
@@ -58,7 +56,8 @@ class FSDPStrategy(DDPStrategy):
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     fully_shard(module, mp_policy=bn_policy)
             self.notes.append(
-                f"FSDP MixedPrecisionPolicy: {cfg.precision} params, fp32 reduce, fp32 BatchNorm"
+                f"FSDP MixedPrecisionPolicy: {precision.name} params, fp32 reduce, "
+                "fp32 BatchNorm"
             )
         for stage in model.stages:
             fully_shard(stage, **kwargs)

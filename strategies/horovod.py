@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.config import RunConfig
+from bench.config import HorovodOptions, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import Strategy
@@ -28,16 +28,21 @@ class HorovodStrategy(Strategy):
     launcher = "horovodrun"
     summary = "Horovod DistributedOptimizer, ranks started by horovodrun --gloo"
 
-    def num_processes(self, cfg: RunConfig, device_type: str) -> int:
-        return self.num_replicas(cfg, device_type)
+    def __init__(self, name: str, *, options: HorovodOptions | None = None,
+                 launcher: str | None = None) -> None:
+        super().__init__(name, launcher=launcher)
+        self.options = options or HorovodOptions()
 
-    def num_replicas(self, cfg: RunConfig, device_type: str) -> int:
-        if cfg.hosts:  # horovodrun -np = all slots of all hosts
-            return sum(int(h.rsplit(":", 1)[1]) for h in cfg.hosts.split(","))
-        return cfg.gpus
+    def num_processes(self, topology: Topology) -> int:
+        return self.num_replicas(topology)
 
-    def check(self, cfg: RunConfig, device_type: str) -> None:
-        if cfg.nodes > 1:
+    def num_replicas(self, topology: Topology) -> int:
+        if topology.hosts:  # horovodrun -np = all slots of all hosts
+            return sum(int(h.rsplit(":", 1)[1]) for h in topology.hosts.split(","))
+        return topology.gpus
+
+    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+        if topology.nodes > 1:
             raise ConfigError("horovod spans machines with --hosts host1:4,host2:4, not --nodes")
 
     def requires(self, device_type: str) -> str | None:
@@ -57,45 +62,41 @@ class HorovodStrategy(Strategy):
             return f"horovodrun is not on PATH; {BUILD_HINT}"
         return None
 
-    def setup(self, cfg: RunConfig, device_type: str) -> None:
+    def setup(self, topology: Topology) -> None:
         import horovod.torch as hvd
 
         hvd.init()
         self.hvd = hvd
         self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.replicas = self.world_size
-        if device_type == "cuda":
+        if topology.device_type == "cuda":
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
 
-    def wrap_model(self, model: nn.Module, cfg: RunConfig) -> nn.Module:
+    def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         model = self.apply_norm(
-            model, cfg, lambda m: _convert_to_hvd_syncbn(m, self.hvd.SyncBatchNorm),
+            model, syncbn, lambda m: _convert_to_hvd_syncbn(m, self.hvd.SyncBatchNorm),
             "hvd.SyncBatchNorm is CUDA-only",
         )
         return model.to(self.device)
 
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module):
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
+                       grad_accum: int) -> torch.optim.Optimizer:
         hvd = self.hvd
-        compression = hvd.Compression.fp16 if self._compression == "fp16" else (
+        compression = hvd.Compression.fp16 if self.options.compression == "fp16" else (
             hvd.Compression.none
         )
+        self.notes.append(f"Horovod gradient compression: {self.options.compression}")
         optimizer = hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
             compression=compression,
             op=hvd.Average,
-            backward_passes_per_step=self._accum,
+            backward_passes_per_step=grad_accum,
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return optimizer
-
-    def setup_model(self, model: nn.Module, cfg: RunConfig, make_optimizer):
-        self._compression = cfg.hvd_compression
-        self._accum = cfg.grad_accum
-        self.notes.append(f"Horovod gradient compression: {cfg.hvd_compression}")
-        return super().setup_model(model, cfg, make_optimizer)
 
     def backward(self, loss, optimizer, precision: Precision, last: bool = True) -> None:
         # With backward_passes_per_step=K Horovod starts the all-reduce on the K-th pass.

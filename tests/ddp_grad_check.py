@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import strategies
-from bench.config import RunConfig
+from bench.config import RunConfig, Topology
 from bench.model import resnet18_cifar
 from bench.precision import Precision
 
@@ -25,14 +25,14 @@ def rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    cfg = RunConfig("ddp-spawn", gpus=world, cpu=True, width=0.125)
     strategy = strategies.get("ddp-spawn")
-    strategy.setup(cfg, "cpu")
+    strategy.setup(Topology("cpu", gpus=world))
     try:
         torch.manual_seed(0)
         model = resnet18_cifar(width=0.125)
         local = copy.deepcopy(model)  # same weights, no DDP: this rank's own gradient
-        ddp = strategy.wrap_model(model, cfg)
+        ddp = strategy.wrap_model(model, syncbn=True,
+                                  precision=Precision("fp32", strategy.device))
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
         gen = torch.Generator().manual_seed(100 + rank)  # different data on every rank
         images = torch.randn(8, 3, 32, 32, generator=gen)
@@ -77,11 +77,12 @@ def knobs_main(rank: int, world: int, port: int, out_dir: str, knobs: dict) -> N
     """Wrap the model through the strategy with DDP knobs and report what DDP holds."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    cfg = RunConfig("ddp", gpus=world, cpu=True, width=0.125, **knobs)
-    strategy = strategies.get("ddp")
-    strategy.setup(cfg, "cpu")
+    options = RunConfig("ddp", gpus=world, cpu=True, width=0.125, **knobs).strategy_options
+    strategy = strategies.get("ddp", options)
+    strategy.setup(Topology("cpu", gpus=world))
     try:
-        ddp = strategy.wrap_model(resnet18_cifar(width=0.125), cfg)
+        ddp = strategy.wrap_model(resnet18_cifar(width=0.125), syncbn=True,
+                                  precision=Precision("fp32", strategy.device))
         seen = {
             "bucket_bytes_cap": ddp.bucket_bytes_cap,
             "gradient_as_bucket_view": ddp.gradient_as_bucket_view,

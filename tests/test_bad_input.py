@@ -76,3 +76,36 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path):
     assert lines[0].startswith("bench: error: ") and fragment in lines[0], lines[0]
     assert not out.exists(), "bad input must leave nothing behind"
     assert not (tmp_path / "empty" / "cifar-100-python").exists()
+
+
+SRUN_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+             "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}
+
+
+@pytest.mark.parametrize("how", ["run under srun", "bench slurm"])
+def test_what_cannot_be_an_srun_task_is_refused_alike(how, tmp_path):
+    if how == "bench slurm":
+        proc = run_bench("slurm", "--nodes", "1", "--gpus", "2", "--strategy", "ddp-spawn",
+                         "--out", str(tmp_path / "job"))
+    else:
+        proc = run_bench("run", "--strategy", "ddp-spawn", "--gpus", "2", *BASE,
+                         "--output", str(tmp_path / "out"), env=SRUN_TASK)
+    assert proc.returncode == 2, proc.stderr
+    assert "ddp-spawn cannot run that way: use ddp, ddp-amp, ddp-apex, fsdp" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_option_has_help_and_version_names_torch():
+    import argparse
+
+    import torch
+
+    from bench.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            assert action.help, f"bench {name} {action.option_strings} has no help"
+    proc = run_bench("--version")
+    assert proc.returncode == 0 and f"torch {torch.__version__}" in proc.stdout

@@ -1,8 +1,15 @@
+import dataclasses
+from pathlib import Path
+
 import pytest
 
-from bench.config import RunConfig
+import strategies
+from bench.config import RunConfig, Topology
 from bench.errors import ConfigError
-from bench.worker import lr_at
+from bench.runner import RunPlan
+from bench.scratch import Scratch
+from bench.spec import WorkerSpec
+from bench.trainer import lr_at
 
 
 def test_lr_scales_linearly_from_batch_128():
@@ -25,8 +32,7 @@ def test_lr_scales_linearly_from_batch_128():
     ],
 )
 def test_validation_names_the_flag(field, value, fragment):
-    cfg = RunConfig("ddp", epochs=3)
-    setattr(cfg, field, value)
+    cfg = RunConfig("ddp", **{"epochs": 3, field: value})
     with pytest.raises(ConfigError, match=fragment):
         cfg.validate()
 
@@ -51,3 +57,37 @@ def test_schedule_warms_up_then_decays_to_zero():
 def test_roundtrip_dict():
     cfg = RunConfig("dp", gpus=2, seed=3, width=0.5)
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_config_is_frozen_and_the_plan_derives_a_new_one():
+    cfg = RunConfig("ddp-amp", gpus=2, cpu=True, data="synthetic", batch_size=32)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.precision = "fp32"
+    plan = RunPlan(cfg, probe_output=False)
+    assert cfg.precision is None  # what was given stays as given
+    assert plan.cfg.precision == "bf16"  # the strategy's CPU default, resolved by the plan
+    assert plan.cfg == dataclasses.replace(cfg, precision="bf16")
+
+
+def test_derive_validates_again():
+    with pytest.raises(ConfigError, match="--gpus"):
+        RunConfig("ddp").derive(gpus=0)
+
+
+def test_each_strategy_gets_its_own_options():
+    cfg = RunConfig("ddp-apex", bucket_cap_mb=10.0, apex_opt_level="O2", hvd_compression="fp16")
+    apex = strategies.get("ddp-apex", cfg.strategy_options)
+    assert apex.apex_options.opt_level == "O2" and apex.ddp_options.bucket_cap_mb == 10.0
+    assert strategies.get("horovod", cfg.strategy_options).options.compression == "fp16"
+    assert strategies.get("dp", cfg.strategy_options).record_options() is None
+
+
+def test_worker_spec_survives_json(tmp_path):
+    spec = WorkerSpec(
+        config=RunConfig("ddp", gpus=2, cpu=True, precision="fp32", rdzv_id="x"),
+        topology=Topology("cpu", gpus=2, nodes=1, timeout=30.0),
+        record_path=tmp_path / "r.json", scratch=Scratch(tmp_path), workers_per_process=0,
+        record={"run_id": "r", "per_epoch": []},
+    )
+    assert WorkerSpec.read(spec.write()) == spec
+    assert spec.scratch.spec == Path(tmp_path) / "spec.json"

@@ -3,7 +3,7 @@ size; set_epoch changes the order between epochs."""
 
 import pytest
 
-from bench.worker import global_order_digest
+from bench.loaders import global_order_digest
 from strategies.base import epoch_sampler
 
 N = 100

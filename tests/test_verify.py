@@ -26,11 +26,9 @@ def test_verify_passes_for_every_cpu_strategy():
 
 
 def _base(**kw) -> RunConfig:
-    cfg = RunConfig("ddp", cpu=True, data="synthetic", width=0.125, batch_size=64, epochs=1,
-                    warmup_epochs=0.0, lr=0.001, train_limit=STEPS * 64)
-    for k, v in kw.items():
-        setattr(cfg, k, v)
-    return cfg
+    values = dict(cpu=True, data="synthetic", width=0.125, batch_size=64, epochs=1,
+                  warmup_epochs=0.0, lr=0.001, train_limit=STEPS * 64)
+    return RunConfig("ddp", **{**values, **kw})
 
 
 def test_check_fails_on_summed_gradients():

@@ -1,0 +1,66 @@
+"""One rank's model, optimizer and precision, built the same way for every strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bench.config import RunConfig
+from bench.model import count_parameters, resnet18_cifar
+from bench.precision import Precision
+from strategies.base import OptimizerFactory, Strategy
+
+_OPTIMIZER_IMPL = {"foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+@dataclass
+class ModelParts:
+    """The wrapped model, what the loop calls forward on (the model or its compiled form),
+    the (wrapped) optimizer, precision, input memory format and the parameter count."""
+
+    model: nn.Module
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    precision: Precision
+    memory_format: torch.memory_format
+    parameters: int
+
+
+def make_optimizer(cfg: RunConfig) -> OptimizerFactory:
+    """SGD with the run's recipe, over whichever parameters the strategy hands it."""
+
+    def build(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(
+            params, lr=cfg.peak_lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay, **_OPTIMIZER_IMPL.get(cfg.optimizer_impl, {}),
+        )
+
+    return build
+
+
+def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
+    """The same initial weights on every rank and for every strategy (seeded here), then the
+    strategy's wrapping of model and optimizer."""
+    torch.manual_seed(cfg.seed)
+    model = resnet18_cifar(width=cfg.width)
+    parameters = count_parameters(model)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if strategy.device.type == "cuda":
+        torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+    precision = strategy.make_precision(cfg.precision)
+    model, optimizer = strategy.setup_model(
+        model, make_optimizer(cfg), syncbn=cfg.syncbn, precision=precision,
+        grad_accum=cfg.grad_accum,
+    )
+    return ModelParts(
+        model=model,
+        forward=torch.compile(model) if cfg.compile else model,
+        optimizer=optimizer,
+        precision=precision,
+        memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,
+        parameters=parameters,
+    )

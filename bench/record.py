@@ -1,0 +1,220 @@
+"""``RunRecord``: the layout of one run's JSON record, in one place.
+
+The launching process opens it (``skeleton``: what the plan knows) and closes it (``fail``,
+``unavailable``); global rank 0 alone fills it in between (``start``, ``add_epoch``,
+``finish``), writing it atomically after every change so a killed run keeps what it did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.config import REFERENCE_BATCH, RunConfig
+from bench.results import (
+    RECORD_VERSION,
+    capture_env,
+    read_record,
+    summarise_epochs,
+    utc_now,
+    write_atomic,
+)
+
+LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """One epoch's training, reduced over ranks (times: the slowest rank's once reduced)."""
+
+    train_time_s: float
+    train_loss: float
+    train_images: int
+    lr_last: float
+    step_time_p50_s: float
+    step_time_p90_s: float
+    step_losses: tuple[float, ...] = ()  # bench verify only: the global loss of every step
+
+
+@dataclass(frozen=True)
+class EvalStats:
+    """One exact evaluation over the whole test set."""
+
+    eval_time_s: float
+    top1: float
+    top5: float
+    test_loss: float
+    test_images: int
+
+
+class RunRecord:
+    """One run's record and its file."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.data = data
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        return cls(path, read_record(path))
+
+    @property
+    def status(self) -> str | None:
+        return self.data.get("status")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.data.get("summary") or {}
+
+    def write(self) -> None:
+        write_atomic(self.path, self.data)
+
+    # ---- the launching process ----------------------------------------------------------
+    @classmethod
+    def skeleton(cls, path: Path, *, cfg: RunConfig, run_id: str, launcher: str,
+                 device_type: str, replicas: int, processes: int, per_replica_batch: int,
+                 workers_per_replica: int, workers_per_process: int, precision: str,
+                 strategy_options: dict | None, command: list[str]) -> RunRecord:
+        """What is known before any rank starts; the ranks fill in the rest."""
+        return cls(path, {
+            "record_version": RECORD_VERSION,
+            "run_id": run_id,
+            "started_at": utc_now(),
+            "finished_at": None,
+            "status": "running",
+            "error": None,
+            "strategy": cfg.strategy,
+            "launcher": launcher,
+            "device": device_type,
+            "gpus_requested": cfg.gpus,
+            "world_size": replicas,
+            "processes": processes,
+            "nodes": cfg.nodes,
+            "precision": precision,
+            "norm": None,
+            "global_batch": cfg.batch_size,
+            "per_rank_batch": per_replica_batch,
+            "lr": cfg.peak_lr,
+            "base_lr": cfg.base_lr,
+            "lr_reference_batch": REFERENCE_BATCH,
+            "lr_schedule": LR_SCHEDULE,
+            "warmup_epochs": cfg.warmup_epochs,
+            "optimizer": {
+                "name": "SGD",
+                "momentum": cfg.momentum,
+                "nesterov": cfg.nesterov,
+                "weight_decay": cfg.weight_decay,
+            },
+            "epochs": cfg.epochs,
+            "dataset": None,
+            "train_size": None,
+            "test_size": None,
+            "seed": cfg.seed,
+            "workers_per_replica": workers_per_replica,
+            "workers_per_process": workers_per_process,
+            "syncbn_requested": cfg.syncbn,
+            "grad_accum": cfg.grad_accum,
+            "loader": cfg.loader,
+            "channels_last": cfg.channels_last,
+            "compile": cfg.compile,
+            "compile_time_s": None,
+            "optimizer_impl": cfg.optimizer_impl,
+            "cudnn_benchmark": cfg.cudnn_benchmark if device_type == "cuda" else None,
+            "ddp_options": strategy_options,
+            "tag": cfg.tag,
+            "command": command,
+            "config": cfg.to_dict(),
+            "env": capture_env(device_type),
+            "notes": [],
+            "per_epoch": [],
+            "summary": {},
+        })
+
+    def set_data(self, dataset: str, train_size: int, test_size: int,
+                 data_dir: str | None) -> None:
+        self.data.update(dataset=dataset, train_size=train_size, test_size=test_size)
+        if data_dir is not None:
+            self.data["data_dir"] = data_dir
+
+    def set_rendezvous(self, rendezvous: dict[str, Any]) -> None:
+        self.data["rendezvous"] = rendezvous
+
+    def unavailable(self, reason: str) -> None:
+        self.data.update(status="unavailable", error=reason, finished_at=utc_now())
+        self.write()
+
+    def fail(self, status: str, error: str | None) -> None:
+        """Close a run that did not finish: ``failed`` or ``interrupted``, and why."""
+        self.data.update(status=status, error=error, finished_at=utc_now())
+        self.write()
+
+    # ---- global rank 0 ------------------------------------------------------------------
+    def start(self, *, world_size: int, processes: int, norm: str, precision: str,
+              per_replica_batch: int, per_process_batch: int, grad_accum: int,
+              workers_per_process: int, threads_per_process: int, train_size: int,
+              test_size: int, steps_per_epoch: int, warmup_steps: int, width: float,
+              parameters: int, notes: list[str], compile_time_s: float | None) -> None:
+        """What the ranks found out while building the run; the epochs follow."""
+        micro_batch = per_replica_batch // grad_accum
+        self.data["compile_time_s"] = compile_time_s
+        self.data.update({
+            "status": "running",
+            "world_size": world_size,
+            "processes": processes,
+            "norm": norm,
+            "precision": precision,
+            # images behind each BatchNorm statistic (one micro-batch per replica, or all)
+            "bn_batch_size": micro_batch * (world_size if norm == "syncbn" else 1),
+            "per_rank_batch": per_replica_batch,
+            "per_process_batch": per_process_batch,
+            "grad_accum": grad_accum,
+            "micro_batch_per_replica": micro_batch,
+            "workers_per_process": workers_per_process,
+            "threads_per_process": threads_per_process,
+            "train_size": train_size,
+            "test_size": test_size,
+            "steps_per_epoch": steps_per_epoch,
+            "warmup_steps": warmup_steps,
+            "model": {"name": "resnet18-cifar", "width": width, "parameters": parameters},
+            "notes": self.data.get("notes", []) + notes,
+            "per_epoch": [],
+        })
+        self.write()
+
+    def add_epoch(self, epoch: int, train: TrainStats, evaluation: EvalStats,
+                  peak_mem_bytes: int, data_order_sha1: str) -> dict[str, Any]:
+        """Append epoch ``epoch`` (from 0; the first is the warm-up) and refresh the summary."""
+        entry = {
+            "epoch": epoch + 1,
+            "warmup": epoch == 0,
+            "train_time_s": train.train_time_s,
+            "eval_time_s": evaluation.eval_time_s,
+            "images_per_s": train.train_images / train.train_time_s,
+            "train_images": train.train_images,
+            "train_loss": train.train_loss,
+            "test_loss": evaluation.test_loss,
+            "top1": evaluation.top1,
+            "top5": evaluation.top5,
+            "test_images": evaluation.test_images,
+            "peak_mem_bytes": peak_mem_bytes,
+            "step_time_p50_s": train.step_time_p50_s,
+            "step_time_p90_s": train.step_time_p90_s,
+            "lr_last": train.lr_last,
+            "data_order_sha1": data_order_sha1,
+        }
+        self.data["per_epoch"] = [*self.data.get("per_epoch", []), entry]
+        self.data["summary"] = summarise_epochs(self.data["per_epoch"])
+        self.write()
+        return entry
+
+    def finish(self, replicas_identical: bool, param_fingerprint: list[float]) -> None:
+        self.data.update(replicas_identical=replicas_identical,
+                         param_fingerprint=param_fingerprint, status="ok",
+                         finished_at=utc_now())
+        self.write()
+
+    def finish_verify(self, norm: str, notes: list[str]) -> None:
+        """A ``bench verify`` run: no epochs recorded, only that it ran."""
+        self.data.update(status="ok", finished_at=utc_now(), norm=norm,
+                         notes=["bench verify run", *notes])
+        self.write()

@@ -1,0 +1,77 @@
+"""A run's scratch folder: the files through which ranks talk to the process that launched
+them. One place names them, for the worker, the runner and the launchers alike."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
+    ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.txt`` (first line,
+    then the traceback), and ``rank0-here`` (global rank 0 ran on this machine)."""
+
+    root: Path
+
+    @classmethod
+    def create(cls, run_id: str) -> Scratch:
+        return cls(Path(tempfile.mkdtemp(prefix=f"bench-{run_id}-")))
+
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def rank0_here(self) -> Path:
+        return self.root / "rank0-here"
+
+    def pid(self, rank: int | str) -> Path:
+        return self.root / f"pid-rank{rank}"
+
+    def beat(self, rank: int | str) -> Path:
+        return self.root / f"beat-rank{rank}"
+
+    def error(self, rank: int | str) -> Path:
+        return self.root / f"error-rank{rank}.txt"
+
+    def pids(self) -> list[Path]:
+        return list(self.root.glob("pid-rank*"))
+
+    def beats(self) -> list[tuple[str, Path]]:
+        """(rank, heartbeat file) for every rank that has beaten."""
+        return [(p.name.removeprefix("beat-rank"), p) for p in self.root.glob("beat-rank*")]
+
+    def errors(self) -> list[tuple[str, Path]]:
+        """(rank, error file), oldest first: the first is the failure, the rest followed."""
+        files = sorted(self.root.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
+        return [(p.stem.removeprefix("error-rank"), p) for p in files]
+
+
+class Heartbeat:
+    """Touches this rank's ``beat-rank{r}`` (with the current phase) at most once a second, so
+    the launcher's watchdog can tell a slow rank from a stuck one. It owns the rank's phase:
+    the error report names it."""
+
+    def __init__(self, scratch: Scratch) -> None:
+        self.scratch = scratch
+        self.phase = "start-up"
+        self.path: Path | None = None  # no file until the rank is known
+        self.last = 0.0
+
+    def bind(self, rank: int) -> None:
+        """Beat for this rank from now on (once the strategy has joined its group)."""
+        self.path = self.scratch.beat(rank) if self.scratch.exists() else None
+
+    def __call__(self, phase: str, force: bool = False) -> None:
+        self.phase = phase
+        now = time.monotonic()
+        if self.path is not None and (force or now - self.last >= 1.0):
+            self.last = now
+            self.path.write_text(phase)

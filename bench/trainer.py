@@ -1,0 +1,367 @@
+"""The training loop of one rank, the same for every strategy and world size: train an epoch,
+evaluate, record. It never names a strategy; what differs lives in the strategy object."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.config import RunConfig
+from bench.faults import Fault
+from bench.loaders import Loaders, global_order_digest
+from bench.parts import ModelParts
+from bench.record import EvalStats, RunRecord, TrainStats
+from bench.scratch import Heartbeat
+from strategies.base import Strategy
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
+    """Linear warm-up from peak/warmup_steps to peak, then cosine decay to 0, per step."""
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return 0.5 * peak_lr * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """How the global batch is cut: per model replica, per process (DataParallel drives
+    several replicas from one), and per micro-step of gradient accumulation."""
+
+    per_replica: int
+    per_process: int
+    micro: int
+
+    @classmethod
+    def of(cls, global_batch: int, grad_accum: int, strategy: Strategy) -> BatchSplit:
+        per_process = global_batch // strategy.world_size
+        return cls(global_batch // strategy.replicas, per_process, per_process // grad_accum)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _mark(cuda: bool):
+    """A step boundary: a CUDA event (no host sync) on GPU, the clock on CPU."""
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _sync(strategy: Strategy) -> None:
+    if strategy.device.type == "cuda":
+        for device in strategy.process_devices():
+            torch.cuda.synchronize(device)
+
+
+def peak_memory(strategy: Strategy) -> int:
+    """The largest GPU's max-allocated bytes; on CPU this process's peak RSS."""
+    if strategy.device.type == "cuda":
+        return max(torch.cuda.max_memory_allocated(d) for d in strategy.process_devices())
+    # ru_maxrss is in KiB on Linux: the peak resident set of this process so far.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter gathered whole; others as they are. Collective."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+@torch.no_grad()
+def replica_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[bool, list[float]]:
+    """Whether every rank ends with bit-identical parameters, checked through three float64
+    fingerprints whose max and min over ranks must agree. Collective."""
+    params = [_full(p.detach()).double().reshape(-1)
+              for p in strategy.eval_module(model).parameters()]
+    flat = torch.cat(params)
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
+    local = torch.stack([flat.sum(), (flat * flat).sum(), (flat * weights).sum()])
+    high, low = local.clone(), -local
+    strategy.all_reduce(high, "max")
+    strategy.all_reduce(low, "max")
+    return bool(torch.equal(high, -low)), high.tolist()
+
+
+class Trainer:
+    """Runs the epochs of one rank. Its parts: the run's ``cfg``, the ``strategy`` (what
+    happens inside a rank), ``parts`` (model, optimizer, precision), ``loaders``, the batch
+    ``split``, the ``record`` (global rank 0 only, else None), the ``heartbeat`` and an
+    optional injected ``fault``."""
+
+    def __init__(self, cfg: RunConfig, strategy: Strategy, parts: ModelParts, loaders: Loaders,
+                 split: BatchSplit, record: RunRecord | None, heartbeat: Heartbeat,
+                 fault: Fault | None, threads: int, workers: int) -> None:
+        self.cfg, self.strategy, self.parts, self.loaders = cfg, strategy, parts, loaders
+        self.split, self.record, self.beat, self.fault = split, record, heartbeat, fault
+        self.threads, self.workers = threads, workers
+        self.criterion = nn.CrossEntropyLoss()
+        self.steps_per_epoch = len(loaders.train) // cfg.grad_accum  # optimizer steps
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
+
+    def run(self) -> None:
+        if self.cfg.verify_steps is not None:
+            self.run_verify()
+            return
+        compile_time = self.compile_warm_up()
+        self.start_record(compile_time)
+        for epoch in range(self.cfg.epochs):
+            train, evaluation, memory = slowest_rank(self.strategy, self.train_epoch(epoch),
+                                                    self.evaluate())
+            if self.record is not None:
+                digest = global_order_digest(range(self.loaders.train_size), self.cfg.seed,
+                                             epoch, self.strategy.world_size,
+                                             self.split.per_process)
+                entry = self.record.add_epoch(epoch, train, evaluation, memory, digest)
+                print(epoch_line(self.cfg.strategy, self.cfg.epochs, entry), flush=True)
+        identical, fingerprint = replica_fingerprint(self.strategy, self.parts.model)
+        if self.record is not None:
+            self.record.finish(identical, fingerprint)
+
+    def start_record(self, compile_time: float | None) -> None:
+        s = self.strategy
+        if self.record is None:
+            return
+        self.record.start(
+            world_size=s.replicas, processes=s.world_size, norm=s.norm,
+            precision=self.parts.precision.label, per_replica_batch=self.split.per_replica,
+            per_process_batch=self.split.per_process, grad_accum=self.cfg.grad_accum,
+            workers_per_process=self.workers, threads_per_process=self.threads,
+            train_size=self.loaders.train_size, test_size=self.loaders.test_size,
+            steps_per_epoch=self.steps_per_epoch, warmup_steps=self.warmup_steps,
+            width=self.cfg.width, parameters=self.parts.parameters, notes=s.notes,
+            compile_time_s=compile_time,
+        )
+
+    # ------------------------------------------------------------------ one epoch
+    def train_epoch(self, epoch: int) -> TrainStats:
+        s, cfg, parts = self.strategy, self.cfg, self.parts
+        optimizer, precision = parts.optimizer, parts.precision
+        self.loaders.sampler.set_epoch(epoch)
+        parts.model.train()
+        step_losses: list[float] = []
+        loss_sum = torch.zeros((), device=s.device)
+        seen = 0
+        cuda = s.device.type == "cuda"
+        if cuda:
+            for device in s.process_devices():
+                torch.cuda.reset_peak_memory_stats(device)
+        bar = progress_bar(self.record is not None and cfg.progress, self.steps_per_epoch,
+                           epoch, cfg.epochs)
+        step = epoch * self.steps_per_epoch
+        self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
+        s.barrier()
+        _sync(s)
+        start = time.perf_counter()
+        marks: list[Any] = [_mark(cuda)]
+        # ---- timed region: no host syncs, no logging collectives ----
+        accum, verifying = cfg.grad_accum, cfg.verify_steps is not None
+        step_loss = torch.zeros((), device=s.device)
+        for micro, (images, labels) in enumerate(self.loaders.train):
+            if micro >= self.steps_per_epoch * accum:
+                break  # an incomplete group of micro-batches at the end is dropped
+            first, last = micro % accum == 0, micro % accum == accum - 1
+            if first:
+                self.beat(f"train epoch {epoch + 1} step {step + 1}")
+                if self.fault:
+                    self.fault.maybe_fire(s.rank, step + 1)
+                lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                optimizer.zero_grad()  # set_to_none by default (Horovod takes no args)
+            images = images.to(s.device, non_blocking=True, memory_format=parts.memory_format)
+            labels = labels.to(s.device, non_blocking=True)
+            # Micro-steps before the last skip the gradient all-reduce (DDP no_sync).
+            with contextlib.nullcontext() if last else s.no_sync(parts.model):
+                with precision.autocast():
+                    loss = self.criterion(parts.forward(images), labels)
+                s.backward(loss / accum, optimizer, precision, last=last)
+            batch_loss = loss.detach().float() * labels.numel()
+            loss_sum += batch_loss
+            seen += labels.numel()
+            if verifying:
+                step_loss += batch_loss
+            if not last:
+                continue
+            s.step(optimizer, precision)
+            step += 1
+            marks.append(_mark(cuda))
+            if bar is not None:
+                bar.update()
+            if verifying:  # not a timed run: per-step global loss, then stop at K steps
+                step_losses.append(global_mean(s, step_loss, self.split.per_process))
+                step_loss = torch.zeros((), device=s.device)
+                if step >= cfg.verify_steps:
+                    break
+        _sync(s)
+        train_time = time.perf_counter() - start
+        # ---- end of timed region ----
+        if cuda:
+            step_times = [a.elapsed_time(b) / 1000 for a, b in zip(marks, marks[1:])]
+        else:
+            step_times = [b - a for a, b in zip(marks, marks[1:])]
+        self.beat(f"train epoch {epoch + 1} (end)", force=True)
+        if bar is not None:
+            bar.close()
+        totals = torch.stack([loss_sum, torch.tensor(float(seen), device=s.device)])
+        s.all_reduce(totals, "sum")
+        return TrainStats(
+            train_time_s=train_time,
+            train_loss=(totals[0] / totals[1]).item(),
+            train_images=int(totals[1].item()),
+            lr_last=lr,
+            step_time_p50_s=_percentile(step_times, 0.5),
+            step_time_p90_s=_percentile(step_times, 0.9),
+            step_losses=tuple(step_losses),
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalStats:
+        s = self.strategy
+        net = s.eval_module(self.parts.model)
+        s.broadcast_buffers(net)
+        net.eval()
+        totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
+        _sync(s)
+        start = time.perf_counter()
+        for batch, (images, labels, valid) in enumerate(self.loaders.test):
+            self.beat(f"eval batch {batch + 1}")
+            images = images.to(s.device, non_blocking=True)
+            labels = labels.to(s.device, non_blocking=True)
+            valid = valid.to(s.device, non_blocking=True)
+            with self.parts.precision.autocast():
+                logits = net(images)
+            logits = logits.float()
+            top5 = logits.topk(5, dim=1).indices
+            hits = (top5 == labels[:, None]) & valid[:, None]
+            totals[0] += hits[:, 0].sum()
+            totals[1] += hits.any(dim=1).sum()
+            totals[2] += valid.sum()
+            losses = nn.functional.cross_entropy(logits, labels, reduction="none")
+            totals[3] += (losses * valid).sum()
+        _sync(s)
+        eval_time = time.perf_counter() - start
+        s.all_reduce(totals, "sum")
+        count = int(totals[2].item())
+        return EvalStats(eval_time_s=eval_time, top1=totals[0].item() / count,
+                         top5=totals[1].item() / count, test_loss=totals[3].item() / count,
+                         test_images=count)
+
+    # ------------------------------------------------------------------ around the epochs
+    def compile_warm_up(self) -> float | None:
+        """With --compile: compile on one batch (forward + backward, no step; BatchNorm
+        buffers restored) before the timed epochs. Returns the seconds it took."""
+        if not self.cfg.compile:
+            return None
+        s, parts = self.strategy, self.parts
+        self.beat("compile", force=True)
+        module = getattr(parts.model, "module", parts.model)
+        saved = [b.detach().clone() for b in module.buffers()]
+        images, labels = next(iter(self.loaders.train))[:2]
+        images = images.to(s.device, memory_format=parts.memory_format)
+        labels = labels.to(s.device)
+        _sync(s)
+        start = time.perf_counter()
+        with parts.precision.autocast():
+            loss = self.criterion(parts.forward(images), labels)
+        s.backward(loss, parts.optimizer, parts.precision)
+        _sync(s)
+        seconds = time.perf_counter() - start
+        parts.optimizer.zero_grad()
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), saved):
+                buffer.copy_(value)
+        if parts.precision.scaler is not None:  # forget the warm-up's scaling state
+            parts.precision.scaler.update(parts.precision.scaler.get_scale())
+        return seconds
+
+    def run_verify(self) -> None:
+        """bench verify: K steps, then rank 0 saves per-step losses and final parameters."""
+        train = self.train_epoch(0)
+        state = verify_state(self.parts.model)  # collective under FSDP: every rank
+        if self.record is not None:
+            save_verify_outputs(Path(self.cfg.verify_dir), train, state, self.strategy,
+                                self.parts.precision.label, self.cfg.grad_accum)
+            self.record.finish_verify(self.strategy.norm, self.strategy.notes)
+
+
+def global_mean(strategy: Strategy, local_sum: torch.Tensor, local_count: int) -> float:
+    """Sum over ranks of ``local_sum`` divided by the summed counts. Collective."""
+    pair = torch.stack([local_sum, torch.tensor(float(local_count), device=strategy.device)])
+    strategy.all_reduce(pair, "sum")
+    return (pair[0] / pair[1]).item()
+
+
+def slowest_rank(strategy: Strategy, train: TrainStats,
+                 evaluation: EvalStats) -> tuple[TrainStats, EvalStats, int]:
+    """Times and peak memory of the slowest rank: a step is as slow as the slowest.
+    Collective."""
+    memory = peak_memory(strategy) if (strategy.device.type == "cuda" or strategy.is_main) else 0
+    times = torch.tensor(
+        [train.train_time_s, evaluation.eval_time_s, float(memory),
+         train.step_time_p50_s, train.step_time_p90_s],
+        device=strategy.device, dtype=torch.float64,
+    )
+    strategy.all_reduce(times, "max")
+    train = dataclasses.replace(train, train_time_s=times[0].item(),
+                                step_time_p50_s=times[3].item(),
+                                step_time_p90_s=times[4].item())
+    evaluation = dataclasses.replace(evaluation, eval_time_s=times[1].item())
+    return train, evaluation, int(times[2].item())
+
+
+def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
+    """tqdm over one epoch's steps (rank 0 only), or None."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step",
+                disable=None)
+
+
+def epoch_line(strategy: str, epochs: int, entry: dict[str, Any]) -> str:
+    return (
+        f"[{strategy}] epoch {entry['epoch']}/{epochs}  "
+        f"train {entry['train_time_s']:.2f}s  {entry['images_per_s']:.0f} img/s  "
+        f"loss {entry['train_loss']:.3f}  top1 {100 * entry['top1']:.2f}%  "
+        f"top5 {100 * entry['top5']:.2f}%"
+    )
+
+
+def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Final parameters of the unwrapped model (DP, DDP, apex), gathered whole, fp32 on CPU."""
+    module = getattr(model, "module", model)
+    return {k: _full(v.detach()).float().cpu() for k, v in module.named_parameters()}
+
+
+def save_verify_outputs(out: Path, train: TrainStats, state: dict[str, torch.Tensor],
+                        strategy: Strategy, precision: str, grad_accum: int) -> None:
+    """What ``bench verify`` compares with its reference: per-step losses and parameters,
+    and how the strategy cut the batch (its BatchNorm grouping)."""
+    torch.save(state, out / "params.pt")
+    (out / "losses.json").write_text(json.dumps({
+        "losses": list(train.step_losses), "precision": precision, "norm": strategy.norm,
+        "world_size": strategy.replicas, "processes": strategy.world_size,
+        "grad_accum": grad_accum,
+    }))
