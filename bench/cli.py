@@ -168,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--strategies", default=None, help="comma-separated (default: all)")
     verify.add_argument("--gpus", type=int, default=2, help="world size (default 2)")
-    verify.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    verify.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    verify.add_argument("--self-test", action="store_true",
+                        help="show the check's power: break one strategy (--strategies, "
+                             "default ddp) in five known ways; each must fail")
     slurm = sub.add_parser(
         "slurm", help="write (and optionally submit) an sbatch script for a multi-node run",
         description="Any other option is a `bench run` option, passed to every task.",
@@ -293,17 +296,20 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
 
 def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     from bench.sweep import parse_list
-    from bench.verify import default_strategies, run_verify
+    from bench.verify import VERIFY_WIDTH, default_strategies, run_self_test, run_verify
 
-    if not any(a == "--data" or a.startswith("--data=") for a in run_args):
-        run_args = ["--data", "synthetic", *run_args]
+    for flag, default in (("--data", "synthetic"), ("--width", VERIFY_WIDTH)):
+        if not any(a == flag or a.startswith(flag + "=") for a in run_args):
+            run_args = [flag, default, *run_args]
     run = build_parser().parse_args(
         ["run", "--strategy", "ddp", "--gpus", str(args.gpus), *run_args]
     )
-    names = parse_list(args.strategies, "--strategies") if args.strategies else (
-        default_strategies()
-    )
-    return run_verify(config_from_args(run), names, args.steps)
+    names = parse_list(args.strategies, "--strategies") if args.strategies else None
+    if args.self_test:
+        if names is not None and len(names) != 1:
+            raise ConfigError("--self-test breaks one strategy: give one name to --strategies")
+        return run_self_test(config_from_args(run), (names or ["ddp"])[0], args.steps)
+    return run_verify(config_from_args(run), names or default_strategies(), args.steps)
 
 
 def main(argv: list[str] | None = None) -> int:

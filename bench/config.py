@@ -140,6 +140,7 @@ class RunConfig:
     # write per-step losses and final parameters to verify_dir.
     verify_steps: int | None = None
     verify_dir: str | None = None
+    verify_float64: bool = False  # model, data and loss in float64 (fp32 strategies)
 
     @property
     def strategy_options(self) -> StrategyOptions:

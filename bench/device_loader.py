@@ -31,7 +31,8 @@ def random_crop_flip(padded: torch.Tensor, top: torch.Tensor, left: torch.Tensor
 
 
 class DeviceLoader:
-    """Iterates (images, labels[, valid]) batches from device-resident uint8 data."""
+    """Iterates device-resident uint8 data: training batches ``(images, labels, indices)``
+    (the sample indices served), test batches ``(images, labels, valid)``."""
 
     def __init__(self, images: ImageSet, device: torch.device, batch_size: int, *,
                  train: bool, augment: bool = True, seed: int = 0, world_size: int = 1,
@@ -68,14 +69,14 @@ class DeviceLoader:
             for k in range(len(self)):
                 idx = order[k * self.batch_size : (k + 1) * self.batch_size]
                 if not self.augment:
-                    yield self._normalise(self.pixels[idx]), self.labels[idx]
+                    yield self._normalise(self.pixels[idx]), self.labels[idx], idx
                     continue
                 n = idx.numel()
                 offsets = torch.randint(0, 9, (2, n), device=self.device,
                                         generator=self.generator)
                 flip = torch.rand(n, device=self.device, generator=self.generator) < 0.5
                 crops = random_crop_flip(self.pixels[idx], offsets[0], offsets[1], flip)
-                yield self._normalise(crops), self.labels[idx]
+                yield self._normalise(crops), self.labels[idx], idx
             return
         indices = self.indices or []
         for k in range(len(self)):

@@ -1,10 +1,14 @@
-"""``BENCH_FAULT``: a test hook that makes one rank fail for real at a chosen step."""
+"""Test hooks that break a run for real: ``BENCH_FAULT`` makes one rank fail (raise or hang)
+at a chosen step; ``BENCH_INJECT_DEFECT`` makes training silently wrong in one named way, so
+that the checks meant to catch such mistakes can show that they do."""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -34,3 +38,74 @@ class Fault:
         while True:  # hang: never reach the next collective
             time.sleep(60)
 
+
+
+DEFECT_ENV = "BENCH_INJECT_DEFECT"
+# Silent defects, each one a classic data-parallel mistake; ``bench verify --self-test`` and
+# the data-order tests inject them to show that the checks catch them.
+DEFECTS = {
+    "sum-gradients": "gradients summed over ranks instead of averaged",
+    "skip-allreduce": "the gradient all-reduce of one step skipped (DDP)",
+    "bn-grouping": "BatchNorm over half of each replica's batch (grouping ignored)",
+    "batch-order": "another global batch order with the same seed and weights",
+    "lr-world-size": "learning rate scaled by the world size on top of the global batch",
+    "no-set-epoch": "the sampler's set_epoch never called (every epoch the same order)",
+    "swap-shards": "ranks take each other's shard of the sampler",
+}
+
+
+def defect_from_env() -> str | None:
+    """The defect named by ``BENCH_INJECT_DEFECT`` (a test hook, never set by bench itself;
+    a run with one says so in its record's notes)."""
+    name = os.environ.get(DEFECT_ENV)
+    if not name:
+        return None
+    if name not in DEFECTS:
+        raise ValueError(f"{DEFECT_ENV} must be one of {', '.join(DEFECTS)}, got {name!r}")
+    return name
+
+
+def inject_defect(name: str, parts, sampler, strategy) -> None:
+    """Break one rank's training on purpose, before the first step, by wrapping the pieces
+    the loop uses (the loop itself carries no defect code)."""
+    world = strategy.world_size
+    strategy.notes.append(f"DEFECT INJECTED ({DEFECT_ENV}={name}): {DEFECTS[name]}")
+    optimizer_step = parts.optimizer.step
+    if name == "sum-gradients":
+        def step(*args, **kwargs):
+            for group in parts.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(world)
+            return optimizer_step(*args, **kwargs)
+        parts.optimizer.step = step
+    elif name == "lr-world-size":
+        def step(*args, **kwargs):
+            for group in parts.optimizer.param_groups:
+                group["lr"] *= world
+            return optimizer_step(*args, **kwargs)
+        parts.optimizer.step = step
+    elif name in ("skip-allreduce", "bn-grouping"):
+        parts.forward = _broken_forward(name, parts.forward, parts.model)
+    elif name == "batch-order":
+        set_epoch = sampler.set_epoch
+        sampler.set_epoch = lambda epoch: set_epoch(epoch + 1)
+    elif name == "no-set-epoch":
+        sampler.set_epoch = lambda epoch: None
+    elif name == "swap-shards":
+        sampler.rank = world - 1 - sampler.rank
+
+
+def _broken_forward(name: str, forward, model):
+    calls = [0]
+
+    def broken(images):
+        calls[0] += 1
+        if name == "bn-grouping":
+            half = len(images) // 2
+            return torch.cat([forward(images[:half]), forward(images[half:])])
+        # skip-allreduce: DDP reads this flag in forward; off for the second step only.
+        model.require_backward_grad_sync = calls[0] != 2
+        return forward(images)
+
+    return broken

@@ -7,13 +7,29 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.config import RunConfig
 from bench.data import CifarTensorDataset, load_split
 from bench.device_loader import DeviceLoader
-from strategies.base import Strategy, epoch_sampler
+from strategies.base import Strategy
+
+
+class Indexed(Dataset):
+    """A training set whose items also carry their sample index, so that the loop can
+    prove which samples it was served (``data_order_sha1``)."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        image, label = self.base[index]
+        return image, label, index
 
 
 class EvalShard(Dataset):
@@ -33,8 +49,8 @@ class EvalShard(Dataset):
 
 @dataclass
 class Loaders:
-    """What the trainer iterates: train batches (their sampler takes ``set_epoch``) and
-    test batches ``(images, labels, valid)``."""
+    """What the trainer iterates: train batches ``(images, labels, indices)`` (their sampler
+    takes ``set_epoch``) and test batches ``(images, labels, valid)``."""
 
     train: Iterable
     test: Iterable
@@ -67,7 +83,7 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     train_set = CifarTensorDataset(train_images, augment=augment)
     sampler = strategy.train_sampler(train_set, cfg.seed)
     train = DataLoader(
-        train_set, batch_size=micro_batch, sampler=sampler, drop_last=True,
+        Indexed(train_set), batch_size=micro_batch, sampler=sampler, drop_last=True,
         num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(aug_seed),
     )
@@ -79,19 +95,34 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     return Loaders(train, test, sampler, len(train_images), len(test_images))
 
 
-def global_order_digest(dataset, seed: int, epoch: int, world_size: int, per_rank: int) -> str:
-    """SHA-1 of the sequence of global batches (each as a sorted set of sample indices).
-    Equal digests mean two runs trained on exactly the same batches in the same order."""
-    per_rank_indices = []
-    for rank in range(world_size):
-        sampler = epoch_sampler(dataset, seed, world_size, rank)
-        sampler.set_epoch(epoch)
-        per_rank_indices.append(list(sampler))
-    steps = len(per_rank_indices[0]) // per_rank
-    digest = hashlib.sha1()
-    for step in range(steps):
-        batch = sorted(
-            i for idx in per_rank_indices for i in idx[step * per_rank : (step + 1) * per_rank]
-        )
-        digest.update(",".join(map(str, batch)).encode() + b";")
-    return digest.hexdigest()
+_LANE_SALTS = (0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89)
+
+
+def _splitmix64(keys: np.ndarray) -> np.ndarray:
+    """A well-mixed 64-bit hash of each key (uint64 arithmetic wraps, as intended)."""
+    z = keys + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def served_order_lanes(indices: np.ndarray, rank: int, world_size: int) -> list[int]:
+    """This rank's share of an order-sensitive multiset hash of the epoch's training sequence.
+
+    The j-th sample a rank was served stands at position ``rank + world_size * j`` of the
+    one-process sequence (how DistributedSampler deals positions out), so each served item
+    is a pair (position, sample index). Summing a 36-bit hash of every pair over ranks gives
+    the same lanes whatever the world size, exactly when the same samples were trained at the
+    same positions; sums stay below 2**53, so a float64 all-reduce adds them exactly."""
+    with np.errstate(over="ignore"):
+        positions = np.uint64(rank) + np.uint64(world_size) * np.arange(len(indices),
+                                                                        dtype=np.uint64)
+        keys = (positions << np.uint64(32)) | indices.astype(np.uint64)
+        return [int((_splitmix64(keys ^ np.uint64(salt)) >> np.uint64(28)).sum())
+                for salt in _LANE_SALTS]
+
+
+def order_digest(lanes: list[float], count: int) -> str:
+    """The record's ``data_order_sha1`` from the lanes summed over ranks."""
+    text = ",".join(str(int(v)) for v in lanes) + f";{count}"
+    return hashlib.sha1(text.encode()).hexdigest()

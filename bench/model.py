@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
@@ -72,3 +75,19 @@ def resnet18_cifar(num_classes: int = 100, width: float = 1.0) -> ResNetCifar:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def params_sha1(params: Iterable[torch.Tensor]) -> str:
+    """SHA-1 of the parameters' exact fp32 values in order: equal only for identical weights,
+    whatever device, memory format or thread count they were computed with."""
+    digest = hashlib.sha1()
+    for p in params:
+        digest.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def initial_params_sha1(seed: int, width: float) -> str:
+    """What every run of this seed and width must start from (the reference for 'same
+    start'): the weights ``resnet18_cifar`` draws after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return params_sha1(resnet18_cifar(width=width).parameters())

@@ -27,6 +27,7 @@ class ModelParts:
     precision: Precision
     memory_format: torch.memory_format
     parameters: int
+    dtype: torch.dtype  # of parameters and inputs: float32, or float64 under bench verify
 
 
 def make_optimizer(cfg: RunConfig) -> OptimizerFactory:
@@ -42,11 +43,13 @@ def make_optimizer(cfg: RunConfig) -> OptimizerFactory:
 
 
 def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
-    """The same initial weights on every rank and for every strategy (seeded here), then the
-    strategy's wrapping of model and optimizer."""
+    """The same initial weights on every rank and for every strategy (seeded here, as
+    ``bench.model.initial_params_sha1`` assumes), then the strategy's wrapping."""
     torch.manual_seed(cfg.seed)
     model = resnet18_cifar(width=cfg.width)
     parameters = count_parameters(model)
+    dtype = torch.float64 if cfg.verify_float64 else torch.float32
+    model = model.to(dtype)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if strategy.device.type == "cuda":
@@ -63,4 +66,5 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
         precision=precision,
         memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,
         parameters=parameters,
+        dtype=dtype,
     )

@@ -33,6 +33,7 @@ class TrainStats:
     lr_last: float
     step_time_p50_s: float
     step_time_p90_s: float
+    data_order_sha1: str  # of the samples every rank's loader served, in order
     step_losses: tuple[float, ...] = ()  # bench verify only: the global loss of every step
 
 
@@ -153,7 +154,8 @@ class RunRecord:
               per_replica_batch: int, per_process_batch: int, grad_accum: int,
               workers_per_process: int, threads_per_process: int, train_size: int,
               test_size: int, steps_per_epoch: int, warmup_steps: int, width: float,
-              parameters: int, notes: list[str], compile_time_s: float | None) -> None:
+              parameters: int, notes: list[str], compile_time_s: float | None,
+              initial_param_fingerprint: str, initial_replicas_identical: bool | None) -> None:
         """What the ranks found out while building the run; the epochs follow."""
         micro_batch = per_replica_batch // grad_accum
         self.data["compile_time_s"] = compile_time_s
@@ -177,12 +179,15 @@ class RunRecord:
             "warmup_steps": warmup_steps,
             "model": {"name": "resnet18-cifar", "width": width, "parameters": parameters},
             "notes": self.data.get("notes", []) + notes,
+            # SHA-1 of the parameters before step 1: same seed and width, same value
+            "initial_param_fingerprint": initial_param_fingerprint,
+            "initial_replicas_identical": initial_replicas_identical,
             "per_epoch": [],
         })
         self.write()
 
     def add_epoch(self, epoch: int, train: TrainStats, evaluation: EvalStats,
-                  peak_mem_bytes: int, data_order_sha1: str) -> dict[str, Any]:
+                  peak_mem_bytes: int) -> dict[str, Any]:
         """Append epoch ``epoch`` (from 0; the first is the warm-up) and refresh the summary."""
         entry = {
             "epoch": epoch + 1,
@@ -200,7 +205,7 @@ class RunRecord:
             "step_time_p50_s": train.step_time_p50_s,
             "step_time_p90_s": train.step_time_p90_s,
             "lr_last": train.lr_last,
-            "data_order_sha1": data_order_sha1,
+            "data_order_sha1": train.data_order_sha1,
         }
         self.data["per_epoch"] = [*self.data.get("per_epoch", []), entry]
         self.data["summary"] = summarise_epochs(self.data["per_epoch"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -21,6 +22,7 @@ COLUMNS = [
     ("precision", "precision"),
     ("grad_accum", "accum"),
     ("norm", "norm"),
+    ("same_start", "same start"),
     ("runs", "runs"),
     ("epoch_time_s", "epoch time (s, median)"),
     ("epoch_time_spread_s", "spread (s, max-min)"),
@@ -52,6 +54,31 @@ def workload(rec: dict[str, Any]) -> str:
     )
 
 
+@functools.cache
+def _reference_start(seed: int, width: float) -> str:
+    from bench.model import initial_params_sha1
+
+    return initial_params_sha1(seed, width)
+
+
+def same_start(rec: dict[str, Any]) -> bool | None:
+    """Whether the run started from the weights its seed and width define (rank 0's
+    parameters before step 1, every rank alike); None for records without the fingerprint."""
+    sha1 = rec.get("initial_param_fingerprint")
+    if not sha1:
+        return None
+    width = (rec.get("model") or {}).get("width", 1.0)
+    agreed = rec.get("initial_replicas_identical") is not False
+    return agreed and sha1 == _reference_start(int(rec.get("seed", 0)), float(width))
+
+
+def _all_same_start(values) -> str | None:
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return "✓" if all(known) and len(known) == len(values) else "✗"
+
+
 def run_rows(records: list[dict[str, Any]]):
     """One row per record; epoch times exclude the first (warm-up) epoch."""
     import pandas as pd
@@ -70,6 +97,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "precision": rec.get("precision"),
                 "grad_accum": rec.get("grad_accum", 1),
                 "norm": rec.get("norm"),
+                "same_start": same_start(rec),
                 "status": rec.get("status"),
                 "error": rec.get("error"),
                 "dataset": rec.get("dataset"),
@@ -104,6 +132,7 @@ def summary_table(records: list[dict[str, Any]]):
         row.update(
             processes=use["processes"].iloc[-1],
             norm=use["norm"].iloc[-1],
+            same_start=_all_same_start(list(ok["same_start"])),
             runs=len(ok),
             epoch_time_s=_median(list(ok["epoch_time_s"])),
             epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else math.nan,

@@ -27,6 +27,7 @@ RECORD_FIELDS = (
     "steps_per_epoch", "model", "command", "config", "env", "notes", "per_epoch", "summary",
     "replicas_identical", "param_fingerprint", "grad_accum", "loader", "channels_last",
     "compile", "compile_time_s", "optimizer_impl", "cudnn_benchmark",
+    "initial_param_fingerprint", "initial_replicas_identical",
 )
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",

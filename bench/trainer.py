@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from bench.config import RunConfig
 from bench.faults import Fault
-from bench.loaders import Loaders, global_order_digest
+from bench.loaders import Loaders, order_digest, served_order_lanes
+from bench.model import params_sha1
 from bench.parts import ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
 from bench.scratch import Heartbeat
@@ -88,9 +90,10 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def replica_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[bool, list[float]]:
+def replica_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[bool | None, list[float]]:
     """Whether every rank ends with bit-identical parameters, checked through three float64
-    fingerprints whose max and min over ranks must agree. Collective."""
+    fingerprints whose max and min over ranks must agree (None where parameters are sharded,
+    so that gathering them makes them equal by construction). Collective."""
     params = [_full(p.detach()).double().reshape(-1)
               for p in strategy.eval_module(model).parameters()]
     flat = torch.cat(params)
@@ -99,7 +102,22 @@ def replica_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[bool, lis
     high, low = local.clone(), -local
     strategy.all_reduce(high, "max")
     strategy.all_reduce(low, "max")
-    return bool(torch.equal(high, -low)), high.tolist()
+    identical = bool(torch.equal(high, -low)) if strategy.replicates_parameters else None
+    return identical, high.tolist()
+
+
+@torch.no_grad()
+def initial_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[str, bool | None]:
+    """SHA-1 of rank 0's parameters as set up (broadcasts included, before any step), and
+    whether every rank holds the same (None where parameters are sharded). Collective."""
+    sha1 = params_sha1(_full(p) for p in strategy.eval_module(model).parameters())
+    mine = torch.tensor([float(int(sha1[:12], 16))], dtype=torch.float64,
+                        device=strategy.device)  # 48 bits: exact in float64
+    high, low = mine.clone(), -mine
+    strategy.all_reduce(high, "max")
+    strategy.all_reduce(low, "max")
+    same = bool(torch.equal(high, -low)) if strategy.replicates_parameters else None
+    return sha1, same
 
 
 class Trainer:
@@ -123,22 +141,21 @@ class Trainer:
         if self.cfg.verify_steps is not None:
             self.run_verify()
             return
+        start = initial_fingerprint(self.strategy, self.parts.model)
         compile_time = self.compile_warm_up()
-        self.start_record(compile_time)
+        self.start_record(compile_time, *start)
         for epoch in range(self.cfg.epochs):
             train, evaluation, memory = slowest_rank(self.strategy, self.train_epoch(epoch),
                                                     self.evaluate())
             if self.record is not None:
-                digest = global_order_digest(range(self.loaders.train_size), self.cfg.seed,
-                                             epoch, self.strategy.world_size,
-                                             self.split.per_process)
-                entry = self.record.add_epoch(epoch, train, evaluation, memory, digest)
+                entry = self.record.add_epoch(epoch, train, evaluation, memory)
                 print(epoch_line(self.cfg.strategy, self.cfg.epochs, entry), flush=True)
         identical, fingerprint = replica_fingerprint(self.strategy, self.parts.model)
         if self.record is not None:
             self.record.finish(identical, fingerprint)
 
-    def start_record(self, compile_time: float | None) -> None:
+    def start_record(self, compile_time: float | None, initial_sha1: str,
+                     initial_identical: bool | None) -> None:
         s = self.strategy
         if self.record is None:
             return
@@ -150,7 +167,8 @@ class Trainer:
             train_size=self.loaders.train_size, test_size=self.loaders.test_size,
             steps_per_epoch=self.steps_per_epoch, warmup_steps=self.warmup_steps,
             width=self.cfg.width, parameters=self.parts.parameters, notes=s.notes,
-            compile_time_s=compile_time,
+            compile_time_s=compile_time, initial_param_fingerprint=initial_sha1,
+            initial_replicas_identical=initial_identical,
         )
 
     # ------------------------------------------------------------------ one epoch
@@ -160,7 +178,9 @@ class Trainer:
         self.loaders.sampler.set_epoch(epoch)
         parts.model.train()
         step_losses: list[float] = []
-        loss_sum = torch.zeros((), device=s.device)
+        accum, verifying = cfg.grad_accum, cfg.verify_steps is not None
+        sums = torch.float64 if verifying else torch.float32  # bench verify compares at 1e-8
+        loss_sum = torch.zeros((), device=s.device, dtype=sums)
         seen = 0
         cuda = s.device.type == "cuda"
         if cuda:
@@ -175,11 +195,12 @@ class Trainer:
         start = time.perf_counter()
         marks: list[Any] = [_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
-        accum, verifying = cfg.grad_accum, cfg.verify_steps is not None
-        step_loss = torch.zeros((), device=s.device)
-        for micro, (images, labels) in enumerate(self.loaders.train):
+        step_loss = torch.zeros((), device=s.device, dtype=sums)
+        served = []  # sample indices as the loader served them (no host sync)
+        for micro, (images, labels, indices) in enumerate(self.loaders.train):
             if micro >= self.steps_per_epoch * accum:
                 break  # an incomplete group of micro-batches at the end is dropped
+            served.append(indices)
             first, last = micro % accum == 0, micro % accum == accum - 1
             if first:
                 self.beat(f"train epoch {epoch + 1} step {step + 1}")
@@ -189,14 +210,15 @@ class Trainer:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 optimizer.zero_grad()  # set_to_none by default (Horovod takes no args)
-            images = images.to(s.device, non_blocking=True, memory_format=parts.memory_format)
+            images = images.to(s.device, parts.dtype, non_blocking=True,
+                               memory_format=parts.memory_format)
             labels = labels.to(s.device, non_blocking=True)
             # Micro-steps before the last skip the gradient all-reduce (DDP no_sync).
             with contextlib.nullcontext() if last else s.no_sync(parts.model):
                 with precision.autocast():
                     loss = self.criterion(parts.forward(images), labels)
                 s.backward(loss / accum, optimizer, precision, last=last)
-            batch_loss = loss.detach().float() * labels.numel()
+            batch_loss = loss.detach().to(sums) * labels.numel()
             loss_sum += batch_loss
             seen += labels.numel()
             if verifying:
@@ -210,7 +232,7 @@ class Trainer:
                 bar.update()
             if verifying:  # not a timed run: per-step global loss, then stop at K steps
                 step_losses.append(global_mean(s, step_loss, self.split.per_process))
-                step_loss = torch.zeros((), device=s.device)
+                step_loss = torch.zeros((), device=s.device, dtype=sums)
                 if step >= cfg.verify_steps:
                     break
         _sync(s)
@@ -223,9 +245,11 @@ class Trainer:
         self.beat(f"train epoch {epoch + 1} (end)", force=True)
         if bar is not None:
             bar.close()
-        totals = torch.stack([loss_sum, torch.tensor(float(seen), device=s.device)])
+        totals = torch.stack([loss_sum, torch.tensor(float(seen), device=s.device,
+                                                     dtype=sums)])
         s.all_reduce(totals, "sum")
         return TrainStats(
+            data_order_sha1=self.served_digest(served),
             train_time_s=train_time,
             train_loss=(totals[0] / totals[1]).item(),
             train_images=int(totals[1].item()),
@@ -234,6 +258,15 @@ class Trainer:
             step_time_p90_s=_percentile(step_times, 0.9),
             step_losses=tuple(step_losses),
         )
+
+    def served_digest(self, served: list[torch.Tensor]) -> str:
+        """``data_order_sha1`` of what every rank's loader served this epoch. Collective."""
+        s = self.strategy
+        indices = torch.cat(served).cpu().numpy() if served else np.zeros(0, np.int64)
+        lanes = served_order_lanes(indices, s.rank, s.world_size)
+        totals = torch.tensor([*lanes, len(indices)], dtype=torch.float64, device=s.device)
+        s.all_reduce(totals, "sum")
+        return order_digest(totals[:-1].tolist(), int(totals[-1].item()))
 
     @torch.no_grad()
     def evaluate(self) -> EvalStats:
@@ -246,7 +279,7 @@ class Trainer:
         start = time.perf_counter()
         for batch, (images, labels, valid) in enumerate(self.loaders.test):
             self.beat(f"eval batch {batch + 1}")
-            images = images.to(s.device, non_blocking=True)
+            images = images.to(s.device, self.parts.dtype, non_blocking=True)
             labels = labels.to(s.device, non_blocking=True)
             valid = valid.to(s.device, non_blocking=True)
             with self.parts.precision.autocast():
@@ -278,7 +311,7 @@ class Trainer:
         module = getattr(parts.model, "module", parts.model)
         saved = [b.detach().clone() for b in module.buffers()]
         images, labels = next(iter(self.loaders.train))[:2]
-        images = images.to(s.device, memory_format=parts.memory_format)
+        images = images.to(s.device, parts.dtype, memory_format=parts.memory_format)
         labels = labels.to(s.device)
         _sync(s)
         start = time.perf_counter()
@@ -307,7 +340,8 @@ class Trainer:
 
 def global_mean(strategy: Strategy, local_sum: torch.Tensor, local_count: int) -> float:
     """Sum over ranks of ``local_sum`` divided by the summed counts. Collective."""
-    pair = torch.stack([local_sum, torch.tensor(float(local_count), device=strategy.device)])
+    pair = torch.stack([local_sum, torch.tensor(float(local_count), device=strategy.device,
+                                                dtype=local_sum.dtype)])
     strategy.all_reduce(pair, "sum")
     return (pair[0] / pair[1]).item()
 
@@ -350,9 +384,10 @@ def epoch_line(strategy: str, epochs: int, entry: dict[str, Any]) -> str:
 
 
 def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Final parameters of the unwrapped model (DP, DDP, apex), gathered whole, fp32 on CPU."""
+    """Final parameters of the unwrapped model (DP, DDP, apex), gathered whole, on CPU in
+    their own dtype (float64 under bench verify's fp32 check)."""
     module = getattr(model, "module", model)
-    return {k: _full(v.detach()).float().cpu() for k, v in module.named_parameters()}
+    return {k: _full(v.detach()).cpu().clone() for k, v in module.named_parameters()}
 
 
 def save_verify_outputs(out: Path, train: TrainStats, state: dict[str, torch.Tensor],

@@ -11,12 +11,14 @@ Horovod, DataParallel's contiguous scatter chunks), averages their losses and ta
 That is mathematically what the strategy must compute; SyncBN strategies are compared with
 W = 1. Augmentation is off (each rank's random crops differ by design).
 
-Learning rate. Training a fresh ResNet at lr 0.1 amplifies rounding differences enormously:
-the same plain loop run with 1 and with 2 CPU threads differs by 1e-4 in loss after 4 steps
-and by 3 % in parameters after 20. No tolerance could then tell a bug from rounding, so the
-check uses lr 0.001 (``--lr`` overrides), where the two thread counts stay within 2e-5. A
-real bug (summed instead of averaged gradients, a wrong data split, ranks that drift apart)
-moves the numbers by 1e-3 or more.
+Precision. fp32 strategies and their reference run in float64, where rounding noise is
+~1e-16 and a tolerance of 1e-8 cannot be crossed by summation order, while every defect the
+self-test injects moves the numbers by 1e-4 or more. Mixed-precision strategies are compared
+with a reference under the same autocast dtype and loss scaler, with a tolerance set between
+the measured noise and the smallest injected defect (see ``TOLERANCE``).
+
+``--self-test`` runs one strategy unbroken and with each defect of ``SELF_TEST_DEFECTS``
+injected into its ranks, and fails unless the check passes the first and fails every other.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import contextlib
 import io
 import json
 import math
+import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,14 +40,36 @@ import strategies
 from bench.config import RunConfig
 from bench.data import CifarTensorDataset, load_split
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from bench.faults import DEFECT_ENV
 from bench.model import resnet18_cifar
+from bench.precision import Precision
 from bench.runner import RunPlan, execute
 from bench.trainer import lr_at
 from strategies.base import epoch_sampler
 
 VERIFY_LR = 0.001
+VERIFY_WIDTH = "0.125"  # float64 makes the check as sharp at any width; narrow keeps it fast
 # Relative tolerance on every step's loss and on the whole parameter vector.
-TOLERANCE = {"fp32": 1e-4, "mixed": 5e-2}
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest relative difference that passes: per-step loss, and the whole parameter
+    vector. Each is set from measured noise and from the smallest defect the self-test
+    injects (README, 'Checking that strategies are equivalent')."""
+
+    loss: float
+    params: float
+
+
+TOLERANCE = {
+    # float64 runs: rounding noise measured at <= 2e-16; defects move the numbers >= 1e-4.
+    "fp32": Tolerance(1e-8, 1e-8),
+    # autocast against an autocast reference: noise <= 1.4e-4 (loss) and 1.6e-5 (params)
+    # over 20 steps; the smallest defect moved the parameters by 1.4e-4 (README).
+    "mixed": Tolerance(5e-4, 5e-5),
+    # FSDP's MixedPrecisionPolicy is not autocast (bf16 parameters in every layer but
+    # BatchNorm, low-precision logits): noise 5.8e-3 (loss) and 7.6e-5 (params).
+    "fsdp-mixed": Tolerance(2e-2, 2e-4),
+}
 
 
 @dataclass
@@ -55,7 +80,7 @@ class Outcome:
     norm: str = ""
     loss_diff: float = math.nan
     param_diff: float = math.nan
-    tolerance: float = math.nan
+    tolerance: Tolerance = Tolerance(math.nan, math.nan)
     detail: str = ""
 
     def line(self) -> str:
@@ -63,8 +88,9 @@ class Outcome:
             return f"{self.strategy:<11} skipped  {self.detail}"
         return (
             f"{self.strategy:<11} {self.status:<4}  {self.precision:<5} {self.norm:<14} "
-            f"max loss diff {self.loss_diff:.1e}  param diff {self.param_diff:.1e}  "
-            f"(tolerance {self.tolerance:.0e}){'  ' + self.detail if self.detail else ''}"
+            f"max loss diff {self.loss_diff:.1e} (tolerance {self.tolerance.loss:.0e})  "
+            f"param diff {self.param_diff:.1e} (tolerance {self.tolerance.params:.0e})"
+            f"{'  ' + self.detail if self.detail else ''}"
         )
 
 
@@ -91,12 +117,16 @@ def layout_of(meta: dict) -> Layout:
     )
 
 
-def reference(cfg: RunConfig, steps: int,
-              layout: Layout = Layout()) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
+              precision: str = "fp32", float64: bool = True,
+              device: str = "cpu") -> tuple[list[float], dict[str, torch.Tensor]]:
     """The plain loop: one process, no wrapper, same recipe and batches, and the strategy's
-    BatchNorm grouping: each group is one forward pass; their mean losses are averaged."""
+    BatchNorm grouping: each group is one forward pass; their mean losses are averaged.
+    fp32 runs in float64; mixed precision under the same autocast dtype and loss scaler."""
+    dtype = torch.float64 if float64 else torch.float32
     torch.manual_seed(cfg.seed)
-    model = resnet18_cifar(width=cfg.width)
+    model = resnet18_cifar(width=cfg.width).to(device=device, dtype=dtype)
+    mixed = Precision(precision, torch.device(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     data = CifarTensorDataset(
@@ -129,14 +159,15 @@ def reference(cfg: RunConfig, steps: int,
         optimizer.zero_grad()
         total = 0.0
         for idx in groups:
-            images = torch.stack([data[i][0] for i in idx])
-            labels = torch.stack([data[i][1] for i in idx])
-            loss = nn.functional.cross_entropy(model(images), labels) / len(groups)
-            loss.backward()
+            images = torch.stack([data[i][0] for i in idx]).to(device, dtype)
+            labels = torch.stack([data[i][1] for i in idx]).to(device)
+            with mixed.autocast():
+                loss = nn.functional.cross_entropy(model(images), labels) / len(groups)
+            mixed.backward(loss)
             total += loss.item()
-        optimizer.step()
+        mixed.step(optimizer)
         losses.append(total)
-    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}
+    return losses, {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
 
 
 def compare(losses: list[float], params: dict[str, torch.Tensor], ref_losses: list[float],
@@ -145,57 +176,142 @@ def compare(losses: list[float], params: dict[str, torch.Tensor], ref_losses: li
     if len(losses) != len(ref_losses) or set(params) != set(ref_params):
         return math.inf, math.inf
     loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
-    mine = torch.cat([params[k].reshape(-1) for k in ref_params])
-    ref = torch.cat([v.reshape(-1) for v in ref_params.values()])
+    mine = torch.cat([params[k].double().reshape(-1) for k in ref_params])
+    ref = torch.cat([v.double().reshape(-1) for v in ref_params.values()])
     return loss_diff, float((mine - ref).norm() / ref.norm())
 
 
-def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
+def tolerance_of(strategy: str, precision: str) -> Tolerance:
+    if precision == "fp32":
+        return TOLERANCE["fp32"]
+    return TOLERANCE["fsdp-mixed" if strategy == "fsdp" else "mixed"]
+
+
+@dataclass
+class Checker:
+    """Runs strategies K steps for real (bench run's own path) and compares each with the
+    plain reference of its BatchNorm layout; references are computed once per layout."""
+
+    base: RunConfig
+    steps: int
+    references: dict = field(default_factory=dict)
+
+    def check(self, plan: RunPlan, defect: str | None = None) -> Outcome:
+        name = plan.cfg.strategy
+        fp32 = plan.cfg.precision == "fp32" and plan.strategy.precision_label("fp32") == "fp32"
+        work = Path(tempfile.mkdtemp(prefix=f"bench-verify-{name}-"))
+        try:
+            cfg = self.base.derive(strategy=name, verify_steps=self.steps,
+                                   verify_dir=str(work), output=str(work / "results"),
+                                   verify_float64=fp32)
+            with _defect_env(defect), contextlib.redirect_stdout(io.StringIO()):
+                code = execute(cfg, ["bench", "verify", name])
+            if code != 0 or not (work / "losses.json").exists():
+                return Outcome(name, "FAIL", detail=f"run exited with {code}")
+            meta = json.loads((work / "losses.json").read_text())
+            params = torch.load(work / "params.pt")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        layout = layout_of(meta)
+        key = (layout, meta["precision"], fp32)
+        if key not in self.references:
+            # apex O1 patches ops to fp16 with a dynamic loss scale: torch.amp's fp16 twin.
+            mixed = "fp16" if meta["precision"].startswith("apex") else plan.cfg.precision
+            self.references[key] = reference(
+                self.base, self.steps, layout, precision=mixed, float64=fp32,
+                device="cuda" if plan.device_type == "cuda" else "cpu",
+            )
+        loss_diff, param_diff = compare(meta["losses"], params, *self.references[key])
+        tol = tolerance_of(name, meta["precision"])
+        ok = loss_diff <= tol.loss and param_diff <= tol.params
+        return Outcome(name, "pass" if ok else "FAIL", meta["precision"], meta["norm"],
+                       loss_diff, param_diff, tol,
+                       detail=f"{layout.describe()}{', float64' if fp32 else ''}")
+
+
+@contextlib.contextmanager
+def _defect_env(defect: str | None):
+    """Sets BENCH_INJECT_DEFECT for the ranks of one run (only --self-test does)."""
+    if defect is None:
+        yield
+        return
+    os.environ[DEFECT_ENV] = defect
+    try:
+        yield
+    finally:
+        del os.environ[DEFECT_ENV]
+
+
+def _verify_base(base: RunConfig, steps: int) -> RunConfig:
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1 (got {steps})")
-    base = base.derive(train_limit=steps * base.batch_size, epochs=1, warmup_epochs=0.0,
+    return base.derive(train_limit=steps * base.batch_size, epochs=1, warmup_epochs=0.0,
                        progress=False, lr=VERIFY_LR if base.lr is None else base.lr)
+
+
+def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
+    base = _verify_base(base, steps)
     # Validate everything first: bad input writes nothing.
     plans = {name: RunPlan(base.derive(strategy=name), probe_output=False) for name in names}
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
-          f"{base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, no augmentation; "
-          "reference: one plain process with the strategy's BatchNorm grouping", flush=True)
-    references: dict[Layout, tuple[list[float], dict]] = {}
+          f"width {base.width}, {base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, "
+          "no augmentation; reference: one plain process with the strategy's BatchNorm "
+          "grouping; fp32 strategies run in float64", flush=True)
+    checker = Checker(base, steps)
     outcomes = []
-    for name in names:
-        plan = plans[name]
+    for name, plan in plans.items():
         reason = plan.strategy.requires(plan.device_type)
         if reason:
             outcomes.append(Outcome(name, "skipped", detail=f"unavailable: {reason}"))
-            print(outcomes[-1].line(), flush=True)
-            continue
-        work = Path(tempfile.mkdtemp(prefix=f"bench-verify-{name}-"))
-        try:
-            cfg = base.derive(strategy=name, verify_steps=steps, verify_dir=str(work),
-                              output=str(work / "results"))
-            with contextlib.redirect_stdout(io.StringIO()):
-                code = execute(cfg, ["bench", "verify", name])
-            if code != 0 or not (work / "losses.json").exists():
-                outcomes.append(Outcome(name, "FAIL", detail=f"run exited with {code}"))
-            else:
-                meta = json.loads((work / "losses.json").read_text())
-                key = layout_of(meta)
-                if key not in references:
-                    references[key] = reference(base, steps, key)
-                params = torch.load(work / "params.pt")
-                loss_diff, param_diff = compare(meta["losses"], params, *references[key])
-                tol = TOLERANCE["fp32" if meta["precision"] == "fp32" else "mixed"]
-                ok = loss_diff <= tol and param_diff <= tol
-                outcomes.append(Outcome(name, "pass" if ok else "FAIL", meta["precision"],
-                                        meta["norm"], loss_diff, param_diff, tol,
-                                        detail=key.describe()))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        else:
+            outcomes.append(checker.check(plan))
         print(outcomes[-1].line(), flush=True)
     failed = [o for o in outcomes if o.status == "FAIL"]
     print(f"bench verify: {sum(o.status == 'pass' for o in outcomes)} passed, "
           f"{len(failed)} failed, {sum(o.status == 'skipped' for o in outcomes)} skipped")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+SELF_TEST_DEFECTS = ("sum-gradients", "skip-allreduce", "bn-grouping", "batch-order",
+                     "lr-world-size")
+
+
+def run_self_test(base: RunConfig, name: str, steps: int) -> int:
+    """The check against deliberately broken variants of one strategy: the unbroken one must
+    pass and every variant must fail, or the check has no power."""
+    base = _verify_base(base, steps)
+    plan = RunPlan(base.derive(strategy=name), probe_output=False)
+    reason = plan.strategy.requires(plan.device_type)
+    if reason:
+        raise ConfigError(f"{name} is unavailable here ({reason}); self-test another strategy "
+                          "with --strategies")
+    if plan.replicas < 2:
+        raise ConfigError("--self-test needs at least 2 replicas (--gpus 2): most defects "
+                          "are invisible to one")
+    print(f"bench verify --self-test: {name}, {steps} steps, global batch {base.batch_size}, "
+          f"lr {base.lr}, width {base.width}, {base.gpus} "
+          f"{'CPU process(es)' if base.cpu else 'GPU(s)'}", flush=True)
+    print(f"{'variant':<16} {'loss diff':>10} {'tolerance':>10} {'param diff':>10} "
+          f"{'tolerance':>10}  result")
+    checker = Checker(base, steps)
+    escaped = []
+    for defect in (None, *SELF_TEST_DEFECTS):
+        outcome = checker.check(plan, defect)
+        broken = defect is not None
+        caught = outcome.status == "FAIL"
+        if broken != caught:
+            escaped.append(defect or "unbroken")
+        verdict = ("caught" if caught else "ESCAPED") if broken else (
+            "passes" if not caught else "FAILS (the check or the strategy is wrong)")
+        tol = outcome.tolerance
+        print(f"{defect or 'unbroken':<16} {outcome.loss_diff:>10.1e} {tol.loss:>10.0e} "
+              f"{outcome.param_diff:>10.1e} {tol.params:>10.0e}  {verdict}"
+              f"{'  ' + outcome.detail if outcome.detail.startswith('run') else ''}",
+              flush=True)
+    print(f"bench verify --self-test: {len(SELF_TEST_DEFECTS) + 1 - len(escaped)}/"
+          f"{len(SELF_TEST_DEFECTS) + 1} as expected"
+          + (f"; wrong: {', '.join(escaped)}" if escaped else ""))
+    return EXIT_FAILED if escaped else EXIT_OK
 
 
 def default_strategies() -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import strategies
-from bench.faults import Fault
+from bench.faults import Fault, defect_from_env, inject_defect
 from bench.loaders import build_loaders
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
@@ -37,6 +37,9 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     loaders = build_loaders(cfg, strategy, micro_batch=split.micro,
                             eval_batch=max(256, split.per_process),
                             workers=spec.workers_per_process, augment=cfg.verify_steps is None)
+    defect = defect_from_env()
+    if defect:
+        inject_defect(defect, parts, loaders.sampler, strategy)
     record = None
     if strategy.is_main:
         record = (RunRecord.load(spec.record_path) if spec.record_path.exists()

@@ -66,7 +66,7 @@ def raw_rank(rank: int, world: int, port: int, args: dict, out: str) -> None:
         if args["gpu"]:
             torch.cuda.synchronize()
         last = time.perf_counter()
-        for x, y in loader:
+        for x, y, _ in loader:
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()

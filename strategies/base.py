@@ -26,6 +26,7 @@ class Strategy:
     launcher: str = "inline"
     summary: str = ""
     collective_forward = False  # True when every forward is a collective (FSDP)
+    replicates_parameters = True  # every rank holds all parameters (False: sharded, FSDP)
 
     def __init__(self, name: str, *, launcher: str | None = None,
                  summary: str | None = None) -> None:

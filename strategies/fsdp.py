@@ -29,6 +29,7 @@ def fsdp_api():
 class FSDPStrategy(DDPStrategy):
     summary = "FSDP2 fully_shard per residual stage + root, ranks started by torchrun"
     collective_forward = True  # every forward all-gathers: ranks must evaluate in lockstep
+    replicates_parameters = False  # each rank holds a shard: "replicas identical" has no object
 
     def requires(self, device_type: str) -> str | None:
         if fsdp_api() is None:
@@ -62,7 +63,8 @@ class FSDPStrategy(DDPStrategy):
         for stage in model.stages:
             fully_shard(stage, **kwargs)
         fully_shard(model, **kwargs)
-        self.notes.append("FSDP2: sharded units = 4 residual stages + root")
+        self.notes.append("FSDP2: sharded units = 4 residual stages + root; parameters are "
+                          "sharded, so replicas_identical is null (not applicable)")
         return model
 
     def eval_module(self, model: nn.Module) -> nn.Module:

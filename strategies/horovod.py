@@ -95,7 +95,9 @@ class HorovodStrategy(Strategy):
             backward_passes_per_step=grad_accum,
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        # No hvd.broadcast_optimizer_state: every rank built the same fresh optimizer, and on an
+        # empty state Horovod 0.28.1 fills it by a zero-gradient step(), which with weight
+        # decay and momentum moves every weight before step 1 (seen by bench verify).
         return optimizer
 
     def backward(self, loss, optimizer, precision: Precision, last: bool = True) -> None:

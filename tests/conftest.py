@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from bench.data import synthetic_split, write_cifar100_format
+from bench.data import CIFAR100_MEAN, CIFAR100_STD, synthetic_split, write_cifar100_format
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TRAIN = 256
@@ -71,3 +73,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def normalise(chw: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(CIFAR100_MEAN).view(3, 1, 1)
+    std = torch.tensor(CIFAR100_STD).view(3, 1, 1)
+    return (chw.float() / 255 - mean) / std
+
+
+def distinguishable_image() -> np.ndarray:
+    """32x32x3 uint8 whose every pad-4 crop and mirror differs from every other: red is the
+    row + 1, green the column + 1 (the zero padding is distinct from both)."""
+    img = np.zeros((32, 32, 3), dtype=np.uint8)
+    img[:, :, 0] = np.arange(1, 33)[:, None]
+    img[:, :, 1] = np.arange(1, 33)[None, :]
+    img[:, :, 2] = 200
+    return img
+
+
+def crop_candidates(img: np.ndarray) -> tuple[list[tuple[int, int, bool]], torch.Tensor]:
+    """Every (top, left, flipped) pad-4 crop of ``img``, normalised, stacked."""
+    padded = torch.nn.functional.pad(torch.from_numpy(img).permute(2, 0, 1), (4, 4, 4, 4))
+    keys, crops = [], []
+    for top in range(9):
+        for left in range(9):
+            crop = padded[:, top : top + 32, left : left + 32]
+            for flipped in (False, True):
+                keys.append((top, left, flipped))
+                crops.append(normalise(crop.flip(-1) if flipped else crop))
+    return keys, torch.stack(crops)
+
+
+def which_crop(out: torch.Tensor, keys, stack: torch.Tensor) -> tuple[int, int, bool]:
+    hits = ((stack - out).abs().amax(dim=(1, 2, 3)) < 1e-4).nonzero().flatten().tolist()
+    assert len(hits) == 1, f"expected exactly one matching crop, found {len(hits)}"
+    return keys[hits[0]]

@@ -3,11 +3,10 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from conftest import crop_candidates, distinguishable_image, normalise, which_crop
 
 from bench import data
 from bench.data import (
-    CIFAR100_MEAN,
-    CIFAR100_STD,
     CifarTensorDataset,
     ImageSet,
     load_cifar100_split,
@@ -93,41 +92,21 @@ def test_synthetic_is_learnable_by_class_means():
     assert (pred == test.labels).mean() > 0.5  # chance is 0.01
 
 
-def _normalise(chw: torch.Tensor) -> torch.Tensor:
-    mean = torch.tensor(CIFAR100_MEAN).view(3, 1, 1)
-    std = torch.tensor(CIFAR100_STD).view(3, 1, 1)
-    return (chw.float() / 255 - mean) / std
-
-
 def test_eval_transform_is_normalisation_only():
     images = synthetic_split("test", 4, seed=0)
     out, label = CifarTensorDataset(images, augment=False)[2]
-    expected = _normalise(torch.from_numpy(images.images[2]).permute(2, 0, 1))
+    expected = normalise(torch.from_numpy(images.images[2]).permute(2, 0, 1))
     assert torch.allclose(out, expected, atol=1e-5) and label == images.labels[2]
 
 
 def test_augmentation_is_random_crop_pad4_and_flip():
-    img = np.zeros((1, 32, 32, 3), dtype=np.uint8)
-    img[0, 0, 0] = 255  # one white pixel in the top-left corner
-    ds = CifarTensorDataset(ImageSet(img, np.array([0])), augment=True)
-    padded = torch.nn.functional.pad(torch.from_numpy(img[0]).permute(2, 0, 1), (4, 4, 4, 4))
-    candidates = {}
-    for top in range(9):
-        for left in range(9):
-            crop = padded[:, top : top + 32, left : left + 32]
-            candidates[(top, left, False)] = _normalise(crop)
-            candidates[(top, left, True)] = _normalise(crop.flip(-1))
+    img = distinguishable_image()
+    keys, stack = crop_candidates(img)
+    assert len({tuple(c.flatten().tolist()) for c in stack}) == 162  # all distinguishable
+    ds = CifarTensorDataset(ImageSet(img[None], np.array([0])), augment=True)
     torch.manual_seed(0)
-    seen = set()
-    for _ in range(2000):
-        out, _ = ds[0]
-        match = [k for k, v in candidates.items() if torch.allclose(out, v, atol=1e-5)]
-        assert match, "output is not a pad-4 crop (optionally flipped) of the image"
-        seen.update(match)
-    # Offsets (4, 4) unflipped give back the image itself; both flips and all rows appear.
-    assert (4, 4, False) in seen
-    assert {k[2] for k in seen} == {False, True}
-    assert {k[0] for k in seen} == set(range(9))
+    seen = {which_crop(ds[0][0], keys, stack) for _ in range(4000)}
+    assert seen == set(keys)  # every offset, mirrored and not, and nothing else
 
 
 def test_url_override(monkeypatch):

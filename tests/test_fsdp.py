@@ -27,7 +27,10 @@ def test_fsdp_two_ranks_match_ddp(cifar_dir, tmp_path):
     assert not [f for f in RECORD_FIELDS if f not in fsdp]
     assert all(not [f for f in EPOCH_FIELDS if f not in e] for e in fsdp["per_epoch"])
     assert fsdp["status"] == "ok" and fsdp["launcher"] == "torchrun"
-    assert fsdp["norm"] == "per-replica-bn" and fsdp["replicas_identical"] is True
+    assert fsdp["norm"] == "per-replica-bn"
+    assert fsdp["replicas_identical"] is None  # sharded: nothing is replicated to compare
+    assert fsdp["initial_replicas_identical"] is None
+    assert fsdp["initial_param_fingerprint"] == ddp["initial_param_fingerprint"]
     assert [e["test_images"] for e in fsdp["per_epoch"]] == [10, 10]
     for a, b in zip(fsdp["param_fingerprint"], ddp["param_fingerprint"]):
         assert a == pytest.approx(b, rel=PARAM_TOLERANCE)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import FAST, assert_ok, only_record, records, run_bench
 
+from bench.model import initial_params_sha1
+from bench.report import summary_table
 from bench.results import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS
 
 
@@ -74,6 +76,15 @@ def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
     digests = {s: [e["data_order_sha1"] for e in r["per_epoch"]] for s, r in by.items()}
     assert digests["dp"] == digests["ddp"] == digests["ddp-spawn"]
     assert digests["dp"][0] != digests["dp"][1]
+    # Same start: every rank's weights before step 1 are the seed's plain model's.
+    assert {r["initial_param_fingerprint"] for r in by.values()} == {
+        initial_params_sha1(11, 0.125)
+    }
+    assert all(r["initial_replicas_identical"] is True for r in by.values())
+    table = summary_table(list(by.values()))
+    assert list(table["same_start"]) == ["✓", "✓", "✓"]
+    moved = {**by["ddp"], "initial_param_fingerprint": "0" * 40}  # e.g. a step before step 1
+    assert list(summary_table([moved])["same_start"]) == ["✗"]
     ddp_losses = [e["train_loss"] for e in by["ddp"]["per_epoch"]]
     spawn_losses = [e["train_loss"] for e in by["ddp-spawn"]["per_epoch"]]
     assert ddp_losses == pytest.approx(spawn_losses, rel=1e-6)

@@ -1,10 +1,22 @@
 """Data order: the same seed gives the same global batches for every strategy and world
-size; set_epoch changes the order between epochs."""
+size; set_epoch changes the order between epochs; the record's digest hashes what the
+loaders really served, and sees a wrong order."""
 
+import numpy as np
 import pytest
+import torch
+from conftest import assert_ok, only_record, run_bench
+from torch.utils.data import DataLoader
 
-from bench.loaders import global_order_digest
+import strategies
+from bench.data import CifarTensorDataset, ImageSet
+from bench.device_loader import DeviceLoader
+from bench.faults import DEFECT_ENV
+from bench.loaders import EvalShard
 from strategies.base import epoch_sampler
+from strategies.horovod import HorovodStrategy
+
+HOROVOD = HorovodStrategy("horovod").requires("cpu")
 
 N = 100
 
@@ -36,9 +48,59 @@ def test_global_batches_are_the_same_for_every_world_size(world):
         assert together == set(single[step * global_batch : (step + 1) * global_batch])
 
 
-def test_order_digest_agrees_across_world_sizes():
-    d1 = global_order_digest(range(N), 3, 1, world_size=1, per_rank=20)
-    d2 = global_order_digest(range(N), 3, 1, world_size=2, per_rank=10)
-    d4 = global_order_digest(range(N), 3, 1, world_size=4, per_rank=5)
-    assert d1 == d2 == d4
-    assert d1 != global_order_digest(range(N), 3, 2, world_size=1, per_rank=20)
+def _digests(out, strategy: str = "ddp", defect: str | None = None, gpus: int = 2):
+    args = ["run", "--strategy", strategy, "--gpus", str(gpus), "--cpu", "--epochs", "2",
+            "--data", "synthetic", "--train-limit", "128", "--test-limit", "8", "--width",
+            "0.125", "--batch-size", "32", "--no-progress", "--output", str(out)]
+    proc = run_bench(*args, env={DEFECT_ENV: defect} if defect else None)
+    assert_ok(proc)
+    rec = only_record(out)
+    if defect:
+        assert any("DEFECT INJECTED" in n for n in rec["notes"])
+    return [e["data_order_sha1"] for e in rec["per_epoch"]]
+
+
+def test_order_digest_hashes_what_the_loaders_served(tmp_path):
+    honest = _digests(tmp_path / "honest")
+    assert honest[0] != honest[1]  # set_epoch took effect in the loop
+    assert _digests(tmp_path / "dp", "dp", gpus=1) == honest  # 1 process, same sequence
+    same_every_epoch = _digests(tmp_path / "no-set-epoch", defect="no-set-epoch")
+    assert same_every_epoch[0] == same_every_epoch[1] == honest[0]
+    swapped = _digests(tmp_path / "swap", defect="swap-shards")
+    assert swapped[0] != honest[0] and swapped[1] != honest[1]
+
+
+@pytest.mark.skipif(HOROVOD is not None, reason=f"horovod unavailable: {HOROVOD}")
+def test_horovod_serves_the_same_sequence_from_the_same_start(tmp_path):
+    assert _digests(tmp_path / "hvd", "horovod") == _digests(tmp_path / "ddp")
+    hvd, ddp = only_record(tmp_path / "hvd"), only_record(tmp_path / "ddp")
+    # Horovod's broadcast_optimizer_state on a fresh optimizer used to move every weight
+    # before step 1 (a zero-gradient step with weight decay and momentum).
+    assert hvd["initial_param_fingerprint"] == ddp["initial_param_fingerprint"]
+    assert hvd["initial_replicas_identical"] is True
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # fsdp pads short shards (lockstep)
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_eval_serves_each_test_index_exactly_once(world, strategy, loader):
+    size = 10
+    images = ImageSet(np.zeros((size, 32, 32, 3), np.uint8), np.arange(size, dtype=np.int64))
+    counted = []  # the label of image i is i: which images were evaluated, and as valid
+    batches = []
+    for rank in range(world):
+        ranked = strategies.get(strategy)
+        ranked.rank, ranked.world_size = rank, world  # what setup() finds in the group
+        share = ranked.eval_indices(size)
+        if loader == "gpu":
+            it = DeviceLoader(images, torch.device("cpu"), 3, train=False, indices=share)
+        else:
+            it = DataLoader(EvalShard(CifarTensorDataset(images, augment=False), share),
+                            batch_size=3)
+        served = list(it)
+        batches.append(len(served))
+        for _, labels, valid in served:
+            counted += [int(x) for x, v in zip(labels, valid) if v]
+    assert sorted(counted) == list(range(size))  # each index once: no overlap, no omission
+    if strategy == "fsdp":
+        assert len(set(batches)) == 1  # every rank runs the same number of forwards
