@@ -3,6 +3,7 @@ device-resident ``--loader gpu``), its sampler, and the exact evaluation shard."
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,6 +94,20 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
         persistent_workers=workers > 0,
     )
     return Loaders(train, test, sampler, len(train_images), len(test_images))
+
+
+@contextlib.contextmanager
+def unchanged_randomness(loader):
+    """Batches drawn inside (the compile warm-up's) leave the augmentation stream where it
+    was: torch's global RNG and the loader's own generator are restored on the way out."""
+    generator = getattr(loader, "generator", None)
+    saved = torch.get_rng_state(), generator.get_state() if generator is not None else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        if generator is not None:
+            generator.set_state(saved[1])
 
 
 _LANE_SALTS = (0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89)

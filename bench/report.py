@@ -12,7 +12,9 @@ from typing import Any
 
 from bench.results import load_records, summarise_epochs
 
-GROUP_KEYS = ["workload", "strategy", "device", "world_size", "precision", "grad_accum"]
+# gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
+GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
+              "grad_accum"]
 COLUMNS = [
     ("workload", "workload"),
     ("strategy", "strategy"),
@@ -34,6 +36,13 @@ COLUMNS = [
     ("peak_mem_mib", "peak mem (MiB)"),
     ("status", "status"),
 ]
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
 
 
 def _median(values: list[float]) -> float:
@@ -93,6 +102,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "strategy": rec.get("strategy"),
                 "device": rec.get("device"),
                 "world_size": rec.get("world_size"),
+                "gpus_requested": rec.get("gpus_requested", rec.get("world_size")),
                 "processes": rec.get("processes"),
                 "precision": rec.get("precision"),
                 "grad_accum": rec.get("grad_accum", 1),
@@ -104,8 +114,8 @@ def run_rows(records: list[dict[str, Any]]):
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
                 "epochs_done": len(epochs),
-                "epoch_time_s": figures.get("median_epoch_time_s", math.nan),
-                "images_per_s": figures.get("median_images_per_s", math.nan),
+                "epoch_time_s": _number(figures.get("median_epoch_time_s")),
+                "images_per_s": _number(figures.get("median_images_per_s")),
                 "final_top1": 100 * figures.get("final_top1", math.nan),
                 "best_top1": 100 * figures.get("best_top1", math.nan),
                 "total_train_time_s": figures.get("total_train_time_s", 0.0),
@@ -151,7 +161,7 @@ def summary_table(records: list[dict[str, Any]]):
         return (r.workload, r.strategy, r.device, r.precision, r.grad_accum)
 
     base = {family(r): r.images_per_s for r in table.itertuples()
-            if r.world_size == 1 and r.status == "ok"}
+            if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"}
     table["speedup"] = [
         r.images_per_s / base[family(r)] if family(r) in base and r.status == "ok" else math.nan
         for r in table.itertuples()
@@ -185,6 +195,10 @@ def _cells(table) -> list[list[str]]:
     rows = []
     for r in table.to_dict("records"):
         cells = [_fmt(r.get(c), c) for c, _ in COLUMNS]
+        if r.get("gpus_requested") not in (None, r.get("world_size")):
+            cells[COLUMN_INDEX["world_size"]] += f" (of {r['gpus_requested']} asked)"
+        if r.get("status") == "ok" and math.isnan(r.get("epoch_time_s", math.nan)):
+            cells[COLUMN_INDEX["epoch_time_s"]] = "— (1 epoch: warm-up only)"
         if r.get("status") != "ok" and r.get("error"):
             reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
             reason = reason if len(reason) <= 110 else reason[:107] + "..."

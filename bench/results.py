@@ -96,14 +96,17 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run-level figures. Epoch time is the median excluding the first (warm-up) epoch."""
+    """Run-level figures. Epoch time is the median excluding the first (warm-up) epoch; a
+    one-epoch run has none (None), rather than passing its warm-up off as the median."""
     if not epochs:
         return {}
-    timed = epochs[1:] if len(epochs) > 1 else epochs
+    timed = epochs[1:]
     top1 = [e["top1"] for e in epochs]
     return {
-        "median_epoch_time_s": statistics.median(e["train_time_s"] for e in timed),
-        "median_images_per_s": statistics.median(e["images_per_s"] for e in timed),
+        "median_epoch_time_s": statistics.median(e["train_time_s"] for e in timed) if timed
+        else None,
+        "median_images_per_s": statistics.median(e["images_per_s"] for e in timed) if timed
+        else None,
         "timed_epochs": len(timed),
         "final_top1": top1[-1],
         "best_top1": max(top1),

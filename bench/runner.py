@@ -358,12 +358,11 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
         shutil.rmtree(outcome.scratch.root, ignore_errors=True)
     if status == "ok":
         summary = final.summary
-        print(
-            f"bench: ok  median epoch {summary.get('median_epoch_time_s', float('nan')):.2f}s  "
-            f"{summary.get('median_images_per_s', float('nan')):.0f} img/s  "
-            f"final top1 {100 * summary.get('final_top1', float('nan')):.2f}%  "
-            f"-> {plan.record_path}"
-        )
+        median, speed = summary.get("median_epoch_time_s"), summary.get("median_images_per_s")
+        timing = (f"median epoch {median:.2f}s  {speed:.0f} img/s" if median is not None
+                  else "no timed epoch (the only epoch is the warm-up)")
+        print(f"bench: ok  {timing}  final top1 "
+              f"{100 * summary.get('final_top1', float('nan')):.2f}%  -> {plan.record_path}")
         return EXIT_OK
     print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
     return EXIT_INTERRUPTED if status == "interrupted" else EXIT_FAILED

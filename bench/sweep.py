@@ -20,8 +20,11 @@ from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from bench.results import read_record, runs_dir, utc_now, write_atomic
 from bench.runner import RunPlan
 
-# Options that do not change what a run measures, left out of the sweep key.
-_NOT_IN_KEY = {"strategy", "gpus", "output", "progress", "master_port", "tag", "timeout"}
+# Options that do not change what a run measures (where files are, how ranks meet, how many
+# loader workers feed them), left out of the sweep key.
+_NOT_IN_KEY = {"strategy", "gpus", "output", "progress", "master_port", "tag", "timeout",
+               "data_dir", "download", "workers", "node_rank", "rdzv_endpoint", "rdzv_id",
+               "max_restarts", "use_slurm"}
 
 
 @dataclass

@@ -19,7 +19,7 @@ from torch import nn
 
 from bench.config import RunConfig
 from bench.faults import Fault
-from bench.loaders import Loaders, order_digest, served_order_lanes
+from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
 from bench.model import params_sha1
 from bench.parts import ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
@@ -310,7 +310,8 @@ class Trainer:
         self.beat("compile", force=True)
         module = getattr(parts.model, "module", parts.model)
         saved = [b.detach().clone() for b in module.buffers()]
-        images, labels = next(iter(self.loaders.train))[:2]
+        with unchanged_randomness(self.loaders.train):
+            images, labels = next(iter(self.loaders.train))[:2]
         images = images.to(s.device, parts.dtype, memory_format=parts.memory_format)
         labels = labels.to(s.device)
         _sync(s)

@@ -14,10 +14,11 @@ from conftest import (
     run_bench,
     which_crop,
 )
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-from bench.data import ImageSet
+from bench.data import CifarTensorDataset, ImageSet
 from bench.device_loader import DeviceLoader, random_crop_flip
+from bench.loaders import Indexed, unchanged_randomness
 
 N = 100  # label i marks image i, so the labels show which images a rank drew
 
@@ -99,3 +100,26 @@ def test_gpu_loader_sees_the_same_batches_as_the_torch_loader(tmp_path):
         for loader in ("torch", "gpu")
     }
     assert digests["torch"] == digests["gpu"]
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_a_warm_up_batch_leaves_the_augmentation_stream_alone(loader):
+    """--compile draws one batch before the timed epochs; epoch 1 must still see the crops
+    and flips it would have seen without it."""
+    images = ImageSet(np.stack([distinguishable_image()] * 16), np.arange(16, dtype=np.int64))
+
+    def build():
+        torch.manual_seed(123)
+        if loader == "gpu":
+            return DeviceLoader(images, torch.device("cpu"), 8, train=True, aug_seed=123)
+        return DataLoader(Indexed(CifarTensorDataset(images, augment=True)), batch_size=8,
+                          generator=torch.Generator().manual_seed(123))
+
+    plain = next(iter(build()))[0]
+    warmed = build()
+    with unchanged_randomness(warmed):
+        next(iter(warmed))
+    assert torch.equal(next(iter(warmed))[0], plain)
+    unguarded = build()
+    next(iter(unguarded))
+    assert not torch.equal(next(iter(unguarded))[0], plain)  # the guard is what matters

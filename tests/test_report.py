@@ -101,3 +101,27 @@ def test_readme_table_matches_the_committed_records():
     assert not warnings
     readme = (ROOT / "README.md").read_text()
     assert readme_block(records) in readme, "run `bench report --update-readme`"
+
+
+def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
+    one_epoch = _record("e", "ddp", 1, [7.0], [0.3])
+    dp1 = {**_record("f", "dp", 1, [3.0, 2.0], [0.2, 0.3]), "gpus_requested": 1}
+    dp2 = {**_record("g", "dp", 1, [3.0, 2.5], [0.2, 0.3]), "gpus_requested": 2}
+    table = summary_table([one_epoch, dp1, dp2])
+    ddp = table[table["strategy"] == "ddp"].iloc[0]
+    assert math.isnan(ddp["epoch_time_s"])  # not the 7 s warm-up
+    assert len(table[table["strategy"] == "dp"]) == 2  # not two repeats of one row
+    text = to_markdown(table)
+    assert "— (1 epoch: warm-up only)" in text and "1 (of 2 asked)" in text
+
+
+def test_sweep_key_is_the_workload_only():
+    from bench.config import RunConfig
+    from bench.sweep import sweep_key
+
+    base = RunConfig("ddp", gpus=2, cpu=True)
+    for where in ({"data_dir": "/elsewhere"}, {"workers": 3}, {"download": False},
+                  {"output": "other"}, {"master_port": 1234}):
+        assert sweep_key(base.derive(**where)) == sweep_key(base)
+    for what in ({"epochs": 5}, {"seed": 1}, {"width": 0.5}, {"gpus": 4}):
+        assert sweep_key(base.derive(**what)) != sweep_key(base)
