@@ -3,6 +3,7 @@ small sets in the exact ``cifar-100-python`` format."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -71,13 +72,18 @@ def download_cifar100(root: Path) -> None:
     """Download and unpack the archive; its md5 must be the official one."""
     from torchvision.datasets.utils import download_and_extract_archive
 
+    root = Path(root).absolute()
+    created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
     try:
-        Path(root).mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
         download_and_extract_archive(
             cifar100_url(), str(root), filename=CIFAR100_ARCHIVE, md5=CIFAR100_ARCHIVE_MD5
         )
     except Exception as exc:  # network errors come in many types
-        (Path(root) / CIFAR100_ARCHIVE).unlink(missing_ok=True)  # no half-downloaded archive
+        (root / CIFAR100_ARCHIVE).unlink(missing_ok=True)  # no half-downloaded archive
+        for folder in created:  # nor the folders this attempt made
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
             f"CIFAR-100 is not in {root} and could not be downloaded ({reason}); put "
@@ -91,10 +97,36 @@ def is_official_cifar100(root: Path) -> bool:
     return all(_md5(folder / name) == md5 for name, md5 in CIFAR100_MD5.items())
 
 
+# What the official files (and ``write_cifar100_format``'s) need to rebuild their numpy arrays;
+# a pickle naming anything else is not a CIFAR-100 file, and is never run.
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+}
+
+
+class _ForbiddenObject(Exception):
+    pass
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Admits dicts, lists, str, bytes, numbers and the numpy array reconstruction only."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise _ForbiddenObject(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
 def _load_pickle(path: Path) -> dict:
     try:
         with open(path, "rb") as fh:
-            entry = pickle.load(fh, encoding="latin1")
+            entry = _CifarUnpickler(fh, encoding="latin1").load()
+    except _ForbiddenObject as exc:
+        raise ConfigError(
+            f"not a CIFAR-100 file (forbidden object {exc}): {path}; point --data-dir at the "
+            "official files, or use --data synthetic"
+        ) from None
     except Exception as exc:
         raise ConfigError(
             f"corrupt CIFAR-100 file {path} ({type(exc).__name__}); delete {path.parent} "

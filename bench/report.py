@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.results import load_records, summarise_epochs
+from bench.errors import EXIT_FAILED, ConfigError
+from bench.results import load_records, runs_dir, summarise_epochs
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
@@ -356,9 +357,16 @@ def update_readme(readme: Path, records: list[dict[str, Any]]) -> bool:
 
 def cmd_report(results: str, fmt: str = "text", write: bool = True,
                readme: str | None = None) -> int:
+    if not Path(results).is_dir():
+        raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
+                          "(the one `bench run --output` wrote)")
     records, warnings = load_records(results)
     for line in warnings:
         print(f"bench report: {line}", file=sys.stderr)
+    if not records:
+        print(f"bench report: no run records in {results} (nor in {runs_dir(results)}); "
+              "nothing written", file=sys.stderr)
+        return EXIT_FAILED
     table = summary_table(records)
     if fmt == "json":
         print(json.dumps(table.to_dict("records"), indent=2, default=str))

@@ -59,6 +59,9 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; a record is an ordinary file, readable as the umask
+        # allows (a group sharing --output across nodes must read it).
+        os.fchmod(fd, _FILE_MODE & ~_umask())
         with os.fdopen(fd, "w") as fh:
             json.dump(record, fh, indent=2, sort_keys=False)
             fh.write("\n")
@@ -68,6 +71,29 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)  # the rename itself survives a crash right after
+
+
+_FILE_MODE = 0o666
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a folder
+    finally:
+        os.close(fd)
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("bench: error: ") and fragment in lines[0], lines[0]
     assert not out.exists(), "bad input must leave nothing behind"
-    assert not (tmp_path / "empty" / "cifar-100-python").exists()
+    assert not (tmp_path / "empty").exists(), "nor a --data-dir made by a failed download"
 
 
 SRUN_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",

@@ -1,9 +1,17 @@
 import pickle
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import crop_candidates, distinguishable_image, normalise, which_crop
+from conftest import (
+    crop_candidates,
+    distinguishable_image,
+    normalise,
+    run_bench,
+    which_crop,
+)
 
 from bench import data
 from bench.data import (
@@ -114,3 +122,32 @@ def test_url_override(monkeypatch):
     assert data.cifar100_url() == "http://mirror.invalid/x.tar.gz"
     monkeypatch.delenv("BENCH_CIFAR100_URL")
     assert data.cifar100_url() == data.CIFAR100_URL
+
+
+class _Payload:
+    """A pickle that runs a command when loaded: what a hostile dataset folder could hold."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name", ["meta", "train"])
+def test_a_dataset_folder_cannot_run_code(name, cifar_dir, tmp_path):
+    hostile = tmp_path / "hostile"
+    shutil.copytree(cifar_dir, hostile)
+    marker = tmp_path / "ran"
+    with open(hostile / "cifar-100-python" / name, "wb") as fh:
+        pickle.dump({"fine_label_names": _Payload(marker), "data": _Payload(marker)}, fh,
+                    protocol=2)
+    proc = run_bench("run", "--strategy", "dp", "--cpu", "--data", "cifar100", "--data-dir",
+                     str(hostile), "--no-download", "--epochs", "1", "--output",
+                     str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "not a CIFAR-100 file (forbidden object posix.system)" in proc.stderr
+    assert not marker.exists(), "the payload ran"
+    assert not (tmp_path / "out").exists()

@@ -125,3 +125,15 @@ def test_sweep_key_is_the_workload_only():
         assert sweep_key(base.derive(**where)) == sweep_key(base)
     for what in ({"epochs": 5}, {"seed": 1}, {"width": 0.5}, {"gpus": 4}):
         assert sweep_key(base.derive(**what)) != sweep_key(base)
+
+
+def test_report_refuses_a_missing_folder_and_writes_nothing_for_an_empty_one(tmp_path):
+    missing = tmp_path / "nope" / "results"
+    proc = run_bench("report", "--results", str(missing))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "is not a folder" in proc.stderr and not (tmp_path / "nope").exists()
+    empty = tmp_path / "empty"
+    (empty / "runs").mkdir(parents=True)
+    proc = run_bench("report", "--results", str(empty))
+    assert proc.returncode == 1 and "no run records" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in empty.rglob("*")) == ["runs"]  # nothing written

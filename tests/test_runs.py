@@ -3,12 +3,14 @@ fixture through the real loader."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import FAST, assert_ok, only_record, records, run_bench
 
 from bench.model import initial_params_sha1
 from bench.report import summary_table
-from bench.results import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS
+from bench.results import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS, write_atomic
 
 
 def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
@@ -96,3 +98,13 @@ def test_dp_on_cpu_is_recorded_as_one_replica(cifar_dir, tmp_path):
     assert rec["gpus_requested"] == 2 and rec["world_size"] == 1 and rec["processes"] == 1
     assert any("no effect without CUDA" in n for n in rec["notes"])
     assert records(tmp_path)[0]["per_rank_batch"] == 32
+
+
+def test_records_are_ordinary_files_readable_as_the_umask_allows(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "r.json", {"run_id": "r"})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
