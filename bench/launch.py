@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench import worker
 from bench.cluster import SlurmTask
+from bench.lifetime import die_with_parent, dies_with_me
 from bench.scratch import Scratch
 
 MASTER_ADDR = "127.0.0.1"
@@ -95,7 +96,8 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def _run_child(cmd: list[str], launch: Launch) -> int:
-    proc = subprocess.Popen(cmd, env=_child_env(launch.threads), start_new_session=True)
+    proc = subprocess.Popen(cmd, env=_child_env(launch.threads), start_new_session=True,
+                            preexec_fn=dies_with_me())
     try:
         while True:
             try:
@@ -155,7 +157,7 @@ def launch_legacy(launch: Launch) -> int:
 
 
 def _spawn_rank(index: int, spec_path: str, nprocs: int) -> None:
-    worker.die_with_parent()
+    die_with_parent()
     os.environ.update(
         RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
         LOCAL_WORLD_SIZE=str(nprocs),

@@ -6,6 +6,8 @@ The launching process opens it (``skeleton``: what the plan knows) and closes it
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,45 @@ from bench.results import (
 )
 
 LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
+
+
+def _process_started(pid: int) -> str | None:
+    """When process ``pid`` started (boot id + start time in clock ticks): a pid that is
+    reused later has another start. None when there is no such process (or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # fields 3.. after "pid (comm)"
+    if fields[0] in ("Z", "X"):  # a zombie nobody reaped (a container's init may not)
+        return None
+    return f"{boot}:{fields[19]}"  # field 22: start time
+
+
+def this_process() -> dict[str, Any]:
+    """The record's ``owner``: who must close it."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "started": _process_started(os.getpid())}
+
+
+def owner_alive(owner: dict[str, Any] | None) -> bool | None:
+    """Whether the process that owns a record still runs; None when that cannot be known
+    here (another host, or an old record without an owner)."""
+    if not owner or owner.get("host") != socket.gethostname() or not owner.get("started"):
+        return None
+    return _process_started(int(owner["pid"])) == owner["started"]
+
+
+def current_status(rec: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(status, error) as they stand now: a ``running`` record whose owner is gone (killed
+    with -9, a crashed machine) was interrupted, although nobody could write that in it."""
+    status, error = rec.get("status"), rec.get("error")
+    if status == "running" and owner_alive(rec.get("owner")) is False:
+        owner = rec["owner"]
+        return "interrupted", (f"owner gone: bench (pid {owner['pid']} on {owner['host']}) "
+                               "ended without closing the record")
+    return status, error
 
 
 @dataclass(frozen=True)
@@ -84,6 +125,7 @@ class RunRecord:
             "finished_at": None,
             "status": "running",
             "error": None,
+            "owner": this_process(),
             "strategy": cfg.strategy,
             "launcher": launcher,
             "device": device_type,

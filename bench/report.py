@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import EXIT_FAILED, ConfigError
+from bench.record import current_status
 from bench.results import load_records, runs_dir, summarise_epochs
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
@@ -95,6 +96,7 @@ def run_rows(records: list[dict[str, Any]]):
 
     rows = []
     for rec in records:
+        status, error = current_status(rec)
         epochs = rec.get("per_epoch") or []
         figures = summarise_epochs(epochs)  # the one definition of "median excl. warm-up"
         rows.append(
@@ -109,8 +111,8 @@ def run_rows(records: list[dict[str, Any]]):
                 "grad_accum": rec.get("grad_accum", 1),
                 "norm": rec.get("norm"),
                 "same_start": same_start(rec),
-                "status": rec.get("status"),
-                "error": rec.get("error"),
+                "status": status,
+                "error": error,
                 "dataset": rec.get("dataset"),
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
@@ -361,6 +363,11 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
                           "(the one `bench run --output` wrote)")
     records, warnings = load_records(results)
+    for rec in records:
+        status, error = current_status(rec)
+        if status != rec.get("status"):
+            warnings.append(f"{rec['run_id']} says {rec.get('status')}, counted as {status} "
+                            f"({error})")
     for line in warnings:
         print(f"bench report: {line}", file=sys.stderr)
     if not records:

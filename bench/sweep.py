@@ -17,6 +17,8 @@ from pathlib import Path
 
 from bench.config import RunConfig
 from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
+from bench.lifetime import dies_with_me
+from bench.record import current_status, owner_alive, this_process
 from bench.results import read_record, runs_dir, utc_now, write_atomic
 from bench.runner import RunPlan
 
@@ -125,28 +127,17 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     previous = signal.signal(signal.SIGTERM, _on_signal)
     try:
         for i, combo in enumerate(combos, start=1):
-            existing = _records_by_tag(base.output).get(combo.tag, [])
-            if not force and any(r.get("status") == "ok" for _, r in existing):
-                print(f"[sweep {i}/{len(combos)}] {combo.label()}: ok record exists, skipped",
-                      flush=True)
-                outcomes.append((combo, "ok (skipped)"))
+            prefix = f"[sweep {i}/{len(combos)}] {combo.label()}"
+            claim, holder = Claim.take(runs_dir(base.output) / ".claims", combo.tag)
+            if claim is None:  # a concurrent sweep runs this combination: share the work
+                who = f"pid {holder['pid']}" if holder else "another sweep"
+                print(f"{prefix}: being run by another sweep ({who}), skipped", flush=True)
+                outcomes.append((combo, "ok (run by another sweep)"))
                 continue
-            _supersede([p for p, r in existing if r.get("status") != "ok" or force])
-            print(f"[sweep {i}/{len(combos)}] {combo.label()}", flush=True)
-            cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
-                   "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args]
-            proc = subprocess.Popen(cmd, start_new_session=True)
-            started = time.monotonic()
             try:
-                rc = proc.wait(timeout=run_timeout)
-                status = {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
-            except subprocess.TimeoutExpired:
-                _stop(proc)
-                status = "failed"
-                _mark_timeout(base.output, combo, time.monotonic() - started)
-            except BaseException:
-                _stop(proc)
-                raise
+                status = _run_combo(combo, prefix, base, run_args, force, run_timeout)
+            finally:
+                claim.release()
             outcomes.append((combo, status))
     except (KeyboardInterrupt, _Stop):
         print("bench sweep: interrupted; run it again to finish the missing combinations",
@@ -158,6 +149,66 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
           "".join(f"\n  {c.label()}: {s}" for c, s in bad))
     return EXIT_OK if not bad else EXIT_FAILED
+
+
+def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], force: bool,
+               run_timeout: float | None) -> str:
+    """One combination in its own ``bench run``, unless an ok record of it exists."""
+    existing = _records_by_tag(base.output).get(combo.tag, [])
+    if not force and any(current_status(r)[0] == "ok" for _, r in existing):
+        print(f"{prefix}: ok record exists, skipped", flush=True)
+        return "ok (skipped)"
+    # Failed, interrupted and stale `running` records (owner gone) move aside, kept.
+    _supersede([p for p, r in existing if current_status(r)[0] != "ok" or force])
+    print(prefix, flush=True)
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
+           "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args]
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=dies_with_me())
+    started = time.monotonic()
+    try:
+        rc = proc.wait(timeout=run_timeout)
+        return {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        _mark_timeout(base.output, combo, time.monotonic() - started)
+        return "failed"
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A sweep's claim on one combination: a file made atomically (O_EXCL) that names its
+    owner. Concurrent sweeps skip what another one holds; a claim whose owner is gone (kill
+    -9) is cleared and taken."""
+
+    path: Path
+
+    @classmethod
+    def take(cls, folder: Path, name: str) -> tuple[Claim | None, dict | None]:
+        """(the claim, None), or (None, the holder) when a live owner holds it."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name.replace('/', '_')}.claim"
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    holder = json.loads(path.read_text())
+                except (OSError, ValueError):  # being written by its owner right now
+                    return None, None
+                if owner_alive(holder) is False:
+                    path.unlink(missing_ok=True)
+                    continue
+                return None, holder
+            with os.fdopen(fd, "w") as fh:
+                json.dump(this_process(), fh)
+            return cls(path), None
+        return None, None
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def _mark_timeout(output: str, combo: Combo, seconds: float) -> None:

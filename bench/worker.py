@@ -17,6 +17,7 @@ import torch
 
 import strategies
 from bench.faults import Fault, defect_from_env, inject_defect
+from bench.lifetime import die_with_parent
 from bench.loaders import build_loaders
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
@@ -53,17 +54,6 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
 def _error_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
-
-
-def die_with_parent() -> None:
-    """Linux: get SIGKILL when the launcher dies, so no rank outlives its run."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass
 
 
 def run_rank(spec_path: str | Path) -> None:
@@ -116,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         i += 1
     if spec_path is None:
         raise SystemExit("usage: python -m bench.worker SPEC.json (started by `bench run`)")
-    die_with_parent()
+    die_with_parent()  # the launcher agent, or horovodrun's process
     run_rank(spec_path)
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, run_bench
+from conftest import ROOT, records, run_bench
 
 SWEEP = ["sweep", "--strategies", "dp,ddp", "--gpus", "1,2", "--cpu", "--epochs", "1",
          "--width", "0.125", "--batch-size", "32", "--no-progress"]
@@ -78,3 +78,18 @@ def test_sweep_bad_input_writes_nothing(tmp_path):
     assert proc.returncode == 2 and "choose one of" in proc.stderr
     assert not (tmp_path / "out").exists()
     assert os.listdir(tmp_path) == []
+
+
+def test_two_sweeps_at_once_share_the_work(tmp_path):
+    args = [sys.executable, "-m", "bench", "sweep", "--strategies", "dp", "--gpus", "1",
+            "--repeats", "3", "--cpu", "--epochs", "1", "--data", "synthetic",
+            "--train-limit", "64", "--test-limit", "8", "--width", "0.125", "--batch-size",
+            "32", "--no-progress", "--output", str(tmp_path)]
+    sweeps = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in sweeps]
+    assert [p.returncode for p in sweeps] == [0, 0], outs
+    found = records(tmp_path)
+    assert len(found) == 3 and {r["status"] for r in found} == {"ok"}, outs
+    assert len({r["tag"] for r in found}) == 3  # one per combination, none twice
+    assert not list((tmp_path / "runs" / ".claims").iterdir())  # claims released

@@ -1,0 +1,86 @@
+"""kill -9 of `bench run` or `bench sweep`: nothing of the run survives, and the record it
+could not close is reported as interrupted (its owner is gone), without being rewritten."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, only_record, run_bench
+
+from strategies.horovod import HorovodStrategy
+
+SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
+         "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500"]
+HOROVOD = HorovodStrategy("horovod").requires("cpu")
+
+
+def _alive(pattern: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def _training(out: Path, timeout: float = 120) -> str:
+    """The run id, once a rank of the run in ``out`` reports a training step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in (out / "runs").glob("*.json") if (out / "runs").is_dir() else []:
+            run_id = json.loads(path.read_text())["run_id"]
+            for beat in Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*/beat-rank*"):
+                if "train epoch" in beat.read_text():
+                    return run_id
+        time.sleep(0.2)
+    raise AssertionError(f"no training step reported under {out}")
+
+
+def _gone_within(seconds: float, *patterns: str) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [line for p in patterns for line in _alive(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _interrupted_in_report(out: Path) -> None:
+    rec = only_record(out)
+    assert rec["status"] == "running"  # nobody closed it, and the report does not rewrite it
+    proc = run_bench("report", "--results", str(out), "--format", "csv", "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    assert "interrupted" in proc.stdout and "owner" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-launch", "fsdp", "horovod"])
+def test_kill_9_of_bench_run_leaves_nothing_running(strategy, tmp_path):
+    if strategy == "horovod" and HOROVOD:
+        pytest.skip(f"horovod unavailable: {HOROVOD}")
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
+           *SMALL, "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    run_id = _training(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = _gone_within(10, f"bench-{run_id}-")
+    assert not left, f"still running 10 s after kill -9 of bench run: {left}"
+    _interrupted_in_report(tmp_path)
+
+
+def test_kill_9_of_bench_sweep_leaves_nothing_running(tmp_path):
+    cmd = [sys.executable, "-m", "bench", "sweep", "--strategies", "ddp", "--gpus", "2",
+           *SMALL, "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    run_id = _training(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = _gone_within(10, f"bench-{run_id}-", str(tmp_path))
+    assert not left, f"still running 10 s after kill -9 of bench sweep: {left}"
+    _interrupted_in_report(tmp_path)
