@@ -6,12 +6,15 @@ ranks stopped making progress. An interrupted launcher stops all its ranks befor
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,11 +100,16 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def _run_child(cmd: list[str], launch: Launch) -> int:
     proc = subprocess.Popen(cmd, env=_child_env(launch.threads), start_new_session=True,
-                            preexec_fn=dies_with_me())
+                            preexec_fn=dies_with_me(), stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    pump = threading.Thread(target=_tee, args=(proc.stderr, tail), daemon=True)
+    pump.start()
     try:
         while True:
             try:
-                return proc.wait(timeout=_POLL_S)
+                rc = proc.wait(timeout=_POLL_S)
+                break
             except subprocess.TimeoutExpired:
                 launch.check_progress()
     except BaseException:
@@ -111,6 +119,30 @@ def _run_child(cmd: list[str], launch: Launch) -> int:
         if proc.poll() is not None:  # nothing of this run may outlive it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+    pump.join(timeout=5)
+    killed = _signal_root_cause("".join(tail)) if rc else None
+    if killed is not None:
+        launch.scratch.signal_death(*killed)
+    return rc
+
+
+def _tee(stream, tail: collections.deque[str]) -> None:
+    """Pass the launcher's stderr (and its ranks') on, keeping the end of it."""
+    for line in stream:
+        sys.stderr.write(line)
+        tail.append(line)
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?"
+                         r"exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _signal_root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, signal) when torchrun's failure report blames a rank killed by a signal."""
+    found = _ROOT_CAUSE.search(text)
+    if found is None or int(found.group(2)) >= 0:
+        return None
+    return int(found.group(1)), -int(found.group(2))
 
 
 def _child_env(threads: int) -> dict[str, str]:
@@ -180,6 +212,8 @@ def launch_spawn(launch: Launch) -> int:
             launch.check_progress()
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         print(f"ddp-spawn: a rank failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+        if isinstance(exc, mp.ProcessExitedException) and exc.exit_code < 0:
+            launch.scratch.signal_death(exc.error_index, -exc.exit_code)
         return 1
     except BaseException:
         for process in context.processes:  # stop every rank before leaving

@@ -219,6 +219,10 @@ class Outcome:
 
 
 def _first_error(scratch: Scratch) -> str | None:
+    """The failure that ended the run: a rank killed by a signal (its peers then fail
+    with broken connections), else the first error a rank wrote."""
+    if scratch.root_cause.exists():
+        return scratch.root_cause.read_text().strip()
     errors = scratch.errors()
     if not errors:
         return None

@@ -3,6 +3,7 @@ them. One place names them, for the worker, the runner and the launchers alike."
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -13,7 +14,8 @@ from pathlib import Path
 class Scratch:
     """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
     ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.txt`` (first line,
-    then the traceback), and ``rank0-here`` (global rank 0 ran on this machine)."""
+    then the traceback), ``rank0-here`` (global rank 0 ran on this machine) and
+    ``root-cause.txt`` (a rank killed by a signal, as its launcher saw it)."""
 
     root: Path
 
@@ -31,6 +33,24 @@ class Scratch:
     @property
     def rank0_here(self) -> Path:
         return self.root / "rank0-here"
+
+    @property
+    def root_cause(self) -> Path:
+        """Written by a launcher that saw a rank die by a signal (it could not say so)."""
+        return self.root / "root-cause.txt"
+
+    def signal_death(self, rank: int | str, signum: int) -> None:
+        """Record that ``rank`` was killed by ``signum``, with the phase it last reported."""
+        try:
+            phase = self.beat(rank).read_text().strip() or "start-up"
+        except OSError:
+            phase = "start-up"
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = "unknown signal"
+        self.root_cause.write_text(
+            f"rank {rank} was killed by signal {signum} ({name}) [in {phase}]\n")
 
     def pid(self, rank: int | str) -> Path:
         return self.root / f"pid-rank{rank}"

@@ -84,3 +84,21 @@ def test_kill_9_of_bench_sweep_leaves_nothing_running(tmp_path):
     left = _gone_within(10, f"bench-{run_id}-", str(tmp_path))
     assert not left, f"still running 10 s after kill -9 of bench sweep: {left}"
     _interrupted_in_report(tmp_path)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn"])
+def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
+           *SMALL, "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    run_id = _training(tmp_path)
+    scratch = next(Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"))
+    os.kill(int((scratch / "pid-rank1").read_text()), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    rec = only_record(tmp_path)
+    assert rec["status"] == "failed"
+    assert rec["error"].startswith("rank 1 was killed by signal 9 (SIGKILL) [in "), rec["error"]
+    assert "epoch" in rec["error"]  # the phase it last reported
+    assert not _gone_within(10, f"bench-{run_id}-")
