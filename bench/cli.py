@@ -15,6 +15,7 @@ from bench.config import (
     LOADERS,
     OPTIMIZER_IMPLS,
     PRECISIONS,
+    TF32,
     RunConfig,
     default_data_dir,
 )
@@ -91,6 +92,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     speed = p.add_argument_group("precision and speed")
     speed.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="default fp32; ddp-amp: fp16 on CUDA, bf16 on CPU")
+    speed.add_argument("--tf32", choices=TF32, default=None,
+                       help="TF32 for fp32 convolutions and matmuls on Ampere+ GPUs (default: "
+                            "torch's, i.e. convolutions in TF32); recorded as allow_tf32")
     speed.add_argument("--channels-last", action="store_true", help="NHWC memory format")
     speed.add_argument("--compile", action="store_true",
                        help="torch.compile the model (compile time recorded apart)")

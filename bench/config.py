@@ -18,6 +18,7 @@ APEX_DDP = ("apex", "torch")
 HVD_COMPRESSION = ("none", "fp16")
 LOADERS = ("torch", "gpu")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+TF32 = ("on", "off")
 REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
 
 
@@ -82,6 +83,17 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class Features:
+    """The run-wide choices a strategy may have to refuse (some combinations cannot work)."""
+
+    precision: str
+    grad_accum: int = 1
+    channels_last: bool = False
+    optimizer_impl: str = "default"
+    compile: bool = False
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run. Same config, same work, whatever the strategy.
 
@@ -116,6 +128,7 @@ class RunConfig:
     compile: bool = False  # torch.compile; compile time measured apart from epoch time
     optimizer_impl: str = "default"  # SGD implementation: default | foreach | fused
     cudnn_benchmark: bool = True
+    tf32: str | None = None  # on | off; None = torch's default (cuDNN convolutions in TF32)
     nodes: int = 1  # machines; each runs the same command (torchrun c10d rendezvous)
     node_rank: int = 0  # this machine's index; node 0 closes the record after a failure
     rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (nodes > 1)
@@ -155,6 +168,12 @@ class RunConfig:
             apex=ApexOptions(opt_level=self.apex_opt_level, ddp=self.apex_ddp),
             horovod=HorovodOptions(compression=self.hvd_compression),
         )
+
+    @property
+    def features(self) -> Features:
+        return Features(precision=self.precision or "fp32", grad_accum=self.grad_accum,
+                        channels_last=self.channels_last, optimizer_impl=self.optimizer_impl,
+                        compile=self.compile)
 
     def derive(self, **changes: Any) -> RunConfig:
         """A new, validated config with some fields changed; this one stays as it is."""
@@ -203,6 +222,7 @@ class RunConfig:
             ("--hvd-compression", self.hvd_compression, HVD_COMPRESSION),
             ("--loader", self.loader, LOADERS),
             ("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS),
+            ("--tf32", self.tf32, (None, *TF32)),
         ):
             if value not in allowed:
                 names = ", ".join(a for a in allowed if a)

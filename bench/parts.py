@@ -28,6 +28,7 @@ class ModelParts:
     memory_format: torch.memory_format
     parameters: int
     dtype: torch.dtype  # of parameters and inputs: float32, or float64 under bench verify
+    allow_tf32: bool | None  # cuDNN convolutions in TF32 (GPU); None on CPU
 
 
 def make_optimizer(cfg: RunConfig) -> OptimizerFactory:
@@ -42,6 +43,11 @@ def make_optimizer(cfg: RunConfig) -> OptimizerFactory:
     return build
 
 
+def tf32_label(label: str, allow_tf32: bool) -> str:
+    """An "fp32" GPU run whose convolutions run in TF32 (10-bit mantissa) is called tf32."""
+    return "tf32" if label == "fp32" and allow_tf32 else label
+
+
 def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     """The same initial weights on every rank and for every strategy (seeded here, as
     ``bench.model.initial_params_sha1`` assumes), then the strategy's wrapping."""
@@ -52,9 +58,13 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     model = model.to(dtype)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    precision = strategy.make_precision(cfg.precision)
     if strategy.device.type == "cuda":
         torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
-    precision = strategy.make_precision(cfg.precision)
+        if cfg.tf32 is not None:
+            torch.backends.cudnn.allow_tf32 = cfg.tf32 == "on"
+            torch.backends.cuda.matmul.allow_tf32 = cfg.tf32 == "on"
+        precision.label = tf32_label(precision.label, torch.backends.cudnn.allow_tf32)
     model, optimizer = strategy.setup_model(
         model, make_optimizer(cfg), syncbn=cfg.syncbn, precision=precision,
         grad_accum=cfg.grad_accum,
@@ -67,4 +77,5 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
         memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,
         parameters=parameters,
         dtype=dtype,
+        allow_tf32=torch.backends.cudnn.allow_tf32 if strategy.device.type == "cuda" else None,
     )

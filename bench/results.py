@@ -27,7 +27,7 @@ RECORD_FIELDS = (
     "steps_per_epoch", "model", "command", "config", "env", "notes", "per_epoch", "summary",
     "replicas_identical", "param_fingerprint", "grad_accum", "loader", "channels_last",
     "compile", "compile_time_s", "optimizer_impl", "cudnn_benchmark",
-    "initial_param_fingerprint", "initial_replicas_identical",
+    "initial_param_fingerprint", "initial_replicas_identical", "allow_tf32", "owner",
 )
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",
@@ -169,11 +169,16 @@ def _cpu_name() -> str:
 def capture_env(device_type: str) -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
-    import torchvision
 
+    try:  # only the CIFAR download needs it; a bare GPU box may lack it
+        import torchvision
+
+        vision = torchvision.__version__
+    except ImportError:
+        vision = None
     env: dict[str, Any] = {
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": vision,
         "python": sys.version.split()[0],
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -25,6 +25,7 @@ from bench.errors import (
     EXIT_UNAVAILABLE,
     ConfigError,
 )
+from bench.parts import tf32_label
 from bench.record import RunRecord
 from bench.results import new_run_id, runs_dir
 from bench.scratch import Scratch
@@ -159,7 +160,7 @@ class RunPlan:
             rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None,
             timeout=cfg.timeout,
         )
-        self.strategy.check(self.topology, cfg.precision, cfg.grad_accum)
+        self.strategy.check(self.topology, cfg.features)
         self.processes = self.strategy.num_processes(self.topology)
         self.replicas = self.strategy.num_replicas(self.topology)
         self.local_processes = self.processes
@@ -195,6 +196,13 @@ class RunPlan:
             self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
         self.record_path = self.runs / f"{self.run_id}.json"
 
+    @property
+    def precision_label(self) -> str:
+        label = self.strategy.precision_label(self.cfg.precision)
+        if self.device_type != "cuda":
+            return label
+        return tf32_label(label, self.cfg.tf32 != "off")  # torch's default: TF32 convolutions
+
     def skeleton(self, argv: list[str]) -> RunRecord:
         return RunRecord.skeleton(
             self.record_path, cfg=self.cfg, run_id=self.run_id, launcher=self.launcher,
@@ -202,7 +210,7 @@ class RunPlan:
             per_replica_batch=self.per_replica_batch,
             workers_per_replica=self.workers_per_replica,
             workers_per_process=self.workers_per_process,
-            precision=self.strategy.precision_label(self.cfg.precision),
+            precision=self.precision_label,
             strategy_options=self.strategy.record_options(), command=argv,
         )
 

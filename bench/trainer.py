@@ -168,7 +168,7 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch, warmup_steps=self.warmup_steps,
             width=self.cfg.width, parameters=self.parts.parameters, notes=s.notes,
             compile_time_s=compile_time, initial_param_fingerprint=initial_sha1,
-            initial_replicas_identical=initial_identical,
+            initial_replicas_identical=initial_identical, allow_tf32=self.parts.allow_tf32,
         )
 
     # ------------------------------------------------------------------ one epoch
@@ -321,7 +321,7 @@ class Trainer:
         s.backward(loss, parts.optimizer, parts.precision)
         _sync(s)
         seconds = time.perf_counter() - start
-        parts.optimizer.zero_grad()
+        s.discard_gradients(parts.optimizer)
         with torch.no_grad():
             for buffer, value in zip(module.buffers(), saved):
                 buffer.copy_(value)

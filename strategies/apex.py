@@ -13,7 +13,7 @@ import importlib.util
 import torch
 from torch import nn
 
-from bench.config import ApexOptions, DDPOptions, Topology
+from bench.config import ApexOptions, DDPOptions, Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import OptimizerFactory
@@ -66,9 +66,9 @@ class ApexStrategy(DDPStrategy):
             return None
         return "; ".join(problems) + "; " + APEX_BUILD
 
-    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
-        super().check(topology, precision, grad_accum)
-        if precision != "fp32":
+    def check(self, topology: Topology, features: Features) -> None:
+        super().check(topology, features)
+        if features.precision != "fp32":
             raise ConfigError("ddp-apex sets its precision with --apex-opt-level O0..O3, "
                               "not --precision")
 

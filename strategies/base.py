@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from bench.config import Topology
+from bench.config import Features, Topology
 from bench.precision import Precision
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -48,7 +48,7 @@ class Strategy:
         """Why this strategy cannot run here (missing dependency, no CUDA...), or None."""
         return None
 
-    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+    def check(self, topology: Topology, features: Features) -> None:
         """Strategy-specific validation of a run; raises ConfigError."""
 
     def default_precision(self, device_type: str) -> str:
@@ -151,6 +151,10 @@ class Strategy:
 
     def step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
         precision.step(optimizer)
+
+    def discard_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Forget gradients of a backward that is not followed by a step (compile warm-up)."""
+        optimizer.zero_grad()
 
     def backward_step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer,
                       precision: Precision) -> None:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.config import DDPOptions, Topology
+from bench.config import DDPOptions, Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import Strategy
@@ -27,6 +27,21 @@ def _env_int(name: str) -> int:
         raise RuntimeError(
             f"{name} is not set: DDP ranks are started by `bench run`, not directly"
         ) from None
+
+
+def gpu_index(local_rank: int, visible: int) -> int:
+    """This rank's GPU. A task that sees one GPU (Slurm binding one per task) uses it; with
+    several visible, local rank r takes GPU r. A local rank past them would share a GPU with
+    another rank, which NCCL refuses later with "Duplicate GPU detected": say it plainly."""
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    raise ConfigError(
+        f"local rank {local_rank} has no GPU of its own ({visible} visible on this node): "
+        f"run at most {visible} ranks per node, or give each task one GPU "
+        "(srun --gpus-per-task=1)"
+    )
 
 
 def _ddp_call_kwargs(options: DDPOptions) -> dict:
@@ -50,7 +65,7 @@ class DDPStrategy(Strategy):
     def record_options(self) -> dict | None:
         return self.ddp_options.as_dict()
 
-    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+    def check(self, topology: Topology, features: Features) -> None:
         if topology.nodes > 1 and self.launcher in ("spawn", "torch.distributed.launch"):
             raise ConfigError(
                 f"{self.name} starts its ranks on one machine by design; for --nodes > 1 use "
@@ -62,7 +77,7 @@ class DDPStrategy(Strategy):
         if topology.hosts:
             raise ConfigError("--hosts is for horovod; DDP across machines uses --nodes and "
                               "--rdzv-endpoint")
-        if self.ddp_options.static_graph and grad_accum > 1:
+        if self.ddp_options.static_graph and features.grad_accum > 1:
             raise ConfigError(
                 "--static-graph cannot be combined with --grad-accum > 1 (DDP's no_sync fails "
                 "an internal assert with a static graph); drop one of them"
@@ -83,8 +98,7 @@ class DDPStrategy(Strategy):
                 )
         backend = "gloo"
         if topology.device_type == "cuda":
-            # A Slurm task may see only its own GPU: index modulo the visible ones.
-            index = self.local_rank % torch.cuda.device_count()
+            index = gpu_index(self.local_rank, torch.cuda.device_count())
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
             backend = "nccl"

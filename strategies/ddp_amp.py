@@ -3,7 +3,7 @@ bf16 autocast (no scaler) on CUDA or CPU."""
 
 from __future__ import annotations
 
-from bench.config import Topology
+from bench.config import Features, Topology
 from bench.errors import ConfigError
 from strategies.ddp import DDPStrategy
 
@@ -14,8 +14,8 @@ class DDPAmpStrategy(DDPStrategy):
     def default_precision(self, device_type: str) -> str:
         return "fp16" if device_type == "cuda" else "bf16"
 
-    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
-        super().check(topology, precision, grad_accum)
-        if precision == "fp32":
+    def check(self, topology: Topology, features: Features) -> None:
+        super().check(topology, features)
+        if features.precision == "fp32":
             raise ConfigError("ddp-amp is mixed precision; use --precision fp16|bf16 or "
                               "--strategy ddp for fp32")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.config import Topology
+from bench.config import Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import Strategy
@@ -33,7 +33,7 @@ class DataParallelStrategy(Strategy):
                 "one CPU replica ran in one process"
             )
 
-    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+    def check(self, topology: Topology, features: Features) -> None:
         if topology.nodes > 1 or topology.hosts:
             raise ConfigError(
                 "dp runs in one process on one machine and cannot use --nodes/--hosts; "

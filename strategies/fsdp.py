@@ -10,6 +10,8 @@ import contextlib
 import torch
 from torch import nn
 
+from bench.config import Features, Topology
+from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.ddp import DDPStrategy
 
@@ -35,6 +37,15 @@ class FSDPStrategy(DDPStrategy):
         if fsdp_api() is None:
             return f"torch {torch.__version__} has no FSDP2 (fully_shard); use torch >= 2.4"
         return None
+
+    def check(self, topology: Topology, features: Features) -> None:
+        super().check(topology, features)
+        if features.channels_last:
+            raise ConfigError("fsdp cannot shard channels_last parameters (FSDP2 needs "
+                              "contiguous ones); drop --channels-last, or use ddp with it")
+        if features.optimizer_impl == "fused":
+            raise ConfigError("fsdp cannot use the fused SGD (no sharding rule for "
+                              "_fused_sgd_ on DTensor); use --optimizer-impl foreach")
 
     def make_precision(self, precision: str) -> Precision:
         # FSDP casts parameters itself; no autocast. fp16 still needs loss scaling.
@@ -62,6 +73,9 @@ class FSDPStrategy(DDPStrategy):
             )
         for stage in model.stages:
             fully_shard(stage, **kwargs)
+        if kwargs:  # logits and loss in fp32, as autocast gives them (not bf16/fp16)
+            kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32,
+                                             output_dtype=torch.float32)
         fully_shard(model, **kwargs)
         self.notes.append("FSDP2: sharded units = 4 residual stages + root; parameters are "
                           "sharded, so replicas_identical is null (not applicable)")

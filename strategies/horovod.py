@@ -10,10 +10,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.config import HorovodOptions, Topology
+from bench.config import Features, HorovodOptions, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import Strategy
+from strategies.ddp import gpu_index
 
 BUILD_HINT = "build it for the installed torch with `make horovod` (see README, 'Horovod')"
 
@@ -41,7 +42,7 @@ class HorovodStrategy(Strategy):
             return sum(int(h.rsplit(":", 1)[1]) for h in topology.hosts.split(","))
         return topology.gpus
 
-    def check(self, topology: Topology, precision: str, grad_accum: int) -> None:
+    def check(self, topology: Topology, features: Features) -> None:
         if topology.nodes > 1:
             raise ConfigError("horovod spans machines with --hosts host1:4,host2:4, not --nodes")
 
@@ -70,8 +71,9 @@ class HorovodStrategy(Strategy):
         self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.replicas = self.world_size
         if topology.device_type == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+            index = gpu_index(self.local_rank, torch.cuda.device_count())
+            torch.cuda.set_device(index)
+            self.device = torch.device("cuda", index)
 
     def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         model = self.apply_norm(
@@ -112,6 +114,12 @@ class HorovodStrategy(Strategy):
         with optimizer.skip_synchronize():
             precision.scaler.step(optimizer)
         precision.scaler.update()
+
+    def discard_gradients(self, optimizer) -> None:
+        # Horovod refuses zero_grad() between backward and step: finish the all-reduces it
+        # started (every rank does), then clear.
+        optimizer.synchronize()
+        optimizer.zero_grad()
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         # hvd.allreduce averages by default: ask for Sum / Max explicitly.

@@ -8,6 +8,8 @@ import socket
 import pytest
 from conftest import run_bench
 
+from bench.errors import ConfigError
+
 BASE = ["--cpu", "--epochs", "1", "--data", "synthetic", "--train-limit", "64",
         "--test-limit", "8", "--width", "0.125", "--batch-size", "32", "--no-progress"]
 
@@ -44,6 +46,13 @@ CASES = {
     "unwritable output": (
         ["run", "--strategy", "dp", *BASE, "--output", "{file}/sub"], "--output"),
     "port in use": (["run", "--strategy", "ddp", *BASE, "--master-port", "{port}"], "in use"),
+    "fsdp channels_last": (
+        ["run", "--strategy", "fsdp", *BASE, "--gpus", "2", "--channels-last"],
+        "drop --channels-last"),
+    "fsdp fused sgd": (
+        ["run", "--strategy", "fsdp", *BASE, "--gpus", "2", "--optimizer-impl", "fused"],
+        "--optimizer-impl foreach"),
+    "tf32 value": (["run", "--strategy", "ddp", *BASE, "--tf32", "maybe"], "--tf32"),
 }
 
 
@@ -109,3 +118,12 @@ def test_every_option_has_help_and_version_names_torch():
             assert action.help, f"bench {name} {action.option_strings} has no help"
     proc = run_bench("--version")
     assert proc.returncode == 0 and f"torch {torch.__version__}" in proc.stdout
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_named():
+    from strategies.ddp import gpu_index
+
+    assert [gpu_index(r, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert gpu_index(3, 1) == 0  # a Slurm task bound to its one GPU
+    with pytest.raises(ConfigError, match="local rank 2 has no GPU of its own"):
+        gpu_index(2, 2)  # two GPUs, three ranks: the third would share (NCCL refuses)

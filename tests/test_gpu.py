@@ -87,3 +87,12 @@ def test_horovod_syncbn_on_cuda(tmp_path):
     rec = only_record(tmp_path)
     assert rec["norm"] == ("syncbn" if world > 1 else "per-replica-bn")
     assert rec["replicas_identical"] is True
+
+
+def test_tf32_is_explicit_and_labelled(tmp_path):
+    assert_ok(_run(tmp_path / "default", "--strategy", "ddp", "--gpus", "1"))
+    default = only_record(tmp_path / "default")
+    assert default["allow_tf32"] is True and default["precision"] == "tf32"
+    assert_ok(_run(tmp_path / "off", "--strategy", "ddp", "--gpus", "1", "--tf32", "off"))
+    off = only_record(tmp_path / "off")
+    assert off["allow_tf32"] is False and off["precision"] == "fp32"

@@ -44,3 +44,10 @@ def test_horovod_fp16_compression_is_recorded(cifar_dir, tmp_path):
 
 def test_horovod_is_importable_when_built():
     assert importlib.util.find_spec("horovod.torch") is not None
+
+
+def test_horovod_compile_warm_up(cifar_dir, tmp_path):
+    # The warm-up's backward has no step: Horovod refuses a bare zero_grad() there.
+    assert_ok(_run(cifar_dir, tmp_path, "--compile", "--epochs", "1"))
+    rec = only_record(tmp_path)
+    assert rec["compile"] is True and rec["compile_time_s"] > 0
