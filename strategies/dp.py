@@ -53,4 +53,21 @@ class DataParallelStrategy(Strategy):
         if self.replicas > 1:
             self.notes.append("BatchNorm statistics are per replica (DataParallel has no SyncBN)")
         device_ids = list(range(self.replicas)) if self.device.type == "cuda" else None
+        if precision.dtype is not None and self.replicas > 1:
+            autocast_in_replicas(model, self.device.type, precision.dtype)
+            self.notes.append(f"autocast {precision.name} re-entered in every replica thread")
         return nn.DataParallel(model, device_ids=device_ids)
+
+
+def autocast_in_replicas(model: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """nn.DataParallel's replica threads re-enter autocast with ``enabled`` only, not the
+    dtype, so on CUDA they fall back to fp16 (without a scaler) under a bf16 run. Give the
+    model's class a forward that enters autocast with the run's dtype itself; replicas are
+    made with the same class, and parameter names do not change."""
+    base = type(model)
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return base.forward(self, *args, **kwargs)
+
+    model.__class__ = type(f"{base.__name__}AutocastReplicas", (base,), {"forward": forward})

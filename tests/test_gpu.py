@@ -96,3 +96,20 @@ def test_tf32_is_explicit_and_labelled(tmp_path):
     assert_ok(_run(tmp_path / "off", "--strategy", "ddp", "--gpus", "1", "--tf32", "off"))
     off = only_record(tmp_path / "off")
     assert off["allow_tf32"] is False and off["precision"] == "fp32"
+
+
+def test_dp_replicas_compute_in_the_runs_dtype():
+    """nn.DataParallel re-enters autocast per replica thread without the dtype (fp16 on
+    CUDA): under a bf16 run every replica must still compute in bf16."""
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs: DataParallel replicates only over several")
+    from strategies.dp import autocast_in_replicas
+
+    seen = []
+    model = torch.nn.Linear(8, 8).cuda()
+    model.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    autocast_in_replicas(model, "cuda", torch.bfloat16)
+    net = torch.nn.DataParallel(model, device_ids=[0, 1])
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        net(torch.randn(4, 8, device="cuda"))
+    assert seen and set(seen) == {torch.bfloat16}, seen
