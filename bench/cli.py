@@ -89,6 +89,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     train.add_argument("--no-syncbn", action="store_true",
                        help="keep per-replica BatchNorm (SyncBatchNorm otherwise, on GPU)")
 
+    target = p.add_argument_group("time to accuracy")
+    target.add_argument("--target-top1", type=float, default=None, metavar="P",
+                        help="record the wall time from the first step to the end of the "
+                             "first evaluation with top-1 >= P %%")
+    target.add_argument("--stop-at-target", action="store_true",
+                        help="end the run at that evaluation (MLPerf style)")
+
     speed = p.add_argument_group("precision and speed")
     speed.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="default fp32; ddp-amp: fp16 on CUDA, bf16 on CPU")

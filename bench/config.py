@@ -137,6 +137,8 @@ class RunConfig:
     hosts: str | None = None  # horovod across machines: host1:4,host2:4
     use_slurm: bool = True  # inside `srun`, take rank / world size from Slurm
     grad_accum: int = 1  # micro-steps per optimizer step; batch_size stays the effective batch
+    target_top1: float | None = None  # percent: record the time to the first eval at/above it
+    stop_at_target: bool = False  # end the run there (MLPerf style)
     # DDP's knobs (torch defaults)
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
@@ -250,6 +252,11 @@ class RunConfig:
             raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
         if not self.bucket_cap_mb > 0:
             raise ConfigError(f"--bucket-cap-mb must be positive (got {self.bucket_cap_mb})")
+        if self.target_top1 is not None and not 0 < self.target_top1 <= 100:
+            raise ConfigError(f"--target-top1 is a percentage in (0, 100] (got "
+                              f"{self.target_top1})")
+        if self.stop_at_target and self.target_top1 is None:
+            raise ConfigError("--stop-at-target needs --target-top1 P")
         if not self.timeout > 0:
             raise ConfigError(f"--timeout must be positive seconds (got {self.timeout})")
 

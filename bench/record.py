@@ -165,6 +165,12 @@ class RunRecord:
             "cudnn_benchmark": cfg.cudnn_benchmark if device_type == "cuda" else None,
             "ddp_options": strategy_options,
             "tag": cfg.tag,
+            # time to accuracy (null without --target-top1)
+            "target_top1": cfg.target_top1,
+            "reached_target": None if cfg.target_top1 is None else False,
+            "time_to_target_s": None,
+            "train_time_to_target_s": None,
+            "epochs_to_target": None,
             "command": command,
             "config": cfg.to_dict(),
             "env": capture_env(device_type),
@@ -256,7 +262,15 @@ class RunRecord:
         self.write()
         return entry
 
-    def finish(self, replicas_identical: bool, param_fingerprint: list[float]) -> None:
+    def reached_target(self, epochs: int, wall_s: float) -> None:
+        """The first evaluation at or above the target: epochs done, wall time from the first
+        step to the end of that evaluation, and the training time (slowest rank) within it."""
+        train_s = sum(e["train_time_s"] for e in self.data["per_epoch"][:epochs])
+        self.data.update(reached_target=True, epochs_to_target=epochs, time_to_target_s=wall_s,
+                         train_time_to_target_s=train_s)
+        self.write()
+
+    def finish(self, replicas_identical: bool | None, param_fingerprint: list[float]) -> None:
         self.data.update(replicas_identical=replicas_identical,
                          param_fingerprint=param_fingerprint, status="ok",
                          finished_at=utc_now())

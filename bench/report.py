@@ -33,6 +33,7 @@ COLUMNS = [
     ("images_per_s", "img/s"),
     ("speedup", "speed-up vs N=1"),
     ("efficiency", "scaling eff."),
+    ("time_to_target", "time to target (s)"),
     ("final_top1", "final top-1 (%)"),
     ("best_top1", "best top-1 (%)"),
     ("peak_mem_mib", "peak mem (MiB)"),
@@ -45,6 +46,24 @@ def _number(value: float | None) -> float:
 
 
 COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
+
+
+def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
+    """Time to target over repeats, scored as MLPerf Training does: with 5 or more runs drop
+    the fastest and the slowest and average the rest; at most one run may miss the target
+    (its time is infinite, so it is the slowest). Fewer runs: the median, marked."""
+    if not times or all(t is None or (isinstance(t, float) and math.isnan(t)) for t in targets):
+        return None
+    if len({t for t in targets}) > 1:
+        return "mixed targets"
+    target = targets[0]
+    missed = sum(math.isinf(t) for t in times)
+    score = (statistics.fmean(sorted(times)[1:-1]) if len(times) >= 5
+             else statistics.median(times))
+    if missed > 1 or math.isinf(score):
+        return f"did not converge ({missed}/{len(times)} missed {target:g} %)"
+    how = f"MLPerf, {len(times)} runs" if len(times) >= 5 else f"median of {len(times)}"
+    return f"{score:.2f} ({how}{f', {missed} missed' if missed else ''})"
 
 
 def _median(values: list[float]) -> float:
@@ -122,6 +141,9 @@ def run_rows(records: list[dict[str, Any]]):
                 "final_top1": 100 * figures.get("final_top1", math.nan),
                 "best_top1": 100 * figures.get("best_top1", math.nan),
                 "total_train_time_s": figures.get("total_train_time_s", 0.0),
+                "target_top1": rec.get("target_top1"),
+                "time_to_target_s": (rec.get("time_to_target_s") if rec.get("reached_target")
+                                     else math.inf),
                 "peak_mem_mib": figures.get("peak_mem_bytes", math.nan) / 2**20,
             }
         )
@@ -153,6 +175,7 @@ def summary_table(records: list[dict[str, Any]]):
             final_top1=_median(list(ok["final_top1"])),
             best_top1=_median(list(ok["best_top1"])),
             peak_mem_mib=_median(list(ok["peak_mem_mib"])),
+            time_to_target=mlperf_score(list(ok["time_to_target_s"]), list(ok["target_top1"])),
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],

@@ -28,6 +28,8 @@ RECORD_FIELDS = (
     "replicas_identical", "param_fingerprint", "grad_accum", "loader", "channels_last",
     "compile", "compile_time_s", "optimizer_impl", "cudnn_benchmark",
     "initial_param_fingerprint", "initial_replicas_identical", "allow_tf32", "owner",
+    "target_top1", "reached_target", "time_to_target_s", "train_time_to_target_s",
+    "epochs_to_target",
 )
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",

@@ -139,17 +139,24 @@ class Trainer:
 
     def run(self) -> None:
         if self.cfg.verify_steps is not None:
-            self.run_verify()
+            run_verify(self)
             return
         start = initial_fingerprint(self.strategy, self.parts.model)
         compile_time = self.compile_warm_up()
         self.start_record(compile_time, *start)
-        for epoch in range(self.cfg.epochs):
+        target, cfg = self.cfg.target_top1, self.cfg
+        for epoch in range(cfg.epochs):
             train, evaluation, memory = slowest_rank(self.strategy, self.train_epoch(epoch),
                                                     self.evaluate())
+            # top-1 is reduced over ranks: every rank takes the same decision
+            reached = target is not None and 100 * evaluation.top1 >= target
             if self.record is not None:
                 entry = self.record.add_epoch(epoch, train, evaluation, memory)
-                print(epoch_line(self.cfg.strategy, self.cfg.epochs, entry), flush=True)
+                print(epoch_line(cfg.strategy, cfg.epochs, entry), flush=True)
+                if reached and not self.record.data["reached_target"]:
+                    self.record.reached_target(epoch + 1, time.perf_counter() - self.clock)
+            if reached and cfg.stop_at_target:
+                break
         identical, fingerprint = replica_fingerprint(self.strategy, self.parts.model)
         if self.record is not None:
             self.record.finish(identical, fingerprint)
@@ -193,6 +200,8 @@ class Trainer:
         s.barrier()
         _sync(s)
         start = time.perf_counter()
+        if epoch == 0:
+            self.clock = start  # time to target runs from the first step, never paused
         marks: list[Any] = [_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
         step_loss = torch.zeros((), device=s.device, dtype=sums)
@@ -329,14 +338,15 @@ class Trainer:
             parts.precision.scaler.update(parts.precision.scaler.get_scale())
         return seconds
 
-    def run_verify(self) -> None:
-        """bench verify: K steps, then rank 0 saves per-step losses and final parameters."""
-        train = self.train_epoch(0)
-        state = verify_state(self.parts.model)  # collective under FSDP: every rank
-        if self.record is not None:
-            save_verify_outputs(Path(self.cfg.verify_dir), train, state, self.strategy,
-                                self.parts.precision.label, self.cfg.grad_accum)
-            self.record.finish_verify(self.strategy.norm, self.strategy.notes)
+
+def run_verify(trainer: Trainer) -> None:
+    """bench verify: K steps, then rank 0 saves per-step losses and final parameters."""
+    train = trainer.train_epoch(0)
+    state = verify_state(trainer.parts.model)  # collective under FSDP: every rank
+    if trainer.record is not None:
+        save_verify_outputs(Path(trainer.cfg.verify_dir), train, state, trainer.strategy,
+                            trainer.parts.precision.label, trainer.cfg.grad_accum)
+        trainer.record.finish_verify(trainer.strategy.norm, trainer.strategy.notes)
 
 
 def global_mean(strategy: Strategy, local_sum: torch.Tensor, local_count: int) -> float:

@@ -53,6 +53,10 @@ CASES = {
         ["run", "--strategy", "fsdp", *BASE, "--gpus", "2", "--optimizer-impl", "fused"],
         "--optimizer-impl foreach"),
     "tf32 value": (["run", "--strategy", "ddp", *BASE, "--tf32", "maybe"], "--tf32"),
+    "target out of range": (["run", "--strategy", "dp", *BASE, "--target-top1", "120"],
+                            "--target-top1"),
+    "stop without target": (["run", "--strategy", "dp", *BASE, "--stop-at-target"],
+                            "--stop-at-target needs --target-top1"),
 }
 
 

@@ -137,3 +137,26 @@ def test_report_refuses_a_missing_folder_and_writes_nothing_for_an_empty_one(tmp
     proc = run_bench("report", "--results", str(empty))
     assert proc.returncode == 1 and "no run records" in proc.stderr, proc.stderr
     assert sorted(p.name for p in empty.rglob("*")) == ["runs"]  # nothing written
+
+
+def _timed(run_id, seconds, reached=True, strategy="ddp"):
+    rec = _record(run_id, strategy, 2, [5.0, 1.0], [0.5, 0.7])
+    rec.update(target_top1=60.0, reached_target=reached,
+               time_to_target_s=seconds if reached else None)
+    return rec
+
+
+def test_time_to_target_is_scored_like_mlperf():
+    # 5 runs: drop the fastest (10) and the slowest (50): mean of 20, 30, 40 = 30.
+    five = [_timed(f"r{i}", t) for i, t in enumerate([10.0, 20.0, 30.0, 40.0, 50.0])]
+    assert summary_table(five)["time_to_target"].iloc[0] == "30.00 (MLPerf, 5 runs)"
+    # a run missing the target counts as the slowest and is dropped with the fastest (10):
+    # mean of 20, 30, 40 = 30.
+    one_miss = [*five[:4], _timed("m", None, reached=False)]
+    assert summary_table(one_miss)["time_to_target"].iloc[0] == (
+        "30.00 (MLPerf, 5 runs, 1 missed)")
+    two_miss = [*five[:3], _timed("m1", None, False), _timed("m2", None, False)]
+    assert summary_table(two_miss)["time_to_target"].iloc[0].startswith(
+        "did not converge (2/5 missed 60 %)")
+    three = [_timed(f"t{i}", t) for i, t in enumerate([9.0, 3.0, 6.0])]
+    assert summary_table(three)["time_to_target"].iloc[0] == "6.00 (median of 3)"

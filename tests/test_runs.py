@@ -108,3 +108,31 @@ def test_records_are_ordinary_files_readable_as_the_umask_allows(tmp_path):
         os.umask(old)
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
+
+
+TARGET = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--data", "synthetic",
+          "--train-limit", "512", "--test-limit", "64", "--width", "0.125", "--batch-size",
+          "32", "--no-progress"]
+
+
+def test_time_to_target_stops_at_the_first_evaluation_above_it(tmp_path):
+    assert_ok(run_bench("run", *TARGET, "--epochs", "8", "--target-top1", "3",
+                        "--stop-at-target", "--output", str(tmp_path)))
+    rec = only_record(tmp_path)
+    epochs = rec["per_epoch"]
+    top1 = [100 * e["top1"] for e in epochs]
+    assert rec["reached_target"] is True and rec["target_top1"] == 3.0
+    assert rec["epochs_to_target"] == len(epochs) < 8  # stopped there
+    assert top1[-1] >= 3 and all(t < 3 for t in top1[:-1])  # the first one above it
+    assert rec["train_time_to_target_s"] == pytest.approx(sum(e["train_time_s"] for e in epochs))
+    # wall clock from the first step: training and evaluation of every epoch, and more
+    assert rec["time_to_target_s"] >= 0.95 * (rec["train_time_to_target_s"]
+                                              + sum(e["eval_time_s"] for e in epochs))
+
+
+def test_a_target_not_reached_is_recorded_as_such(tmp_path):
+    assert_ok(run_bench("run", *TARGET, "--epochs", "2", "--target-top1", "100",
+                        "--output", str(tmp_path)))
+    rec = only_record(tmp_path)
+    assert rec["reached_target"] is False and len(rec["per_epoch"]) == 2
+    assert rec["time_to_target_s"] is None and rec["epochs_to_target"] is None
