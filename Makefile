@@ -5,11 +5,11 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= results/demo
 # Demo workload: the real ResNet-18 on a small synthetic set, 2 CPU processes (about 4 min).
-DEMO_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 \
+DEMO_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 --target-top1 90 \
              --batch-size 64 --no-progress --output $(DEMO)
 
 # The README's comparison table: every strategy on the same CPU workload, then the report.
-TABLE_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 \
+TABLE_ARGS ?= --cpu --data synthetic --train-limit 1536 --test-limit 512 --epochs 3 --target-top1 90 \
               --batch-size 64 --no-progress --output results
 TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 

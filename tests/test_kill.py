@@ -73,9 +73,9 @@ def test_kill_9_of_bench_run_leaves_nothing_running(strategy, tmp_path):
     _interrupted_in_report(tmp_path)
 
 
-def test_kill_9_of_bench_sweep_leaves_nothing_running(tmp_path):
+def test_kill_9_of_bench_sweep_leaves_nothing_running_and_resumes(tmp_path):
     cmd = [sys.executable, "-m", "bench", "sweep", "--strategies", "ddp", "--gpus", "2",
-           *SMALL, "--output", str(tmp_path)]
+           *SMALL, "--epochs", "12", "--output", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     run_id = _training(tmp_path)
@@ -84,6 +84,13 @@ def test_kill_9_of_bench_sweep_leaves_nothing_running(tmp_path):
     left = _gone_within(10, f"bench-{run_id}-", str(tmp_path))
     assert not left, f"still running 10 s after kill -9 of bench sweep: {left}"
     _interrupted_in_report(tmp_path)
+    # The same sweep again: the stale `running` record (owner gone) and the dead sweep's
+    # claim do not block it; the record moves aside and the combination runs to the end.
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert only_record(tmp_path)["status"] == "ok"
+    assert [p.name for p in (tmp_path / "runs" / "superseded").iterdir()] == [
+        f"{run_id}.json"]
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn"])
