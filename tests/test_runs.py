@@ -82,6 +82,8 @@ def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
     assert {r["initial_param_fingerprint"] for r in by.values()} == {
         initial_params_sha1(11, 0.125)
     }
+    # ...and the fingerprint sees the weights: another seed's plain model differs.
+    assert initial_params_sha1(12, 0.125) != initial_params_sha1(11, 0.125)
     assert all(r["initial_replicas_identical"] is True for r in by.values())
     table = summary_table(list(by.values()))
     assert list(table["same_start"]) == ["✓", "✓", "✓"]
