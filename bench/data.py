@@ -3,7 +3,6 @@ small sets in the exact ``cifar-100-python`` format."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pickle
@@ -15,6 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bench.errors import ConfigError
+from bench.folders import missing_folders, remove_created
 
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 CIFAR100_ARCHIVE = "cifar-100-python.tar.gz"
@@ -73,7 +73,7 @@ def download_cifar100(root: Path) -> None:
     from torchvision.datasets.utils import download_and_extract_archive
 
     root = Path(root).absolute()
-    created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
+    created = missing_folders(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         download_and_extract_archive(
@@ -81,9 +81,7 @@ def download_cifar100(root: Path) -> None:
         )
     except Exception as exc:  # network errors come in many types
         (root / CIFAR100_ARCHIVE).unlink(missing_ok=True)  # no half-downloaded archive
-        for folder in created:  # nor the folders this attempt made
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        remove_created(created)  # nor the folders this attempt made
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
             f"CIFAR-100 is not in {root} and could not be downloaded ({reason}); put "

@@ -25,6 +25,7 @@ from bench.errors import (
     EXIT_UNAVAILABLE,
     ConfigError,
 )
+from bench.folders import missing_folders, remove_created
 from bench.parts import tf32_label
 from bench.record import RunRecord
 from bench.results import new_run_id, runs_dir
@@ -92,7 +93,7 @@ def check_output_writable(output: str) -> tuple[Path, list[Path]]:
     """The runs folder, made if absent and probed; also the folders this call created, so
     that a run refused later can leave nothing behind."""
     folder = runs_dir(output).absolute()
-    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    created = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
@@ -102,12 +103,6 @@ def check_output_writable(output: str) -> tuple[Path, list[Path]]:
             f"cannot write results to {folder} ({exc.strerror}); choose another --output"
         ) from None
     return folder, created
-
-
-def remove_created(folders: list[Path]) -> None:
-    for folder in folders:  # deepest first
-        with contextlib.suppress(OSError):
-            folder.rmdir()
 
 
 def prepare_data(cfg: RunConfig) -> tuple[str, int, int]:

@@ -108,3 +108,9 @@ def which_crop(out: torch.Tensor, keys, stack: torch.Tensor) -> tuple[int, int, 
     hits = ((stack - out).abs().amax(dim=(1, 2, 3)) < 1e-4).nonzero().flatten().tolist()
     assert len(hits) == 1, f"expected exactly one matching crop, found {len(hits)}"
     return keys[hits[0]]
+
+
+def alive(pattern: str) -> list[str]:
+    """Processes whose command line contains ``pattern`` (pgrep itself left out)."""
+    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]

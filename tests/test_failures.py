@@ -10,15 +10,10 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, assert_ok, only_record, run_bench
+from conftest import ROOT, alive, assert_ok, only_record, run_bench
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "32",
          "--width", "0.125", "--batch-size", "32", "--no-progress"]
-
-
-def _alive(pattern: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
 def _failing_run(tmp_path, strategy: str, gpus: int, fault: str, *extra: str):
@@ -37,8 +32,8 @@ def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
     assert rec["error"].startswith("rank 1: RuntimeError: injected fault"), rec["error"]
     assert "train epoch 1 step 3" in rec["error"]
     assert elapsed < 60
-    assert not _alive(rec["run_id"]), "a rank outlived its run"
-    assert not _alive("multiprocessing.spawn"), "a spawned rank outlived its run"
+    assert not alive(rec["run_id"]), "a rank outlived its run"
+    assert not alive("multiprocessing.spawn"), "a spawned rank outlived its run"
 
 
 def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
@@ -47,13 +42,13 @@ def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
     assert rec["error"].startswith("timeout: rank 0"), rec["error"]
     assert "train epoch 1 step 3" in rec["error"]
     assert elapsed < 60
-    assert not _alive(rec["run_id"])
+    assert not alive(rec["run_id"])
 
 
 def test_watchdog_ends_a_rank_that_stops_without_a_collective(tmp_path):
     rec, _ = _failing_run(tmp_path, "ddp", 1, "hang:0:3", "--timeout", "2")
     assert rec["error"].startswith("timeout: rank 0 made no progress"), rec["error"]
-    assert not _alive(rec["run_id"])
+    assert not alive(rec["run_id"])
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp"])
@@ -74,7 +69,7 @@ def test_sigterm_keeps_finished_epochs(strategy, tmp_path):
     rec = only_record(tmp_path)
     assert rec["status"] == "interrupted" and "SIGTERM" in rec["error"]
     assert 1 <= len(rec["per_epoch"]) < 200
-    assert not _alive(rec["run_id"])
+    assert not alive(rec["run_id"])
 
 
 def test_two_runs_at_once_do_not_collide(tmp_path):

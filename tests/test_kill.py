@@ -13,18 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, only_record, run_bench
+from conftest import ROOT, alive, only_record, run_bench
 
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
          "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500"]
 HOROVOD = HorovodStrategy("horovod").requires("cpu")
-
-
-def _alive(pattern: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
 def _training(out: Path, timeout: float = 120) -> str:
@@ -43,7 +38,7 @@ def _training(out: Path, timeout: float = 120) -> str:
 def _gone_within(seconds: float, *patterns: str) -> list[str]:
     deadline = time.monotonic() + seconds
     while True:
-        left = [line for p in patterns for line in _alive(p)]
+        left = [line for p in patterns for line in alive(p)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
