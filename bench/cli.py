@@ -10,11 +10,13 @@ from bench import __version__
 from bench.config import (
     APEX_DDP,
     APEX_OPT_LEVELS,
+    BACKENDS,
     DATASETS,
     HVD_COMPRESSION,
     LOADERS,
     OPTIMIZER_IMPLS,
     PRECISIONS,
+    SYNTHETIC_DIFFICULTY,
     TF32,
     RunConfig,
     default_data_dir,
@@ -57,6 +59,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     data.add_argument("--data-dir", default=str(default_data_dir()),
                       help="CIFAR-100 folder (downloaded there when absent)")
     data.add_argument("--no-download", action="store_true", help="never download CIFAR-100")
+    data.add_argument("--synthetic-difficulty", type=float, default=SYNTHETIC_DIFFICULTY,
+                      help="0..1: fainter, shifted class patterns and 0.3·d noisy labels, so "
+                           f"top-1 does not saturate (default {SYNTHETIC_DIFFICULTY:g}; 0 = easy)")
     data.add_argument("--train-limit", type=int, default=None,
                       help="use the first N training images")
     data.add_argument("--test-limit", type=int, default=None, help="use the first N test images")
@@ -96,6 +101,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     target.add_argument("--stop-at-target", action="store_true",
                         help="end the run at that evaluation (MLPerf style)")
 
+    why = p.add_argument_group("where the time goes")
+    why.add_argument("--comm-probe-steps", type=int, default=20,
+                     help="after the epochs, this many steps with gradient sync off give "
+                          "compute_step_s and exposed_comm_fraction (multi-rank; 0: none)")
+    why.add_argument("--profile-steps", type=int, default=0,
+                     help="after the epochs, a torch.profiler trace of this many steps in "
+                          "OUTPUT/traces/ (Perfetto, TensorBoard)")
+
     speed = p.add_argument_group("precision and speed")
     speed.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="default fp32; ddp-amp: fp16 on CUDA, bf16 on CPU")
@@ -123,6 +136,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                       help="ignore Slurm variables (do not act as one srun task)")
     dist.add_argument("--master-port", type=int, default=None,
                       help="rendezvous port on this machine (default: a free port)")
+    dist.add_argument("--backend", choices=BACKENDS, default=None,
+                      help="process-group backend (default nccl on CUDA, gloo on CPU); gloo "
+                           "lets several ranks share one GPU, for correctness checks only")
     dist.add_argument("--timeout", type=float, default=300.0,
                       help="seconds a collective may wait before the run fails")
 
@@ -198,8 +214,40 @@ def build_parser() -> argparse.ArgumentParser:
                        help="CPU cores per task (loader workers need some)")
     slurm.add_argument("--out", default="bench-slurm.sbatch", help="script path")
     slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
+    compare = sub.add_parser(
+        "compare", help="compare two results (folders or record files); exit 1 on a regression")
+    compare.add_argument("a", help="the baseline: results folder or record file")
+    compare.add_argument("b", help="the candidate: results folder or record file")
+    compare.add_argument("--threshold", type=float, default=5.0,
+                         help="percent slower in img/s or time to target that counts as a "
+                              "regression (default 5); top-1 regresses at p < 0.05")
+    compare.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown",
+                         help="output format (default markdown)")
+    probe = sub.add_parser(
+        "probe", help="all-reduce bandwidth (algbw, busbw) for a backend and world size: the "
+                      "comm ceiling the report compares runs with")
+    probe.add_argument("--gpus", type=int, default=2,
+                       help="ranks per machine (GPUs, or CPU processes with --cpu; default 2)")
+    probe.add_argument("--cpu", action="store_true", help="CPU processes (gloo)")
+    probe.add_argument("--backend", choices=BACKENDS, default=None,
+                       help="default nccl on CUDA, gloo on CPU")
+    probe.add_argument("--width", type=float, default=1.0,
+                       help="the model whose gradient size is also probed (default 1.0)")
+    probe.add_argument("--nodes", type=int, default=1, help="machines (run it on each)")
+    probe.add_argument("--node-rank", type=int, default=0, help="this machine's index")
+    probe.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (--nodes > 1)")
+    probe.add_argument("--timeout", type=float, default=300.0,
+                       help="seconds a collective may wait")
+    probe.add_argument("--max-size", type=float, default=256.0,
+                       help="largest message in MiB (default 256; the gradient is always "
+                            "probed)")
+    probe.add_argument("--output", default="results",
+                       help="results folder; the record goes to OUTPUT/probes/")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
+    report.add_argument("--reference", default="ddp:1",
+                        help="STRATEGY[:N]: the row each workload's top-1 is compared with "
+                             "(default ddp:1)")
     report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text",
                         help="how the table is printed (default text)")
     report.add_argument("--no-write", action="store_true",
@@ -343,11 +391,22 @@ def main(argv: list[str] | None = None) -> int:
             from bench.runner import execute
 
             return execute(config_from_args(args), ["bench", *argv])
+        if args.command == "probe":
+            from bench.probe import run_probe
+
+            return run_probe(gpus=args.gpus, cpu=args.cpu, backend=args.backend,
+                             width=args.width, output=args.output, nodes=args.nodes,
+                             node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                             timeout=args.timeout, max_mib=args.max_size)
+        if args.command == "compare":
+            from bench.compare import cmd_compare
+
+            return cmd_compare(args.a, args.b, args.threshold, args.format)
         if args.command == "report":
             from bench.report import cmd_report
 
             return cmd_report(args.results, args.format, write=not args.no_write,
-                              readme=args.update_readme)
+                              readme=args.update_readme, reference=args.reference)
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return exc.exit_code

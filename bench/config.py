@@ -19,6 +19,8 @@ HVD_COMPRESSION = ("none", "fp16")
 LOADERS = ("torch", "gpu")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 TF32 = ("on", "off")
+BACKENDS = ("nccl", "gloo")
+SYNTHETIC_DIFFICULTY = 1.0  # default: accuracy does not saturate (top-1 capped near 70 %)
 REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
 
 
@@ -80,6 +82,8 @@ class Topology:
     rdzv_endpoint: str | None = None
     under_srun: bool = False  # this process is one task of an srun step
     timeout: float = 300.0  # seconds a collective may wait
+    backend: str = "gloo"  # process-group backend: nccl (CUDA default) | gloo
+    gpu_shared: bool = False  # more ranks than GPUs on a machine (gloo): correctness only
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class RunConfig:
     weight_decay: float = 5e-4
     warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to 0 (per step)
     data: str = "cifar100"
+    synthetic_difficulty: float = SYNTHETIC_DIFFICULTY  # 0 = the easy set; see synthetic_split
     data_dir: str = field(default_factory=lambda: str(default_data_dir()))
     download: bool = True
     train_limit: int | None = None
@@ -133,12 +138,15 @@ class RunConfig:
     node_rank: int = 0  # this machine's index; node 0 closes the record after a failure
     rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (nodes > 1)
     rdzv_id: str | None = None  # the same on every node; default derived from the command
+    backend: str | None = None  # nccl | gloo; None = nccl on CUDA, gloo on CPU
     max_restarts: int = 0  # torchrun --max-restarts
     hosts: str | None = None  # horovod across machines: host1:4,host2:4
     use_slurm: bool = True  # inside `srun`, take rank / world size from Slurm
     grad_accum: int = 1  # micro-steps per optimizer step; batch_size stays the effective batch
     target_top1: float | None = None  # percent: record the time to the first eval at/above it
     stop_at_target: bool = False  # end the run there (MLPerf style)
+    comm_probe_steps: int = 20  # compute-only steps after the epochs (multi-rank; 0: none)
+    profile_steps: int = 0  # torch.profiler trace of this many steps after the epochs
     # DDP's knobs (torch defaults)
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
@@ -215,6 +223,9 @@ class RunConfig:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"--workers must be 0 or more (got {self.workers})")
+        if not 0 <= self.synthetic_difficulty <= 1:
+            raise ConfigError("--synthetic-difficulty must lie in [0, 1] (got "
+                              f"{self.synthetic_difficulty})")
         if not 0 < self.width <= 4:
             raise ConfigError(f"--width must lie in (0, 4] (got {self.width})")
         for flag, value, allowed in (
@@ -225,6 +236,7 @@ class RunConfig:
             ("--loader", self.loader, LOADERS),
             ("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS),
             ("--tf32", self.tf32, (None, *TF32)),
+            ("--backend", self.backend, (None, *BACKENDS)),
         ):
             if value not in allowed:
                 names = ", ".join(a for a in allowed if a)
@@ -255,6 +267,13 @@ class RunConfig:
         if self.target_top1 is not None and not 0 < self.target_top1 <= 100:
             raise ConfigError(f"--target-top1 is a percentage in (0, 100] (got "
                               f"{self.target_top1})")
+        if self.cpu and self.backend == "nccl":
+            raise ConfigError("--backend nccl needs CUDA GPUs; drop it with --cpu (gloo)")
+        if self.profile_steps < 0:
+            raise ConfigError(f"--profile-steps must be 0 or more (got {self.profile_steps})")
+        if self.comm_probe_steps < 0:
+            raise ConfigError(f"--comm-probe-steps must be 0 or more (got "
+                              f"{self.comm_probe_steps})")
         if self.stop_at_target and self.target_top1 is None:
             raise ConfigError("--stop-at-target needs --target-top1 P")
         if not self.timeout > 0:

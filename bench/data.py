@@ -211,16 +211,45 @@ def write_cifar100_format(root: Path, train: ImageSet, test: ImageSet) -> Path:
 # --------------------------------------------------------------------------- synthetic data
 
 
-def synthetic_split(split: str, size: int, seed: int) -> ImageSet:
+def synthetic_split(split: str, size: int, seed: int, difficulty: float = 0.0) -> ImageSet:
     """Deterministic, learnable CIFAR-shaped data: each class has a fixed low-frequency
     colour pattern; images are that pattern plus noise. The first k images do not depend on
-    ``size``, so limits take a prefix of the same stream."""
+    ``size``, so limits take a prefix of the same stream.
+
+    ``difficulty`` (0..1) keeps accuracy from saturating, so that strategies can differ in
+    it: each class has 1 + 3·d patterns instead of one (an image shows one of them, so a
+    class is no single template), the pattern fades (amplitude 50 -> 20) into stronger noise
+    (30 -> 60) and is shifted by up to 4·d pixels per image, and a fraction 0.3·d of the
+    labels (train and test) is replaced by a random class, which caps top-1 near
+    1 - 0.3·d·0.99 (70 % at d = 1)."""
     protos = np.random.default_rng([seed, 0]).normal(size=(NUM_CLASSES, 4, 4, 3))
-    protos = protos.repeat(8, axis=1).repeat(8, axis=2)  # 32 x 32, blocky class signature
     stream = 1 if split == "train" else 2
     labels = np.random.default_rng([seed, stream, 0]).integers(0, NUM_CLASSES, size=size)
     noise = np.random.default_rng([seed, stream, 1]).normal(size=(size, 32, 32, 3))
-    images = 128.0 + 50.0 * protos[labels] + 30.0 * noise
+    blocks = protos[labels]  # 4 x 4 x 3 per image: the class signature, blocky once enlarged
+    modes = 1 + round(3 * difficulty)
+    if modes > 1:  # pattern k of a class; the first is the easy set's
+        extra = np.random.default_rng([seed, 0, 1]).normal(size=(NUM_CLASSES, modes - 1, 4, 4, 3))
+        mode = np.random.default_rng([seed, stream, 5]).integers(0, modes, size=size)
+        alt = extra[labels, np.maximum(mode - 1, 0)]
+        blocks = np.where((mode > 0)[:, None, None, None], alt, blocks)
+    if difficulty > 0:
+        reach = round(4 * difficulty)
+        shifts = np.random.default_rng([seed, stream, 2]).integers(-reach, reach + 1,
+                                                                   size=(size, 2))
+        # enlarged to 32 x 32 and rolled by the shift, in one gather from the 4 x 4 blocks
+        rows = (np.arange(32)[None, :] - shifts[:, :1]) % 32 // 8
+        cols = (np.arange(32)[None, :] - shifts[:, 1:]) % 32 // 8
+        signal = blocks[np.arange(size)[:, None, None], rows[:, :, None], cols[:, None, :]]
+        flip = np.random.default_rng([seed, stream, 3]).random(size) < 0.3 * difficulty
+        other = np.random.default_rng([seed, stream, 4]).integers(0, NUM_CLASSES, size=size)
+        labels = np.where(flip, other, labels)
+    else:
+        signal = blocks.repeat(8, axis=1).repeat(8, axis=2)  # 32 x 32
+    signal *= 50.0 * (1 - 0.6 * difficulty)
+    noise *= 30.0 * (1 + difficulty)
+    images = signal + noise
+    images += 128.0
     return ImageSet(np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64))
 
 
@@ -254,8 +283,9 @@ class CifarTensorDataset(Dataset):
         return (img.float() - self.mean) * self.inv_std, self.labels[index]
 
 
-def load_split(data: str, split: str, data_dir: str, seed: int, limit: int | None) -> ImageSet:
+def load_split(data: str, split: str, data_dir: str, seed: int, limit: int | None,
+               difficulty: float = 0.0) -> ImageSet:
     """The ImageSet of one split, cut to ``limit`` images."""
     if data == "synthetic":
-        return synthetic_split(split, limit or SYNTHETIC_SIZES[split], seed)
+        return synthetic_split(split, limit or SYNTHETIC_SIZES[split], seed, difficulty)
     return load_cifar100_split(Path(data_dir), split).head(limit)

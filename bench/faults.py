@@ -109,3 +109,25 @@ def _broken_forward(name: str, forward, model):
         return forward(images)
 
     return broken
+
+
+SLOW_COMM_ENV = "BENCH_SLOW_COMM_MS"
+
+
+def slow_communication_from_env(parts, strategy) -> None:
+    """``BENCH_SLOW_COMM_MS=M`` (a test hook): every DDP gradient bucket waits M ms before
+    its all-reduce, as a slow link would, so that the exposed-communication figure can be
+    shown to respond to communication cost. Only DDP models (a comm hook); noted in the
+    record."""
+    delay = float(os.environ.get(SLOW_COMM_ENV) or 0) / 1000
+    if not delay or not hasattr(parts.model, "register_comm_hook"):
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def slow_allreduce(state, bucket):
+        time.sleep(delay)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    parts.model.register_comm_hook(None, slow_allreduce)
+    strategy.notes.append(f"SLOW COMMUNICATION INJECTED ({SLOW_COMM_ENV}): {delay * 1000:g} ms "
+                          "before every gradient bucket's all-reduce")

@@ -230,10 +230,10 @@ def launch_spawn(launch: Launch) -> int:
 
 def launch_horovodrun(launch: Launch) -> int:
     """``horovodrun --gloo -np N -H localhost:N`` (Gloo controller, no MPI)."""
-    from strategies.horovod import horovodrun_path
+    from strategies.horovod import horovodrun_command
 
     cmd = [
-        horovodrun_path() or "horovodrun", "--gloo", "-np", str(launch.nprocs),
+        *horovodrun_command(), "--gloo", "-np", str(launch.nprocs),
         "-H", launch.hosts or f"localhost:{launch.nprocs}",
         "--gloo-timeout-seconds", str(max(30, int(launch.timeout))),
         sys.executable, "-m", "bench.worker", str(launch.spec_path),

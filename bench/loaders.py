@@ -66,8 +66,10 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     deterministically: torch's RNG is seeded here from the run's seed and the rank."""
     aug_seed = cfg.seed * 1_000_003 + 1 + strategy.rank
     torch.manual_seed(aug_seed)
-    train_images = load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit)
-    test_images = load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit)
+    train_images = load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit,
+                              cfg.synthetic_difficulty)
+    test_images = load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit,
+                             cfg.synthetic_difficulty)
     eval_indices = strategy.eval_indices(len(test_images))
     if cfg.loader == "gpu":
         train = DeviceLoader(

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.config import REFERENCE_BATCH, RunConfig
+from bench.flops import peak_tflops
 from bench.results import (
     RECORD_VERSION,
     capture_env,
@@ -116,7 +118,9 @@ class RunRecord:
     def skeleton(cls, path: Path, *, cfg: RunConfig, run_id: str, launcher: str,
                  device_type: str, replicas: int, processes: int, per_replica_batch: int,
                  workers_per_replica: int, workers_per_process: int, precision: str,
-                 strategy_options: dict | None, command: list[str]) -> RunRecord:
+                 strategy_options: dict | None, command: list[str],
+                 backend: str | None = None, gpu_shared: bool = False,
+                 train_flops_per_image: int | None = None) -> RunRecord:
         """What is known before any rank starts; the ranks fill in the rest."""
         return cls(path, {
             "record_version": RECORD_VERSION,
@@ -133,6 +137,8 @@ class RunRecord:
             "world_size": replicas,
             "processes": processes,
             "nodes": cfg.nodes,
+            "backend": backend,  # process-group backend (null: no process group)
+            "gpu_shared": gpu_shared,  # ranks shared GPUs (gloo): timings not comparable
             "precision": precision,
             "norm": None,
             "global_batch": cfg.batch_size,
@@ -171,6 +177,17 @@ class RunRecord:
             "time_to_target_s": None,
             "train_time_to_target_s": None,
             "epochs_to_target": None,
+            # where the time goes: compute-only steps after the epochs (multi-rank runs)
+            "comm_probe_steps": 0,
+            "compute_step_s": None,
+            "exposed_comm_fraction": None,
+            "comm_probe_note": None,
+            # model FLOPs utilisation: per-image training FLOPs (FlopCounterMode) against
+            # the GPU's dense peak for the run's precision (null: CPU, unknown GPU, shared)
+            "train_flops_per_image": train_flops_per_image,
+            "peak_tflops_per_gpu": None,
+            "profile_steps": cfg.profile_steps,  # --profile-steps: torch.profiler trace
+            "profile_trace": None,
             "command": command,
             "config": cfg.to_dict(),
             "env": capture_env(device_type),
@@ -234,6 +251,9 @@ class RunRecord:
             "allow_tf32": allow_tf32,  # cuDNN's TF32 switch on GPU; null on CPU
             "per_epoch": [],
         })
+        gpus = (self.data.get("env") or {}).get("gpus") or []
+        if self.data.get("device") == "cuda" and gpus and not self.data.get("gpu_shared"):
+            self.data["peak_tflops_per_gpu"] = peak_tflops(gpus[0], precision)
         self.write()
 
     def add_epoch(self, epoch: int, train: TrainStats, evaluation: EvalStats,
@@ -257,6 +277,10 @@ class RunRecord:
             "lr_last": train.lr_last,
             "data_order_sha1": train.data_order_sha1,
         }
+        flops, peak = self.data.get("train_flops_per_image"), self.data.get("peak_tflops_per_gpu")
+        entry["achieved_tflops"] = flops * entry["images_per_s"] / 1e12 if flops else None
+        entry["mfu"] = (entry["achieved_tflops"] / (peak * self.data["world_size"])
+                        if peak and flops else None)
         self.data["per_epoch"] = [*self.data.get("per_epoch", []), entry]
         self.data["summary"] = summarise_epochs(self.data["per_epoch"])
         self.write()
@@ -269,6 +293,22 @@ class RunRecord:
         self.data.update(reached_target=True, epochs_to_target=epochs, time_to_target_s=wall_s,
                          train_time_to_target_s=train_s)
         self.write()
+
+    def trace_path(self) -> Path:
+        """Where --profile-steps puts rank 0's trace: ``OUTPUT/traces/<run_id>.trace.json``
+        (beside runs/, whose JSON files are all records)."""
+        path = self.path.parent.parent / "traces" / f"{self.data['run_id']}.trace.json"
+        self.data["profile_trace"] = str(path)
+        return path
+
+    def comm_probe(self, steps: int, compute_step_s: float | None, note: str | None) -> None:
+        """The compute-only steps: their median against the timed steps' median (epochs 2..,
+        or the only one), i.e. the share of a step that communication left exposed."""
+        timed = self.data["per_epoch"][1:] or self.data["per_epoch"]
+        step = statistics.median(e["step_time_p50_s"] for e in timed) if timed else None
+        exposed = (1.0 - compute_step_s / step) if compute_step_s and step else None
+        self.data.update(comm_probe_steps=steps, compute_step_s=compute_step_s,
+                         exposed_comm_fraction=exposed, comm_probe_note=note)
 
     def finish(self, replicas_identical: bool | None, param_fingerprint: list[float]) -> None:
         self.data.update(replicas_identical=replicas_identical,

@@ -13,10 +13,13 @@ from typing import Any
 from bench.errors import EXIT_FAILED, ConfigError
 from bench.record import current_status
 from bench.results import load_records, runs_dir, summarise_epochs
+from bench.stats import mean_ci, welch
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
+# gpu_shared keeps runs whose ranks shared GPUs (--backend gloo) apart: their timing is not
+# comparable with anything.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
-              "grad_accum"]
+              "grad_accum", "gpu_shared"]
 COLUMNS = [
     ("workload", "workload"),
     ("strategy", "strategy"),
@@ -34,9 +37,13 @@ COLUMNS = [
     ("speedup", "speed-up vs N=1"),
     ("efficiency", "scaling eff."),
     ("time_to_target", "time to target (s)"),
-    ("final_top1", "final top-1 (%)"),
+    ("final_top1", "final top-1 (%, mean ± 95% CI)"),
     ("best_top1", "best top-1 (%)"),
+    ("delta_top1", "Δ top-1 vs ref (Welch p)"),
     ("peak_mem_mib", "peak mem (MiB)"),
+    ("exposed_comm", "exposed comm (%)"),
+    ("mfu", "MFU (%)"),
+    ("comm_ceiling", "ideal all-reduce / step (ms)"),
     ("status", "status"),
 ]
 
@@ -48,6 +55,17 @@ def _number(value: float | None) -> float:
 COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
 
 
+def mlperf_seconds(times: list[float]) -> tuple[float, int]:
+    """The MLPerf score of times to target (inf: did not converge) and the runs that missed
+    (their time is inf). See ``mlperf_score``."""
+    if not times:
+        return math.nan, 0
+    missed = sum(math.isinf(t) for t in times)
+    score = (statistics.fmean(sorted(times)[1:-1]) if len(times) >= 5
+             else statistics.median(times))
+    return (math.inf if missed > 1 else score), missed
+
+
 def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
     """Time to target over repeats, scored as MLPerf Training does: with 5 or more runs drop
     the fastest and the slowest and average the rest; at most one run may miss the target
@@ -57,10 +75,8 @@ def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
     if len({t for t in targets}) > 1:
         return "mixed targets"
     target = targets[0]
-    missed = sum(math.isinf(t) for t in times)
-    score = (statistics.fmean(sorted(times)[1:-1]) if len(times) >= 5
-             else statistics.median(times))
-    if missed > 1 or math.isinf(score):
+    score, missed = mlperf_seconds(times)
+    if math.isinf(score):
         return f"did not converge ({missed}/{len(times)} missed {target:g} %)"
     how = f"MLPerf, {len(times)} runs" if len(times) >= 5 else f"median of {len(times)}"
     return f"{score:.2f} ({how}{f', {missed} missed' if missed else ''})"
@@ -78,10 +94,10 @@ def workload(rec: dict[str, Any]) -> str:
     model = "resnet18" if width == 1.0 else f"resnet18 x{width:g}"
     config = rec.get("config") or {}
     size = rec.get("train_size") or config.get("train_limit") or 50_000
-    return (
-        f"{rec.get('dataset') or config.get('data')} {size} img, "
-        f"batch {rec.get('global_batch')}, {model}"
-    )
+    data = rec.get("dataset") or config.get("data")
+    if data == "synthetic" and config.get("synthetic_difficulty"):
+        data += f" d={config['synthetic_difficulty']:g}"
+    return f"{data} {size} img, batch {rec.get('global_batch')}, {model}"
 
 
 @functools.cache
@@ -125,6 +141,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "device": rec.get("device"),
                 "world_size": rec.get("world_size"),
                 "gpus_requested": rec.get("gpus_requested", rec.get("world_size")),
+                "gpu_shared": bool(rec.get("gpu_shared")),
                 "processes": rec.get("processes"),
                 "precision": rec.get("precision"),
                 "grad_accum": rec.get("grad_accum", 1),
@@ -145,13 +162,23 @@ def run_rows(records: list[dict[str, Any]]):
                 "time_to_target_s": (rec.get("time_to_target_s") if rec.get("reached_target")
                                      else math.inf),
                 "peak_mem_mib": figures.get("peak_mem_bytes", math.nan) / 2**20,
+                "exposed_comm": _number(rec.get("exposed_comm_fraction")),
+                "compute_step_s": _number(rec.get("compute_step_s")),
+                "mfu": _median([_number(e.get("mfu")) for e in epochs[1:] or epochs]),
+                "step_time_s": _median([_number(e.get("step_time_p50_s"))
+                                        for e in epochs[1:] or epochs]),
+                "gradient_bytes": 4 * ((rec.get("model") or {}).get("parameters") or 0),
+                "backend": rec.get("backend"),
             }
         )
     return pd.DataFrame(rows)
 
 
-def summary_table(records: list[dict[str, Any]]):
-    """One row per strategy x device x N x precision; repeats aggregated by their median.
+def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
+                  probes: list[dict[str, Any]] | None = None):
+    """One row per strategy x device x N x precision; repeats aggregated by their median
+    (speed) or their mean with a 95 % confidence interval (accuracy), and each row's final
+    top-1 compared with the reference row of its workload (``strategy:N``) by Welch's t-test.
     Failed and unavailable runs stay in the table with their reason."""
     import pandas as pd
 
@@ -172,10 +199,23 @@ def summary_table(records: list[dict[str, Any]]):
             epoch_time_s=_median(list(ok["epoch_time_s"])),
             epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else math.nan,
             images_per_s=_median(list(ok["images_per_s"])),
-            final_top1=_median(list(ok["final_top1"])),
-            best_top1=_median(list(ok["best_top1"])),
+            final_top1=mean_ci(list(ok["final_top1"]))[0],
+            final_top1_ci=mean_ci(list(ok["final_top1"]))[1],
+            best_top1=mean_ci(list(ok["best_top1"]))[0],
+            finals=list(ok["final_top1"]),
             peak_mem_mib=_median(list(ok["peak_mem_mib"])),
             time_to_target=mlperf_score(list(ok["time_to_target_s"]), list(ok["target_top1"])),
+            time_to_target_s=(mlperf_seconds(list(ok["time_to_target_s"]))[0]
+                              if ok["target_top1"].notna().any() else math.nan),
+            run_images_per_s=list(ok["images_per_s"]),
+            run_times_to_target=list(ok["time_to_target_s"]),
+            total_train_time_s=_median(list(ok["total_train_time_s"])),
+            target_top1=use["target_top1"].iloc[-1],
+            exposed_comm=_median(list(ok["exposed_comm"])),
+            compute_step_s=_median(list(ok["compute_step_s"])),
+            mfu=_median(list(ok["mfu"])),
+            step_time_s=_median(list(ok["step_time_s"])),
+            comm_ceiling=comm_ceiling(probes or [], use.iloc[-1]),
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
@@ -187,18 +227,82 @@ def summary_table(records: list[dict[str, Any]]):
         return (r.workload, r.strategy, r.device, r.precision, r.grad_accum)
 
     base = {family(r): r.images_per_s for r in table.itertuples()
-            if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"}
+            if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
+            and not r.gpu_shared}
     table["speedup"] = [
-        r.images_per_s / base[family(r)] if family(r) in base and r.status == "ok" else math.nan
+        r.images_per_s / base[family(r)]
+        if family(r) in base and r.status == "ok" and not r.gpu_shared else math.nan
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
+    table = add_parity(table, reference)
     import strategies
 
     order = {name: i for i, name in enumerate(strategies.names())}
     table["_order"] = [order.get(name, len(order)) for name in table["strategy"]]
     table = table.sort_values(["workload", "device", "_order", "world_size", "precision"])
     return table.drop(columns="_order").reset_index(drop=True)
+
+
+def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
+    """The ideal time to all-reduce this row's gradient (from the newest ``bench probe`` of
+    the same device, backend and world size) beside the measured step."""
+    from bench.probe import ideal_allreduce_s
+
+    match = [p for p in probes if (p.get("device"), p.get("backend"), p.get("world_size"))
+             == (run["device"], run["backend"], run["world_size"])]
+    if not match or not run["gradient_bytes"] or run["world_size"] < 2:
+        return None
+    ideal = ideal_allreduce_s(match[-1], run["gradient_bytes"])
+    step = run["step_time_s"]
+    return f"{1000 * ideal:.1f} / {1000 * step:.1f}" if not math.isnan(step) else (
+        f"{1000 * ideal:.1f} / —")
+
+
+def parse_reference(text: str) -> tuple[str, int]:
+    """``strategy[:N]`` (N default 1) -> (strategy, N)."""
+    name, _, world = text.partition(":")
+    try:
+        return name, int(world or 1)
+    except ValueError:
+        raise ConfigError(f"--reference must be STRATEGY[:N], e.g. ddp:1 (got {text!r})") from None
+
+
+def add_parity(table, reference: str):
+    """Δ final top-1 (mean) against the reference row of the same workload and device, and
+    Welch's p-value over the repeats. The reference row is the strategy at N replicas on its
+    own GPUs, fp32 where it exists (else tf32, else the first precision)."""
+    name, world = parse_reference(reference)
+    refs: dict[tuple, Any] = {}
+    for r in table.itertuples():
+        if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
+            continue
+        rank = {"fp32": 0, "tf32": 1}.get(r.precision, 2)
+        key = (r.workload, r.device)
+        if key not in refs or rank < refs[key][0]:
+            refs[key] = (rank, r.Index, r.finals)
+    deltas, pvalues, is_ref = [], [], []
+    for r in table.itertuples():
+        found = refs.get((r.workload, r.device))
+        if found is None or r.status != "ok":
+            deltas.append(math.nan), pvalues.append(math.nan), is_ref.append(False)
+            continue
+        diff, p = welch(r.finals, found[2])
+        deltas.append(diff), pvalues.append(p), is_ref.append(r.Index == found[1])
+    table["delta_top1"], table["p_value"], table["is_reference"] = deltas, pvalues, is_ref
+    table["differs"] = [p < 0.05 for p in pvalues]
+    return table
+
+
+def _parity_cell(r: dict) -> str:
+    if r.get("is_reference"):
+        return "ref"
+    delta, p = r.get("delta_top1", math.nan), r.get("p_value", math.nan)
+    if delta is None or math.isnan(delta):
+        return "—"
+    if math.isnan(p):
+        return f"{delta:+.2f} (p —)"
+    return f"{delta:+.2f} (p {p:.2g}){' ≠' if p < 0.05 else ''}"
 
 
 def _fmt(value: Any, column: str) -> str:
@@ -212,6 +316,8 @@ def _fmt(value: Any, column: str) -> str:
         return f"{value:.2f}×"
     if column == "efficiency":
         return f"{100 * value:.0f} %"
+    if column in ("exposed_comm", "mfu"):
+        return f"{100 * value:.1f}"
     if column in ("final_top1", "best_top1"):
         return f"{value:.2f}"
     return str(value)
@@ -221,10 +327,16 @@ def _cells(table) -> list[list[str]]:
     rows = []
     for r in table.to_dict("records"):
         cells = [_fmt(r.get(c), c) for c, _ in COLUMNS]
+        ci = r.get("final_top1_ci", math.nan)
+        if ci is not None and not math.isnan(ci):
+            cells[COLUMN_INDEX["final_top1"]] += f" ± {ci:.2f}"
+        cells[COLUMN_INDEX["delta_top1"]] = _parity_cell(r)
         if r.get("gpus_requested") not in (None, r.get("world_size")):
             cells[COLUMN_INDEX["world_size"]] += f" (of {r['gpus_requested']} asked)"
         if r.get("status") == "ok" and math.isnan(r.get("epoch_time_s", math.nan)):
             cells[COLUMN_INDEX["epoch_time_s"]] = "— (1 epoch: warm-up only)"
+        if r.get("gpu_shared"):
+            cells[COLUMN_INDEX["epoch_time_s"]] += " (ranks shared GPUs: not comparable)"
         if r.get("status") != "ok" and r.get("error"):
             reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
             reason = reason if len(reason) <= 110 else reason[:107] + "..."
@@ -250,15 +362,18 @@ def to_text(table) -> str:
 
 
 def to_csv(table) -> str:
-    columns = [c for c, _ in COLUMNS] + ["error", "dataset", "width"]
+    columns = [c for c, _ in COLUMNS] + ["final_top1_ci", "p_value", "differs", "error",
+                                          "dataset", "width"]
     return table.reindex(columns=columns).to_csv(index=False)
 
 
-def make_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Matplotlib figures by name: epoch_time, scaling, top1, time_vs_accuracy."""
+def make_figures(records: list[dict[str, Any]],
+                 probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Matplotlib figures by name: epoch_time, scaling, top1, time_to_target,
+    time_vs_accuracy, where_time_goes, scaling_efficiency, and busbw (with probes)."""
     import matplotlib.pyplot as plt
 
-    table = summary_table(records)
+    table = summary_table(records, probes=probes)
     ok = table[table["status"] == "ok"]
     figures: dict[str, Any] = {}
 
@@ -302,23 +417,125 @@ def make_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
         ax.legend(fontsize=7)
     figures["top1"] = fig
 
-    runs = run_rows(records)
-    runs = runs[runs["status"] == "ok"] if not runs.empty else runs
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in runs.itertuples():
-        ax.scatter(r.total_train_time_s, r.final_top1)
-        ax.annotate(f"{r.strategy} N={r.world_size}", (r.total_train_time_s, r.final_top1),
-                    fontsize=7)
-    ax.set_xlabel("total training time (s)")
-    ax.set_ylabel("final top-1 (%)")
+    figures["time_to_target"] = _time_to_target_figure(ok)
+
+    # One point per row (median training time, mean top-1 with its 95 % CI), named in the
+    # legend rather than by text beside the points, which overlaps when rows are close.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    markers = "osD^v<>phX*"
+    for i, r in enumerate(ok.itertuples()):
+        ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
+        ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],
+                    capsize=3, label=_row_label(r))
+    ax.set_xlabel("total training time (s, median over runs)")
+    ax.set_ylabel("final top-1 (%, mean ± 95 % CI)")
     ax.set_title("Time vs accuracy")
+    if len(ok):
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figures["time_vs_accuracy"] = fig
+    figures["where_time_goes"] = _where_time_goes_figure(ok)
+    figures["scaling_efficiency"] = _efficiency_figure(ok)
+    if probes:
+        figures["busbw"] = _busbw_figure(probes)
     for fig in figures.values():
         fig.tight_layout()
     return figures
 
 
-def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
+def _row_label(r) -> str:
+    shared = ", shared GPU" if r.gpu_shared else ""
+    accum = f", accum {r.grad_accum}" if r.grad_accum != 1 else ""
+    return f"{r.strategy} N={r.world_size} {r.device} {r.precision}{accum}{shared}"
+
+
+def _time_to_target_figure(ok):
+    """A bar per row: the MLPerf-scored time to target, the whisker spanning the runs that
+    reached it; rows that did not converge are named with no bar."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rows = [r for r in ok.itertuples() if not math.isnan(r.time_to_target_s)]
+    labels, heights, low, high = [], [], [], []
+    for r in rows:
+        reached = [t for t in r.run_times_to_target if not math.isinf(t)]
+        score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
+        lines = [r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}"]
+        lines += [f"accum {r.grad_accum}"] * (r.grad_accum != 1) + ["shared GPU"] * r.gpu_shared
+        lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
+        labels.append("\n".join(lines))
+        heights.append(score)
+        low.append(score - min(reached) if reached and score else 0.0)
+        high.append(max(reached) - score if reached and score else 0.0)
+    ax.bar(range(len(rows)), heights, yerr=[low, high], capsize=3, color="tab:green")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    target = sorted({r.target_top1 for r in rows if r.target_top1 == r.target_top1})
+    ax.set_ylabel("time to target (s, MLPerf score)")
+    ax.set_title("Time to target accuracy" + (f" ({target[0]:g} % top-1)" if target else ""))
+    return fig
+
+
+def _where_time_goes_figure(ok):
+    """A stacked bar per multi-rank row: the compute-only step (probe steps with gradient
+    sync off) and what communication added on top of it (the step's median minus that)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ok.itertuples() if not math.isnan(r.compute_step_s)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    compute = [1000 * r.compute_step_s for r in rows]
+    exposed = [max(0.0, 1000 * (r.step_time_s - r.compute_step_s)) for r in rows]
+    ax.bar(range(len(rows)), compute, color="tab:blue", label="compute (sync off)")
+    ax.bar(range(len(rows)), exposed, bottom=compute, color="tab:red",
+           label="exposed communication")
+    ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
+                                                 f"{r.device} {r.precision}"]) for r in rows],
+                  fontsize=7)
+    ax.set_ylabel("step time (ms, median)")
+    ax.set_title("Where the step time goes")
+    if rows:
+        ax.legend(fontsize=8)
+    return fig
+
+
+def _efficiency_figure(ok):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
+    ax.plot(worlds, [100] * len(worlds), ":", color="grey", label="ideal (100 %)")
+    for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
+        grp = grp[grp["efficiency"].notna()].sort_values("world_size")
+        if len(grp):
+            ax.plot(grp["world_size"], 100 * grp["efficiency"], "o-",
+                    label=f"{strategy} ({device}, {precision})")
+    ax.set_xlabel("world size N")
+    ax.set_ylabel("scaling efficiency (%): speed-up / N")
+    ax.set_xticks(worlds)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Scaling efficiency")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _busbw_figure(probes: list[dict[str, Any]]):
+    """Bus bandwidth against message size, one line per probe (device, backend, N)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for probe in probes:
+        rows = probe["results"]
+        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
+                label=f"{probe['device']} {probe['backend']} N={probe['world_size']}")
+        ax.axvline(probe["gradient_bytes"], color="grey", linestyle=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes; dotted: one ResNet-18 gradient)")
+    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
+    ax.set_title("All-reduce ceiling (bench probe)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def write_plots(records: list[dict[str, Any]], folder: Path,
+                probes: list[dict[str, Any]] | None = None) -> list[Path]:
     """Every figure of make_figures as PNG and SVG."""
     import matplotlib
 
@@ -327,7 +544,7 @@ def write_plots(records: list[dict[str, Any]], folder: Path) -> list[Path]:
 
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for name, fig in make_figures(records).items():
+    for name, fig in make_figures(records, probes).items():
         for ext in ("png", "svg"):
             path = folder / f"{name}.{ext}"
             fig.savefig(path, dpi=120, metadata={"Date": None} if ext == "svg" else None)
@@ -356,9 +573,10 @@ def hardware_lines(records: list[dict[str, Any]]) -> list[str]:
     return seen
 
 
-def readme_block(records: list[dict[str, Any]]) -> str:
+def readme_block(records: list[dict[str, Any]],
+                 probes: list[dict[str, Any]] | None = None) -> str:
     """The README's table: the Markdown summary plus the hardware it was measured on."""
-    table = to_markdown(summary_table(records))
+    table = to_markdown(summary_table(records, probes=probes))
     machines = "\n".join(f"- {line}" for line in hardware_lines(records))
     return (
         f"{README_START}\n{table}\nMeasured on:\n{machines}\n\n"
@@ -367,7 +585,8 @@ def readme_block(records: list[dict[str, Any]]) -> str:
     )
 
 
-def update_readme(readme: Path, records: list[dict[str, Any]]) -> bool:
+def update_readme(readme: Path, records: list[dict[str, Any]],
+                  probes: list[dict[str, Any]] | None = None) -> bool:
     """Rewrite the block between the markers; True when the file changed."""
     text = readme.read_text()
     start, end = text.find(README_START), text.find(README_END)
@@ -375,13 +594,14 @@ def update_readme(readme: Path, records: list[dict[str, Any]]) -> bool:
         from bench.errors import ConfigError
 
         raise ConfigError(f"{readme} has no table markers; add {README_START} ... {README_END}")
-    new = text[:start] + readme_block(records) + text[end + len(README_END):]
+    new = text[:start] + readme_block(records, probes) + text[end + len(README_END):]
     readme.write_text(new)
     return new != text
 
 
 def cmd_report(results: str, fmt: str = "text", write: bool = True,
-               readme: str | None = None) -> int:
+               readme: str | None = None, reference: str = "ddp:1") -> int:
+    parse_reference(reference)
     if not Path(results).is_dir():
         raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
                           "(the one `bench run --output` wrote)")
@@ -397,7 +617,9 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         print(f"bench report: no run records in {results} (nor in {runs_dir(results)}); "
               "nothing written", file=sys.stderr)
         return EXIT_FAILED
-    table = summary_table(records)
+    from bench.probe import load_probes
+
+    table = summary_table(records, reference, load_probes(results))
     if fmt == "json":
         print(json.dumps(table.to_dict("records"), indent=2, default=str))
     elif fmt == "csv":
@@ -411,11 +633,11 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         root.mkdir(parents=True, exist_ok=True)
         (root / "summary.csv").write_text(to_csv(table))
         (root / "summary.md").write_text(to_markdown(table))
-        plots = write_plots(records, root / "plots")
+        plots = write_plots(records, root / "plots", load_probes(results))
         print(f"wrote {root / 'summary.csv'}, {root / 'summary.md'} and {len(plots)} plot files "
               f"under {root / 'plots'}", file=sys.stderr)
     if readme:
-        changed = update_readme(Path(readme), records)
+        changed = update_readme(Path(readme), records, load_probes(results))
         print(f"{readme}: table {'updated' if changed else 'already up to date'}",
               file=sys.stderr)
     return 0

@@ -29,12 +29,14 @@ RECORD_FIELDS = (
     "compile", "compile_time_s", "optimizer_impl", "cudnn_benchmark",
     "initial_param_fingerprint", "initial_replicas_identical", "allow_tf32", "owner",
     "target_top1", "reached_target", "time_to_target_s", "train_time_to_target_s",
-    "epochs_to_target",
+    "epochs_to_target", "backend", "gpu_shared", "comm_probe_steps", "compute_step_s",
+    "exposed_comm_fraction", "comm_probe_note", "train_flops_per_image", "peak_tflops_per_gpu",
+    "profile_steps", "profile_trace",
 )
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",
     "train_loss", "test_loss", "top1", "top5", "test_images", "peak_mem_bytes", "lr_last",
-    "data_order_sha1", "step_time_p50_s", "step_time_p90_s",
+    "data_order_sha1", "step_time_p50_s", "step_time_p90_s", "achieved_tflops", "mfu",
 )
 ENV_FIELDS = (
     "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_count", "cuda",

@@ -25,6 +25,7 @@ from bench.errors import (
     EXIT_UNAVAILABLE,
     ConfigError,
 )
+from bench.flops import cached_train_flops_per_image
 from bench.folders import missing_folders, remove_created
 from bench.parts import tf32_label
 from bench.record import RunRecord
@@ -63,12 +64,22 @@ def resolve_device(cfg: RunConfig) -> str:
         raise ConfigError(
             f"no CUDA GPU is visible here; add --cpu to run {cfg.gpus} CPU process(es) instead"
         )
-    if cfg.gpus > visible and not (cfg.use_slurm and slurm_task()):
+    if cfg.gpus > visible and cfg.backend != "gloo" and not (cfg.use_slurm and slurm_task()):
         raise ConfigError(
-            f"--gpus {cfg.gpus} but only {visible} CUDA GPU(s) are visible; "
-            f"use --gpus {visible} or fewer, or --cpu"
+            f"--gpus {cfg.gpus} but only {visible} CUDA GPU(s) are visible; use --gpus "
+            f"{visible} or fewer, --cpu, or --backend gloo to let ranks share a GPU "
+            "(a correctness check: its timings are not comparable)"
         )
     return "cuda"
+
+
+def shares_gpus(cfg: RunConfig, device_type: str) -> bool:
+    """More ranks than GPUs on this machine (allowed with gloo only, see resolve_device)."""
+    if device_type != "cuda":
+        return False
+    import torch
+
+    return cfg.gpus > torch.cuda.device_count()
 
 
 def resolve_strategy(cfg: RunConfig) -> Strategy:
@@ -154,6 +165,8 @@ class RunPlan:
             device_type=self.device_type, gpus=cfg.gpus, nodes=cfg.nodes, hosts=cfg.hosts,
             rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None,
             timeout=cfg.timeout,
+            backend=cfg.backend or ("nccl" if self.device_type == "cuda" else "gloo"),
+            gpu_shared=self.slurm is None and shares_gpus(cfg, self.device_type),
         )
         self.strategy.check(self.topology, cfg.features)
         self.processes = self.strategy.num_processes(self.topology)
@@ -207,6 +220,9 @@ class RunPlan:
             workers_per_process=self.workers_per_process,
             precision=self.precision_label,
             strategy_options=self.strategy.record_options(), command=argv,
+            backend=self.strategy.process_group_backend(self.topology),
+            gpu_shared=self.topology.gpu_shared,
+            train_flops_per_image=cached_train_flops_per_image(self.cfg.width),
         )
 
 
@@ -279,7 +295,7 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
                 f"--master-port {plan.port} is in use; choose another or leave it out"
             )
         record = plan.skeleton(argv)
-        reason = plan.strategy.requires(plan.device_type)
+        reason = plan.strategy.requires(plan.device_type, plan.topology.backend)
         if reason:
             record.unavailable(reason)
             return record

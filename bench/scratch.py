@@ -3,11 +3,40 @@ them. One place names them, for the worker, the runner and the launchers alike."
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def remove_orphans() -> None:
+    """Scratch folders of this user whose launcher (on this host) no longer runs. Folders
+    without a launcher file (older versions, or just being created) are left alone."""
+    host = socket.gethostname()
+    for folder in Path(tempfile.gettempdir()).glob("bench-*"):
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+            pid, owner_host = (folder / "launcher").read_text().split()
+            if owner_host != host or _alive(int(pid)):
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True)
@@ -21,7 +50,17 @@ class Scratch:
 
     @classmethod
     def create(cls, run_id: str) -> Scratch:
-        return cls(Path(tempfile.mkdtemp(prefix=f"bench-{run_id}-")))
+        """A new folder, owned by this (launching) process; folders left behind by launchers
+        that were killed outright (SIGKILL: no chance to clean up) are removed first."""
+        remove_orphans()
+        scratch = cls(Path(tempfile.mkdtemp(prefix=f"bench-{run_id}-")))
+        scratch.launcher.write_text(f"{os.getpid()} {socket.gethostname()}\n")
+        return scratch
+
+    @property
+    def launcher(self) -> Path:
+        """``PID HOST`` of the launching process that owns the folder."""
+        return self.root / "launcher"
 
     def exists(self) -> bool:
         return self.root.is_dir()

@@ -26,7 +26,9 @@ from bench.runner import RunPlan
 # loader workers feed them), left out of the sweep key.
 _NOT_IN_KEY = {"strategy", "gpus", "output", "progress", "master_port", "tag", "timeout",
                "data_dir", "download", "workers", "node_rank", "rdzv_endpoint", "rdzv_id",
-               "max_restarts", "use_slurm"}
+               "max_restarts", "use_slurm",
+               # steps taken after the timed epochs: they change no recorded figure
+               "comm_probe_steps", "profile_steps"}
 
 
 @dataclass
@@ -161,8 +163,11 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
     # Failed, interrupted and stale `running` records (owner gone) move aside, kept.
     _supersede([p for p, r in existing if current_status(r)[0] != "ok" or force])
     print(prefix, flush=True)
+    # Repeat r trains with seed S + r (MLPerf: runs differ by their seed), so the spread of
+    # accuracy and time to target over repeats is run-to-run variation, not a copy.
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
-           "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args]
+           "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args,
+           "--seed", str(base.seed + combo.repeat)]
     proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=dies_with_me())
     started = time.monotonic()
     try:

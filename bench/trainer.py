@@ -18,12 +18,14 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig
+from bench.extra_steps import compute_only_steps, profile_steps
 from bench.faults import Fault
 from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
 from bench.model import params_sha1
 from bench.parts import ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
 from bench.scratch import Heartbeat
+from bench.timing import step_intervals, step_mark
 from strategies.base import Strategy
 
 
@@ -59,15 +61,6 @@ def _percentile(values: list[float], q: float) -> float:
     low = int(pos)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def _mark(cuda: bool):
-    """A step boundary: a CUDA event (no host sync) on GPU, the clock on CPU."""
-    if cuda:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
 
 
 def _sync(strategy: Strategy) -> None:
@@ -158,9 +151,7 @@ class Trainer:
                     self.record.reached_target(epoch + 1, evaluated_at - self.clock)
             if reached and cfg.stop_at_target:
                 break
-        identical, fingerprint = replica_fingerprint(self.strategy, self.parts.model)
-        if self.record is not None:
-            self.record.finish(identical, fingerprint)
+        finish_run(self)
 
     def start_record(self, compile_time: float | None, initial_sha1: str,
                      initial_identical: bool | None) -> None:
@@ -203,7 +194,7 @@ class Trainer:
         start = time.perf_counter()
         if epoch == 0:
             self.clock = start  # time to target runs from the first step, never paused
-        marks: list[Any] = [_mark(cuda)]
+        marks: list[Any] = [step_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
         step_loss = torch.zeros((), device=s.device, dtype=sums)
         served = []  # sample indices as the loader served them (no host sync)
@@ -237,7 +228,7 @@ class Trainer:
                 continue
             s.step(optimizer, precision)
             step += 1
-            marks.append(_mark(cuda))
+            marks.append(step_mark(cuda))
             if bar is not None:
                 bar.update()
             if verifying:  # not a timed run: per-step global loss, then stop at K steps
@@ -248,10 +239,7 @@ class Trainer:
         _sync(s)
         train_time = time.perf_counter() - start
         # ---- end of timed region ----
-        if cuda:
-            step_times = [a.elapsed_time(b) / 1000 for a, b in zip(marks, marks[1:])]
-        else:
-            step_times = [b - a for a, b in zip(marks, marks[1:])]
+        step_times = step_intervals(marks, cuda)
         self.beat(f"train epoch {epoch + 1} (end)", force=True)
         if bar is not None:
             bar.close()
@@ -338,6 +326,22 @@ class Trainer:
         if parts.precision.scaler is not None:  # forget the warm-up's scaling state
             parts.precision.scaler.update(parts.precision.scaler.get_scale())
         return seconds
+
+
+def finish_run(trainer: Trainer) -> None:
+    """After the last epoch: the replica check, then the profiled steps (--profile-steps)
+    and the compute-only probe steps, which change the model and so come after everything
+    recorded about it."""
+    identical, fingerprint = replica_fingerprint(trainer.strategy, trainer.parts.model)
+    if trainer.cfg.profile_steps:
+        trace = trainer.record.trace_path() if trainer.record is not None else None
+        profile_steps(trainer, trainer.cfg.profile_steps, trace)
+    steps = trainer.cfg.comm_probe_steps
+    probe = compute_only_steps(trainer, steps) if steps else None
+    if trainer.record is not None:
+        if probe is not None:
+            trainer.record.comm_probe(probe.steps, probe.compute_step_s, probe.note)
+        trainer.record.finish(identical, fingerprint)
 
 
 def run_verify(trainer: Trainer) -> None:

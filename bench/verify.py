@@ -130,7 +130,8 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     data = CifarTensorDataset(
-        load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit), augment=False
+        load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit,
+                   cfg.synthetic_difficulty), augment=False
     )
     orders = []
     for rank in range(layout.processes):
@@ -253,16 +254,28 @@ def _verify_base(base: RunConfig, steps: int) -> RunConfig:
 
 def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
     base = _verify_base(base, steps)
-    # Validate everything first: bad input writes nothing.
-    plans = {name: RunPlan(base.derive(strategy=name), probe_output=False) for name in names}
+    # Validate everything first: bad input writes nothing. A strategy that refuses what the
+    # others accept (dp when ranks share a GPU, fsdp with channels_last) is skipped with its
+    # reason; input every strategy refuses is bad input.
+    plans: dict[str, RunPlan] = {}
+    refused: dict[str, ConfigError] = {}
+    for name in names:
+        try:
+            plans[name] = RunPlan(base.derive(strategy=name), probe_output=False)
+        except ConfigError as exc:
+            refused[name] = exc
+    if not plans:
+        raise next(iter(refused.values()))
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
           f"width {base.width}, {base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, "
           "no augmentation; reference: one plain process with the strategy's BatchNorm "
           "grouping; fp32 strategies run in float64", flush=True)
     checker = Checker(base, steps)
-    outcomes = []
+    outcomes = [Outcome(name, "skipped", detail=f"refused: {exc}") for name, exc in refused.items()]
+    for line in (o.line() for o in outcomes):
+        print(line, flush=True)
     for name, plan in plans.items():
-        reason = plan.strategy.requires(plan.device_type)
+        reason = plan.strategy.requires(plan.device_type, plan.topology.backend)
         if reason:
             outcomes.append(Outcome(name, "skipped", detail=f"unavailable: {reason}"))
         else:
@@ -283,7 +296,7 @@ def run_self_test(base: RunConfig, name: str, steps: int) -> int:
     pass and every variant must fail, or the check has no power."""
     base = _verify_base(base, steps)
     plan = RunPlan(base.derive(strategy=name), probe_output=False)
-    reason = plan.strategy.requires(plan.device_type)
+    reason = plan.strategy.requires(plan.device_type, plan.topology.backend)
     if reason:
         raise ConfigError(f"{name} is unavailable here ({reason}); self-test another strategy "
                           "with --strategies")

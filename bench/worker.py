@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import strategies
-from bench.faults import Fault, defect_from_env, inject_defect
+from bench.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
 from bench.lifetime import die_with_parent
 from bench.loaders import build_loaders
 from bench.parts import build_model_and_optimizer
@@ -41,6 +41,7 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     defect = defect_from_env()
     if defect:
         inject_defect(defect, parts, loaders.sampler, strategy)
+    slow_communication_from_env(parts, strategy)
     record = None
     if strategy.is_main:
         record = (RunRecord.load(spec.record_path) if spec.record_path.exists()

@@ -1,22 +1,33 @@
-"""Build Horovod 0.28.1 for the installed torch and install it (``make horovod``).
+"""Build Horovod 0.28.1 for the installed torch and install it (``make horovod``), offline.
 
 ``pip install horovod`` fails against torch >= 2.1: the 0.28.1 release compiles as C++14,
-torch 2.1+ headers need C++17 and the newest need C++20. This script downloads the registry's
-source distribution into ``build/horovod/``, raises the C++ standard in a copy of it, and
-builds a wheel with Gloo on and MPI, TensorFlow and MXNet off:
+torch 2.1+ headers need C++17 and the newest need C++20. The build has two phases, so that
+the offline path is the path taken every time:
 
-- GPU mode (a GPU is visible and a CUDA toolkit is found): NCCL GPU operations.
-- CPU mode (otherwise, e.g. a toolkit but no GPU): no CUDA code at all.
-  ``HOROVOD_BUILD_MODE=cpu|gpu`` overrides the choice.
+1. **Fill** a wheelhouse folder (default ``.cache/horovod-wheelhouse/``, ignored by git) with
+   Horovod's source distribution and the wheels of its build and run-time dependencies. This
+   is the only step that touches the network, and it is skipped when the folder is already
+   complete (``COMPLETE-py3.X`` lists what it holds). ``--python-version 3.12`` fills it for
+   another interpreter, e.g. a GPU machine without network: copy the folder there.
+2. **Build** with the package index switched off (``PIP_NO_INDEX=1``, ``--find-links``): raise
+   the C++ standard (and the CUDA one, pinned to 11) in a fresh copy of the source, and build a
+   wheel with Gloo on and MPI, TensorFlow and MXNet off:
 
-The wheel is kept in ``.cache/horovod/`` (ignored by git) under a name that includes the torch
-version and mode, so a second ``make horovod`` installs it in seconds. Horovod's source is
-never committed.
+   - GPU mode (a GPU is visible and a CUDA toolkit is found): NCCL GPU operations, the NCCL
+     that torch's wheel ships (found under site- or dist-packages; CMake wants a
+     ``libnccl.so`` beside its ``libnccl.so.2``, so a link folder is made), kernels for the
+     visible GPUs' architectures only (``HOROVOD_BUILD_CUDA_CC_LIST`` overrides).
+   - CPU mode (otherwise): no CUDA code at all. ``HOROVOD_BUILD_MODE=cpu|gpu`` overrides.
+
+The wheel is kept in ``.cache/horovod/`` under a name with the torch version and mode, so a
+second ``make horovod`` installs it in seconds. ``--target DIR`` installs into DIR (for an
+interpreter you may not install into; put DIR on PYTHONPATH). Horovod's source is never
+committed.
 """
 
 from __future__ import annotations
 
-import glob
+import argparse
 import os
 import re
 import shutil
@@ -29,6 +40,12 @@ VERSION = "0.28.1"
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "horovod"
 CACHE = ROOT / ".cache" / "horovod"
+TOOLS = BUILD / "tools"  # build dependencies, with --target
+WHEELHOUSE = ROOT / ".cache" / "horovod-wheelhouse"
+SDIST = f"horovod-{VERSION}.tar.gz"
+# setup.py's build needs (no build isolation: it must see torch) and Horovod's run-time needs.
+BUILD_DEPS = ["wheel", "setuptools", "cmake>=3.18,<4"]
+RUNTIME_DEPS = ["cloudpickle", "psutil", "pyyaml", "packaging", "cffi"]
 
 
 def log(msg: str) -> None:
@@ -39,6 +56,43 @@ def run(cmd: list[str], **kwargs) -> None:
     log("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True, **kwargs)
 
+
+def pip(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pip", *args]
+
+
+# --- phase 1: the wheelhouse -------------------------------------------------------------
+
+def marker(house: Path, python_version: str) -> Path:
+    return house / f"COMPLETE-py{python_version}"
+
+
+def is_complete(house: Path, python_version: str) -> bool:
+    mark = marker(house, python_version)
+    if not mark.exists():
+        return False
+    return all((house / name).exists() for name in mark.read_text().split())
+
+
+def fill(house: Path, python_version: str) -> None:
+    """Download the sdist and the dependency wheels for ``python_version`` (network)."""
+    if is_complete(house, python_version):
+        log(f"wheelhouse {house} is complete for Python {python_version}; nothing downloaded")
+        return
+    house.mkdir(parents=True, exist_ok=True)
+    if not (house / SDIST).exists():
+        run(pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", "-d", str(house),
+                f"horovod=={VERSION}"))
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = [] if python_version == here else ["--python-version", python_version]
+    run(pip("download", "--quiet", "--only-binary", ":all:", *target, "-d", str(house),
+            *BUILD_DEPS, *RUNTIME_DEPS))
+    names = sorted(p.name for p in house.iterdir() if p.suffix in (".whl", ".gz"))
+    marker(house, python_version).write_text("\n".join(names) + "\n")
+    log(f"wheelhouse {house} filled for Python {python_version}: {len(names)} files")
+
+
+# --- phase 2: the offline build ------------------------------------------------------------
 
 def torch_info() -> tuple[str, Path, bool]:
     import torch
@@ -66,17 +120,17 @@ def cuda_toolkit_root() -> Path | None:
     return None
 
 
-def gpu_visible() -> bool:
-    if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-        if out.returncode == 0 and "GPU" in out.stdout:
-            return True
+def visible_capabilities() -> list[str]:
+    """Compute capabilities of the visible GPUs, e.g. ['90'] (empty without one)."""
     try:
         import torch
 
-        return torch.cuda.is_available()
+        if not torch.cuda.is_available():
+            return []
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+        return sorted(f"{major}{minor}" for major, minor in caps)
     except Exception:
-        return False
+        return []
 
 
 def choose_mode(torch_has_cuda: bool) -> tuple[str, Path | None]:
@@ -84,39 +138,74 @@ def choose_mode(torch_has_cuda: bool) -> tuple[str, Path | None]:
     toolkit = cuda_toolkit_root()
     if forced not in ("", "cpu", "gpu"):
         sys.exit("HOROVOD_BUILD_MODE must be cpu or gpu")
-    if forced == "gpu" or (not forced and gpu_visible() and toolkit and torch_has_cuda):
+    if forced == "gpu" or (not forced and visible_capabilities() and toolkit and torch_has_cuda):
         if toolkit is None:
             sys.exit("GPU build asked for but no CUDA toolkit found; set CUDA_HOME")
         return "gpu", toolkit
     reason = "forced" if forced else (
         "no GPU visible" if toolkit else "no CUDA toolkit found"
     )
-    log(f"CPU-only build ({reason}); Gloo collectives on CPU tensors")
+    log(f"CPU-only build ({reason}); Gloo collectives, CUDA tensors staged through host memory")
     return "cpu", None
 
 
 def patch_source(src: Path, std: int, mode: str) -> None:
-    for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+    def sub(rel: str, pattern: str, repl: str, what: str) -> None:
         path = src / rel
-        text, n = re.subn(r"set\(CMAKE_CXX_STANDARD 14\)", f"set(CMAKE_CXX_STANDARD {std})",
-                          path.read_text())
+        text, n = re.subn(pattern, repl, path.read_text())
         if n == 0:
-            sys.exit(f"cannot patch {rel}: no CMAKE_CXX_STANDARD 14 in it")
+            sys.exit(f"cannot patch {rel}: {what} not found")
         path.write_text(text)
-        log(f"patched {rel}: C++14 -> C++{std}")
+        log(f"patched {rel}: {what}")
+
+    for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
+        sub(rel, r"set\(CMAKE_CXX_STANDARD 14\)", f"set(CMAKE_CXX_STANDARD {std})",
+            f"C++14 -> C++{std}")
+    # nvcc of CUDA 12+ rejects --std=c++11 next to today's headers.
+    sub("horovod/common/ops/cuda/CMakeLists.txt", r"set\(CMAKE_CUDA_STANDARD 11\)",
+        "set(CMAKE_CUDA_STANDARD 17)", "CUDA C++11 -> C++17")
     if mode == "cpu":
         # Horovod builds CUDA code whenever torch is a CUDA build and a toolkit exists; in CPU
         # mode tell its CMake that this torch has no CUDA.
-        find = src / "cmake" / "Modules" / "FindPytorch.cmake"
-        text = find.read_text()
-        marker = 'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)'
-        if marker not in text:
-            sys.exit("cannot patch FindPytorch.cmake for a CPU-only build")
-        find.write_text(text.replace(marker, marker + '\nset(Pytorch_CUDA "FALSE")'))
-        log("patched cmake/Modules/FindPytorch.cmake: CPU-only")
+        marker_line = 'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)'
+        sub("cmake/Modules/FindPytorch.cmake", re.escape(marker_line),
+            marker_line.replace("\\", "\\\\") + '\nset(Pytorch_CUDA "FALSE")', "CPU-only")
 
 
-def build_env(mode: str, toolkit: Path | None) -> dict[str, str]:
+def find_wheel_nccl() -> Path | None:
+    """The folder (holding include/nccl.h and lib/libnccl.so*) of the NCCL wheel torch uses,
+    wherever this interpreter installs packages (site-packages or Debian's dist-packages)."""
+    for entry in map(Path, sys.path):
+        for header in sorted(entry.glob("nvidia/**/include/nccl.h")):
+            home = header.parent.parent
+            if list((home / "lib").glob("libnccl.so*")):
+                return home
+    return None
+
+
+def nccl_link_folder(home: Path) -> Path:
+    """include/ and lib/ with a ``libnccl.so`` link: CMake's find_library(nccl) wants the
+    unversioned name, the wheel ships only ``libnccl.so.2``."""
+    links = BUILD / "nccl"
+    shutil.rmtree(links, ignore_errors=True)
+    (links / "lib").mkdir(parents=True)
+    (links / "include").symlink_to(home / "include")
+    real = sorted((home / "lib").glob("libnccl.so*"))[0]
+    (links / "lib" / "libnccl.so").symlink_to(real)
+    return links
+
+
+def install_build_deps(house: Path, *, separate: bool) -> None:
+    """From the wheelhouse into the interpreter, or (``separate``, when it may not be
+    installed into) into ``build/horovod/tools``, which the build then puts on its paths."""
+    offline = ["--no-index", "--find-links", str(house)]
+    if not separate:
+        run(pip("install", "--quiet", *offline, *BUILD_DEPS, *RUNTIME_DEPS))
+        return
+    run(pip("install", "--quiet", *offline, "--target", str(TOOLS), "--upgrade", *BUILD_DEPS))
+
+
+def build_env(mode: str, toolkit: Path | None, house: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         HOROVOD_WITH_PYTORCH="1",
@@ -127,64 +216,100 @@ def build_env(mode: str, toolkit: Path | None) -> dict[str, str]:
         MAKEFLAGS=f"-j{os.cpu_count() or 2}",
         CMAKE_POLICY_VERSION_MINIMUM="3.5",  # Gloo's old cmake_minimum_required, on CMake 4
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(house),
     )
+    if TOOLS.exists():
+        env["PATH"] = f"{TOOLS / 'bin'}{os.pathsep}{env['PATH']}"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TOOLS), env.get("PYTHONPATH")]))
     for key in ("HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_BROADCAST"):
         env.pop(key, None)
     if mode == "gpu":
         assert toolkit is not None
-        env.update(
-            HOROVOD_GPU_OPERATIONS="NCCL",
-            HOROVOD_CUDA_HOME=str(toolkit),
-            CUDA_HOME=str(toolkit),
-            CUDAToolkit_ROOT=str(toolkit),
-        )
-        nccl = glob.glob(str(Path(sys.prefix) / "lib" / "python3*" / "site-packages" /
-                             "nvidia" / "nccl"))
-        if nccl:  # the NCCL that torch's wheel ships
-            env.update(HOROVOD_NCCL_INCLUDE=f"{nccl[0]}/include",
-                       HOROVOD_NCCL_LIB=f"{nccl[0]}/lib", HOROVOD_NCCL_LINK="SHARED")
+        env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_CUDA_HOME=str(toolkit),
+                   CUDA_HOME=str(toolkit), CUDAToolkit_ROOT=str(toolkit))
+        caps = visible_capabilities()
+        if caps and not env.get("HOROVOD_BUILD_CUDA_CC_LIST"):
+            env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(caps)
+        log(f"CUDA architectures: {env.get('HOROVOD_BUILD_CUDA_CC_LIST', 'all of nvcc')}")
+        home = find_wheel_nccl()
+        if home is not None:  # else Horovod's CMake finds a system NCCL itself
+            links = nccl_link_folder(home)
+            env.update(HOROVOD_NCCL_INCLUDE=str(links / "include"),
+                       HOROVOD_NCCL_LIB=str(links / "lib"), HOROVOD_NCCL_LINK="SHARED")
+            log(f"NCCL from {home}")
     else:
         env.pop("CUDA_HOME", None)
         env.pop("HOROVOD_CUDA_HOME", None)
     return env
 
 
-def verify() -> None:
+def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | None) -> None:
+    src_root = BUILD / "src"
+    shutil.rmtree(src_root, ignore_errors=True)  # a fresh copy: the patches apply once
+    src_root.mkdir(parents=True)
+    with tarfile.open(house / SDIST) as tar:
+        tar.extractall(src_root, filter="data")
+    src = src_root / f"horovod-{VERSION}"
+    patch_source(src, std, mode)
+    run(pip("wheel", "--no-index", "--no-build-isolation", "--no-deps", "-w", str(out),
+            str(src)), env=build_env(mode, toolkit, house))
+
+
+def install(wheel: Path, house: Path, target: Path | None) -> None:
+    offline = ["--no-index", "--find-links", str(house)]
+    where = ["--target", str(target), "--upgrade"] if target else []
+    if target:  # a separate folder also needs the run-time dependencies
+        run(pip("install", "--quiet", *offline, *where, *RUNTIME_DEPS))
+    run(pip("install", "--quiet", *offline, *where, "--no-deps", "--force-reinstall",
+            str(wheel)))
+
+
+def verify(target: Path | None) -> None:
+    env = dict(os.environ)
+    if target:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")]))
     run([sys.executable, "-c",
          "import horovod.torch as hvd; print('gloo_built:', hvd.gloo_built(), "
-         "'nccl_built:', hvd.nccl_built())"])
-    horovodrun = Path(sys.executable).parent / "horovodrun"
-    run([str(horovodrun), "--check-build"])
+         "'nccl_built:', hvd.nccl_built())"], env=env)
+    run([sys.executable, "-m", "horovod.runner.launch", "--check-build"], env=env)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheelhouse", type=Path, default=WHEELHOUSE,
+                        help="folder of the sdist and dependency wheels (filled when incomplete)")
+    parser.add_argument("--fill-only", action="store_true",
+                        help="only fill the wheelhouse (the step that needs the network)")
+    parser.add_argument("--python-version", default=None,
+                        help="fill for this interpreter version (e.g. 3.12), with --fill-only")
+    parser.add_argument("--target", type=Path, default=None,
+                        help="install into this folder instead of the interpreter")
+    args = parser.parse_args()
+    house = args.wheelhouse.resolve()
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if args.python_version and not args.fill_only:
+        sys.exit("--python-version fills a wheelhouse for another machine: add --fill-only")
+    fill(house, args.python_version or here)
+    if args.fill_only:
+        return
+
     torch_version, torch_dir, torch_has_cuda = torch_info()
     std = cxx_standard(torch_dir)
     mode, toolkit = choose_mode(torch_has_cuda)
     tag = f"torch{torch_version.replace('+', '_')}-{mode}-cxx{std}"
-    CACHE.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(TOOLS, ignore_errors=True)
+    install_build_deps(house, separate=args.target is not None)
     cached = sorted((CACHE / tag).glob(f"horovod-{VERSION}-*.whl"))
-    pip = [sys.executable, "-m", "pip"]
-    # Build and run-time needs of horovod's setup.py (no build isolation: it must see torch).
-    run([*pip, "install", "--quiet", "cloudpickle", "psutil", "pyyaml", "packaging", "cffi",
-         "wheel", "setuptools", "cmake>=3.18,<4"])
     if not cached:
-        log(f"building Horovod {VERSION} for torch {torch_version}: {mode} mode, C++{std}")
-        shutil.rmtree(BUILD, ignore_errors=True)
-        BUILD.mkdir(parents=True)
-        run([*pip, "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             "-d", str(BUILD), f"horovod=={VERSION}"])
-        with tarfile.open(next(BUILD.glob(f"horovod-{VERSION}.tar.gz"))) as tar:
-            tar.extractall(BUILD)
-        src = BUILD / f"horovod-{VERSION}"
-        patch_source(src, std, mode)
-        run([*pip, "wheel", "--no-build-isolation", "--no-deps", "-w", str(CACHE / tag),
-             str(src)], env=build_env(mode, toolkit))
+        log(f"building Horovod {VERSION} for torch {torch_version}: {mode} mode, C++{std}, "
+            "package index off")
+        build_wheel(house, CACHE / tag, std, mode, toolkit)
         cached = sorted((CACHE / tag).glob(f"horovod-{VERSION}-*.whl"))
     else:
         log(f"using the cached wheel {cached[-1].relative_to(ROOT)}")
-    run([*pip, "install", "--quiet", "--no-deps", "--force-reinstall", str(cached[-1])])
-    verify()
+    install(cached[-1], house, args.target.resolve() if args.target else None)
+    verify(args.target.resolve() if args.target else None)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,23 @@ from torch import nn
 from bench.config import ApexOptions, DDPOptions, Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
-from strategies.base import OptimizerFactory
-from strategies.ddp import DDPStrategy, _ddp_call_kwargs
+from strategies.base import OptimizerFactory, SyncOff
+from strategies.ddp import DDPStrategy, _ddp_call_kwargs, ddp_still_communicating
 
 APEX_BUILD = (
-    "build NVIDIA apex 25.05 from source on a CUDA machine: git clone "
-    "https://github.com/NVIDIA/apex && cd apex && git checkout 25.05 && pip install -v "
-    "--no-build-isolation --config-settings '--build-option=--cpp_ext' "
-    "--config-settings '--build-option=--cuda_ext' ./ (see README, 'NVIDIA apex')"
+    "build NVIDIA apex 25.05 from its source with `make apex` (APEX_SRC=DIR|TARBALL offline; "
+    "see README, 'NVIDIA apex')"
 )
+
+
+def apex_build() -> str:
+    """Which apex build is installed: ``cuda-extensions`` (amp_C, fused kernels),
+    ``cpp-extension`` (apex_C only) or ``python-only`` (amp and apex.parallel in Python)."""
+    if importlib.util.find_spec("amp_C") is not None:
+        return "cuda-extensions"
+    if importlib.util.find_spec("apex_C") is not None:
+        return "cpp-extension"
+    return "python-only"
 
 
 def apex_problem() -> str | None:
@@ -47,6 +55,15 @@ def apex_problem() -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _apex_allreduce_off(model: nn.Module):
+    model.disable_allreduce()  # apex.parallel.DistributedDataParallel's own switch
+    try:
+        yield
+    finally:
+        model.enable_allreduce()
+
+
 class ApexStrategy(DDPStrategy):
     summary = "DDP + NVIDIA apex AMP (amp.initialize, apex.parallel DDP), ranks by torchrun"
 
@@ -55,7 +72,7 @@ class ApexStrategy(DDPStrategy):
         super().__init__(name, ddp=ddp, launcher=launcher)
         self.apex_options = apex or ApexOptions()
 
-    def requires(self, device_type: str) -> str | None:
+    def requires(self, device_type: str, backend: str | None = None) -> str | None:
         problems = []
         if device_type != "cuda":
             problems.append("apex AMP needs CUDA and this run has no GPU")
@@ -98,12 +115,19 @@ class ApexStrategy(DDPStrategy):
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index], **_ddp_call_kwargs(self.ddp_options)
             )
-        self.notes.append(f"apex {opt_level}, {which_ddp} DDP")
+        self.notes.append(f"apex {opt_level}, {which_ddp} DDP, apex build: {apex_build()}")
         return model, optimizer
 
     def no_sync(self, model: nn.Module):
         # torch DDP can skip the all-reduce of micro-steps; apex DDP reduces every backward.
         return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+
+    def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
+        if hasattr(model, "no_sync"):  # --apex-ddp torch
+            return SyncOff(model.no_sync(), ddp_still_communicating(self.norm, self.ddp_options))
+        note = "still communicating with sync off: SyncBatchNorm statistics" if (
+            self.norm == "syncbn") else None
+        return SyncOff(_apex_allreduce_off(model), note)
 
     def backward(self, loss, optimizer, precision: Precision, last: bool = True) -> None:
         from apex import amp

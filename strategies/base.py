@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -15,6 +16,15 @@ from bench.config import Features, Topology
 from bench.precision import Precision
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class SyncOff:
+    """A context in which whole training steps send no gradients (the compute-only probe
+    after the timed epochs), and what still communicates inside it, for the record."""
+
+    context: contextlib.AbstractContextManager
+    note: str | None = None
 
 
 class Strategy:
@@ -44,9 +54,14 @@ class Strategy:
         self.notes: list[str] = []
 
     # ---- in the launching process -------------------------------------------------------
-    def requires(self, device_type: str) -> str | None:
-        """Why this strategy cannot run here (missing dependency, no CUDA...), or None."""
+    def requires(self, device_type: str, backend: str | None = None) -> str | None:
+        """Why this strategy cannot run here (missing dependency, no CUDA...), or None.
+        ``backend``: the run's process-group backend, where it matters (None: the default)."""
         return None
+
+    def process_group_backend(self, topology: Topology) -> str | None:
+        """The backend its collectives use, for the record (None: no process group)."""
+        return topology.backend
 
     def check(self, topology: Topology, features: Features) -> None:
         """Strategy-specific validation of a run; raises ConfigError."""
@@ -151,6 +166,12 @@ class Strategy:
 
     def step(self, optimizer: torch.optim.Optimizer, precision: Precision) -> None:
         precision.step(optimizer)
+
+    def gradient_sync_off(self, model: nn.Module,
+                          optimizer: torch.optim.Optimizer) -> SyncOff | str:
+        """Switch gradient synchronisation off for whole steps (the model and optimizer are
+        not used for the run's figures afterwards), or say why this strategy cannot."""
+        return f"{self.name} cannot switch its gradient communication off"
 
     def discard_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Forget gradients of a backward that is not followed by a step (compile warm-up)."""

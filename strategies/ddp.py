@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bench.config import DDPOptions, Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
-from strategies.base import Strategy
+from strategies.base import Strategy, SyncOff
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -29,10 +29,13 @@ def _env_int(name: str) -> int:
         ) from None
 
 
-def gpu_index(local_rank: int, visible: int) -> int:
+def gpu_index(local_rank: int, visible: int, *, shared: bool = False) -> int:
     """This rank's GPU. A task that sees one GPU (Slurm binding one per task) uses it; with
     several visible, local rank r takes GPU r. A local rank past them would share a GPU with
-    another rank, which NCCL refuses later with "Duplicate GPU detected": say it plainly."""
+    another rank, which NCCL refuses later with "Duplicate GPU detected": say it plainly,
+    unless sharing was asked for (``--backend gloo``): then round-robin."""
+    if shared:
+        return local_rank % visible
     if visible == 1:
         return 0
     if local_rank < visible:
@@ -42,6 +45,13 @@ def gpu_index(local_rank: int, visible: int) -> int:
         f"run at most {visible} ranks per node, or give each task one GPU "
         "(srun --gpus-per-task=1)"
     )
+
+
+def ddp_still_communicating(norm: str, options: DDPOptions) -> str | None:
+    """What DDP's no_sync leaves on the wire (it only skips the gradient all-reduce)."""
+    left = (["SyncBatchNorm statistics"] if norm == "syncbn" else []) + (
+        ["the buffer broadcast of every forward"] if options.broadcast_buffers else [])
+    return f"still communicating with sync off: {' and '.join(left)}" if left else None
 
 
 def _ddp_call_kwargs(options: DDPOptions) -> dict:
@@ -96,14 +106,13 @@ class DDPStrategy(Strategy):
                 self.notes.append(
                     f"rank 0 read its local rank from `{os.environ['BENCH_LOCAL_RANK_ARG']}`"
                 )
-        backend = "gloo"
         if topology.device_type == "cuda":
-            index = gpu_index(self.local_rank, torch.cuda.device_count())
+            index = gpu_index(self.local_rank, torch.cuda.device_count(),
+                              shared=topology.gpu_shared)
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
-            backend = "nccl"
         dist.init_process_group(
-            backend,
+            topology.backend,
             init_method="env://",
             rank=self.rank,
             world_size=self.world_size,
@@ -119,6 +128,9 @@ class DDPStrategy(Strategy):
 
     def no_sync(self, model: nn.Module):
         return model.no_sync()
+
+    def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
+        return SyncOff(model.no_sync(), ddp_still_communicating(self.norm, self.ddp_options))
 
     def eval_module(self, model: nn.Module) -> nn.Module:
         # Evaluate on the bare module: ranks see different numbers of test batches, and the

@@ -39,6 +39,12 @@ class DataParallelStrategy(Strategy):
                 "dp runs in one process on one machine and cannot use --nodes/--hosts; "
                 "use --strategy ddp"
             )
+        if topology.gpu_shared:
+            raise ConfigError("dp puts one replica on each GPU and cannot share one; use "
+                              "--gpus at most the GPUs visible, or ddp with --backend gloo")
+
+    def process_group_backend(self, topology: Topology) -> str | None:
+        return None  # one process, no process group
 
     def process_devices(self) -> list[torch.device]:
         if self.device.type == "cuda":

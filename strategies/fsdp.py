@@ -13,6 +13,7 @@ from torch import nn
 from bench.config import Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
+from strategies.base import SyncOff
 from strategies.ddp import DDPStrategy
 
 
@@ -33,7 +34,7 @@ class FSDPStrategy(DDPStrategy):
     collective_forward = True  # every forward all-gathers: ranks must evaluate in lockstep
     replicates_parameters = False  # each rank holds a shard: "replicas identical" has no object
 
-    def requires(self, device_type: str) -> str | None:
+    def requires(self, device_type: str, backend: str | None = None) -> str | None:
         if fsdp_api() is None:
             return f"torch {torch.__version__} has no FSDP2 (fully_shard); use torch >= 2.4"
         return None
@@ -88,6 +89,19 @@ class FSDPStrategy(DDPStrategy):
         # FSDP2: skip the gradient reduce-scatter on micro-steps before the last.
         model.set_requires_gradient_sync(False)
         return _resync(model)
+
+    def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
+        return SyncOff(_off_then_resync(model),
+                       "still communicating with sync off: FSDP's parameter all-gathers (only "
+                       "the gradient reduce-scatter is off; the step then has no sharded "
+                       "gradient to apply)")
+
+
+@contextlib.contextmanager
+def _off_then_resync(model: nn.Module):
+    model.set_requires_gradient_sync(False)
+    with _resync(model):
+        yield
 
 
 @contextlib.contextmanager

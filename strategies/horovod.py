@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -13,16 +14,18 @@ from torch import nn
 from bench.config import Features, HorovodOptions, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
-from strategies.base import Strategy
+from strategies.base import Strategy, SyncOff
 from strategies.ddp import gpu_index
 
 BUILD_HINT = "build it for the installed torch with `make horovod` (see README, 'Horovod')"
 
 
-def horovodrun_path() -> str | None:
-    """horovodrun next to this Python (the venv), else on PATH."""
+def horovodrun_command() -> list[str]:
+    """horovodrun next to this Python (the venv), else on PATH, else Horovod's launcher module
+    run by this Python (an install with ``pip --target`` or ``--user`` has no script on PATH)."""
     beside = Path(sys.executable).parent / "horovodrun"
-    return str(beside) if beside.exists() else shutil.which("horovodrun")
+    found = str(beside) if beside.exists() else shutil.which("horovodrun")
+    return [found] if found else [sys.executable, "-m", "horovod.runner.launch"]
 
 
 class HorovodStrategy(Strategy):
@@ -33,6 +36,7 @@ class HorovodStrategy(Strategy):
                  launcher: str | None = None) -> None:
         super().__init__(name, launcher=launcher)
         self.options = options or HorovodOptions()
+        self.sync_off = False  # inside gradient_sync_off
 
     def num_processes(self, topology: Topology) -> int:
         return self.num_replicas(topology)
@@ -46,7 +50,7 @@ class HorovodStrategy(Strategy):
         if topology.nodes > 1:
             raise ConfigError("horovod spans machines with --hosts host1:4,host2:4, not --nodes")
 
-    def requires(self, device_type: str) -> str | None:
+    def requires(self, device_type: str, backend: str | None = None) -> str | None:
         try:
             import horovod.torch as hvd
         except Exception as exc:  # ImportError, or a stale build that no longer loads
@@ -54,13 +58,16 @@ class HorovodStrategy(Strategy):
             return f"horovod.torch cannot be imported ({text}); {BUILD_HINT}"
         if not hvd.gloo_built():
             return f"this Horovod was built without Gloo; {BUILD_HINT}"
-        if device_type == "cuda" and not hvd.nccl_built():
+        if device_type == "cuda" and backend != "gloo" and not hvd.nccl_built():
             return (
                 "this Horovod was built without NCCL GPU operations; "
-                f"{BUILD_HINT} on this GPU machine"
+                f"{BUILD_HINT} on this GPU machine (or --backend gloo: CUDA tensors through "
+                "host memory)"
             )
-        if horovodrun_path() is None:
-            return f"horovodrun is not on PATH; {BUILD_HINT}"
+        if device_type == "cuda" and backend == "gloo" and hvd.nccl_built():
+            return ("this Horovod sends CUDA tensors over NCCL (built with NCCL GPU "
+                    "operations); --backend gloo needs a build without them: "
+                    "HOROVOD_BUILD_MODE=cpu make horovod")
         return None
 
     def setup(self, topology: Topology) -> None:
@@ -71,7 +78,8 @@ class HorovodStrategy(Strategy):
         self.rank, self.world_size, self.local_rank = hvd.rank(), hvd.size(), hvd.local_rank()
         self.replicas = self.world_size
         if topology.device_type == "cuda":
-            index = gpu_index(self.local_rank, torch.cuda.device_count())
+            index = gpu_index(self.local_rank, torch.cuda.device_count(),
+                              shared=topology.gpu_shared)
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
 
@@ -106,7 +114,30 @@ class HorovodStrategy(Strategy):
         # With backward_passes_per_step=K Horovod starts the all-reduce on the K-th pass.
         precision.backward(loss)
 
+    def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
+        note = "still communicating with sync off: hvd.SyncBatchNorm statistics" if (
+            self.norm == "syncbn") else None
+        return SyncOff(self._allreduce_off(optimizer), note)
+
+    @contextlib.contextmanager
+    def _allreduce_off(self, optimizer):
+        """Horovod starts a parameter's all-reduce when its backward count reaches
+        ``backward_passes_per_step``: set that out of reach, and step without synchronize()
+        (which would all-reduce what is missing)."""
+        passes = optimizer.backward_passes_per_step
+        optimizer.set_backward_passes_per_step(2**30)
+        self.sync_off = True
+        try:
+            with optimizer.skip_synchronize():
+                yield
+        finally:
+            self.sync_off = False
+            optimizer.set_backward_passes_per_step(passes)
+
     def step(self, optimizer, precision: Precision) -> None:
+        if self.sync_off:
+            precision.step(optimizer)  # inside skip_synchronize: the local gradients
+            return
         if precision.scaler is None:
             optimizer.step()  # waits for the averaged gradients
             return

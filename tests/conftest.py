@@ -19,7 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TRAIN = 256
 FIXTURE_TEST = 10
 # A narrow ResNet-18 keeps most tests fast; test_full_width.py trains the real one.
-FAST = ["--width", "0.125", "--batch-size", "32", "--no-progress"]
+# The compute-only probe steps after the epochs are off where a test does not look at them
+# (PROBE turns them back on: the tests of exposed communication).
+NO_PROBE = ["--comm-probe-steps", "0"]
+PROBE = ["--comm-probe-steps", "20"]
+FAST = ["--width", "0.125", "--batch-size", "32", "--no-progress", *NO_PROBE]
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +58,14 @@ def only_record(output: Path) -> dict:
     found = records(output)
     assert len(found) == 1, f"expected one record in {output}, found {len(found)}"
     return found[0]
+
+
+def assert_comm_probe(rec: dict) -> None:
+    """A multi-rank record carries the compute-only probe: 20 steps, a positive compute step
+    and an exposed-communication share below 1 (it may dip under 0 by noise)."""
+    assert rec["comm_probe_steps"] == 20, rec["comm_probe_note"]
+    assert rec["compute_step_s"] > 0
+    assert -0.5 < rec["exposed_comm_fraction"] < 1
 
 
 def assert_ok(proc) -> None:

@@ -57,6 +57,16 @@ CASES = {
                             "--target-top1"),
     "stop without target": (["run", "--strategy", "dp", *BASE, "--stop-at-target"],
                             "--stop-at-target needs --target-top1"),
+    "nccl on cpu": (["run", "--strategy", "ddp", *BASE, "--backend", "nccl"],
+                    "--backend nccl needs CUDA"),
+    "difficulty out of range": (["run", "--strategy", "dp", *BASE, "--synthetic-difficulty",
+                                 "2"], "--synthetic-difficulty must lie in [0, 1]"),
+    "negative probe steps": (["run", "--strategy", "dp", *BASE, "--comm-probe-steps", "-1"],
+                             "--comm-probe-steps"),
+    "compare: bad threshold": (["compare", "{empty}", "{empty}", "--threshold", "0"],
+                               "--threshold"),
+    "verify: every strategy refuses": (
+        ["verify", "--cpu", "--strategies", "fsdp", "--channels-last"], "drop --channels-last"),
 }
 
 
@@ -75,7 +85,7 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path):
         "port": str(blocker.getsockname()[1]),
     }
     args = [a.format(**values) for a in args]
-    if "--output" not in args:
+    if "--output" not in args and args[0] != "compare":
         args += ["--output", str(out)]
     try:
         proc = run_bench(

@@ -90,6 +90,26 @@ def test_synthetic_is_deterministic_and_prefix_stable():
     assert not np.array_equal(test.images, b.images)
 
 
+def test_synthetic_difficulty_fades_the_pattern_and_caps_accuracy():
+    """d = 1: 30 % of the labels are redrawn uniformly (so 0.3 * 99/100 = 29.7 % change),
+    the default; d = 0 is the easy set, unchanged. A nearest-class-mean classifier, far
+    above chance on the easy set, drops on the hard one and cannot beat the label cap."""
+    easy, hard = (synthetic_split("train", 5000, seed=0, difficulty=d) for d in (0.0, 1.0))
+    assert np.array_equal(synthetic_split("train", 5000, seed=0).images, easy.images)
+    changed = (easy.labels != hard.labels).mean()
+    assert changed == pytest.approx(0.297, abs=0.02)
+    accuracy = {}
+    for d in (0.0, 1.0):
+        train = synthetic_split("train", 5000, seed=0, difficulty=d)
+        test = synthetic_split("test", 500, seed=0, difficulty=d)
+        x = train.images.reshape(len(train), -1).astype(np.float32)
+        means = np.stack([x[train.labels == k].mean(0) for k in range(100)])
+        xt = test.images.reshape(len(test), -1).astype(np.float32)
+        pred = ((xt[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+        accuracy[d] = (pred == test.labels).mean()
+    assert accuracy[0.0] > 0.5 and 0.02 < accuracy[1.0] < min(accuracy[0.0], 0.71)
+
+
 def test_synthetic_is_learnable_by_class_means():
     train = synthetic_split("train", 5000, seed=0)
     test = synthetic_split("test", 500, seed=0)

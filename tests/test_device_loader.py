@@ -76,7 +76,8 @@ def test_speed_flags_are_recorded(tmp_path):
         "run", "--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
         "synthetic", "--train-limit", "256", "--test-limit", "10", "--width", "0.125",
         "--batch-size", "32", "--no-progress", "--loader", "gpu", "--channels-last",
-        "--optimizer-impl", "foreach", "--compile", "--output", str(tmp_path), timeout=600,
+        "--optimizer-impl", "foreach", "--compile", "--comm-probe-steps", "0",
+        "--output", str(tmp_path), timeout=600,
     )
     assert_ok(proc)
     rec = only_record(tmp_path)
@@ -91,7 +92,7 @@ def test_speed_flags_are_recorded(tmp_path):
 def test_gpu_loader_sees_the_same_batches_as_the_torch_loader(tmp_path):
     common = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
               "synthetic", "--train-limit", "256", "--test-limit", "10", "--width", "0.125",
-              "--batch-size", "32", "--no-progress"]
+              "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
     for loader in ("torch", "gpu"):
         assert_ok(run_bench("run", *common, "--loader", loader, "--output",
                             str(tmp_path / loader)))

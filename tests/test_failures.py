@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, alive, assert_ok, only_record, run_bench
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "32",
-         "--width", "0.125", "--batch-size", "32", "--no-progress"]
+         "--width", "0.125", "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
 
 
 def _failing_run(tmp_path, strategy: str, gpus: int, fault: str, *extra: str):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, assert_ok, only_record, run_bench
+from conftest import FAST, PROBE, assert_comm_probe, assert_ok, only_record, run_bench
 
 from bench.results import EPOCH_FIELDS, RECORD_FIELDS
 
@@ -21,8 +21,8 @@ def _run(strategy, gpus, cifar_dir, out, *extra):
 
 
 def test_fsdp_two_ranks_match_ddp(cifar_dir, tmp_path):
-    assert_ok(_run("fsdp", 2, cifar_dir, tmp_path / "fsdp", "--seed", "3"))
-    assert_ok(_run("ddp", 2, cifar_dir, tmp_path / "ddp", "--seed", "3"))
+    assert_ok(_run("fsdp", 2, cifar_dir, tmp_path / "fsdp", "--seed", "3", *PROBE))
+    assert_ok(_run("ddp", 2, cifar_dir, tmp_path / "ddp", "--seed", "3", *PROBE))
     fsdp, ddp = only_record(tmp_path / "fsdp"), only_record(tmp_path / "ddp")
     assert not [f for f in RECORD_FIELDS if f not in fsdp]
     assert all(not [f for f in EPOCH_FIELDS if f not in e] for e in fsdp["per_epoch"])
@@ -31,6 +31,9 @@ def test_fsdp_two_ranks_match_ddp(cifar_dir, tmp_path):
     assert fsdp["replicas_identical"] is None  # sharded: nothing is replicated to compare
     assert fsdp["initial_replicas_identical"] is None
     assert fsdp["initial_param_fingerprint"] == ddp["initial_param_fingerprint"]
+    assert_comm_probe(fsdp)
+    assert_comm_probe(ddp)
+    assert "all-gathers" in fsdp["comm_probe_note"]
     assert [e["test_images"] for e in fsdp["per_epoch"]] == [10, 10]
     for a, b in zip(fsdp["param_fingerprint"], ddp["param_fingerprint"]):
         assert a == pytest.approx(b, rel=PARAM_TOLERANCE)

@@ -113,3 +113,29 @@ def test_dp_replicas_compute_in_the_runs_dtype():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         net(torch.randn(4, 8, device="cuda"))
     assert seen and set(seen) == {torch.bfloat16}, seen
+
+
+def test_syncbn_with_two_ranks_sharing_one_gpu_equals_whole_batch_bn():
+    """--backend gloo puts several ranks on one GPU: SyncBatchNorm there must still act
+    as BatchNorm over the global batch (output, input grad, parameter grads, running
+    stats within 1e-5, in float64)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bench.launch import free_port
+
+    script = Path(__file__).with_name("syncbn_shared_check.py")
+    proc = subprocess.run([sys.executable, str(script), str(free_port())],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("max |syncbn") == 5
+
+
+def test_ranks_sharing_a_gpu_are_recorded_and_marked(tmp_path):
+    gpus = _gpus() + 1  # one more rank than GPUs: two share cuda:0
+    assert_ok(_run(tmp_path, "--strategy", "ddp", "--gpus", str(gpus), "--backend", "gloo"))
+    rec = only_record(tmp_path)
+    assert rec["gpu_shared"] is True and rec["backend"] == "gloo" and rec["norm"] == "syncbn"
+    report = run_bench("report", "--results", str(tmp_path))
+    assert "not comparable" in report.stdout

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
-from conftest import FAST, assert_ok, only_record, run_bench
+from conftest import FAST, PROBE, assert_comm_probe, assert_ok, only_record, run_bench
 
 from strategies.horovod import HorovodStrategy
 
@@ -22,12 +23,13 @@ def _run(cifar_dir, out, *extra: str):
 
 
 def test_horovod_two_ranks_two_epochs(cifar_dir, tmp_path):
-    assert_ok(_run(cifar_dir, tmp_path))
+    assert_ok(_run(cifar_dir, tmp_path, *PROBE))
     rec = only_record(tmp_path)
     assert rec["status"] == "ok" and rec["launcher"] == "horovodrun"
     assert rec["world_size"] == 2 and rec["processes"] == 2
     assert rec["norm"] == "per-replica-bn"
     assert rec["replicas_identical"] is True  # parameters identical across ranks
+    assert_comm_probe(rec)
     for epoch in rec["per_epoch"]:
         assert epoch["test_images"] == 10  # exact eval: hvd.allreduce asked to Sum
         assert epoch["train_images"] == 256
@@ -51,3 +53,26 @@ def test_horovod_compile_warm_up(cifar_dir, tmp_path):
     assert_ok(_run(cifar_dir, tmp_path, "--compile", "--epochs", "1"))
     rec = only_record(tmp_path)
     assert rec["compile"] is True and rec["compile_time_s"] > 0
+
+
+def test_make_horovod_filled_a_complete_wheelhouse_that_needs_no_network():
+    """`make horovod` builds from .cache/horovod-wheelhouse with the index off; a complete
+    folder is all a machine without network needs: filling it again downloads nothing
+    (the package index is pointed at a closed port to prove it)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    house = ROOT / ".cache" / "horovod-wheelhouse"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if not (house / f"COMPLETE-py{version}").exists():
+        pytest.skip("no wheelhouse: `make horovod` has not run here")
+    names = (house / f"COMPLETE-py{version}").read_text().split()
+    assert any(n.startswith("horovod-0.28.1") and n.endswith(".tar.gz") for n in names)
+    assert any(n.startswith("cmake-") for n in names)
+    env = {**os.environ, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_INDEX": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_horovod.py"),
+                           "--fill-only"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "nothing downloaded" in done.stdout and "pip download" not in done.stdout

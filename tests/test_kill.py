@@ -18,7 +18,8 @@ from conftest import ROOT, alive, only_record, run_bench
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
-         "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500"]
+         "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500",
+         "--comm-probe-steps", "0"]
 HOROVOD = HorovodStrategy("horovod").requires("cpu")
 
 
@@ -86,6 +87,8 @@ def test_kill_9_of_bench_sweep_leaves_nothing_running_and_resumes(tmp_path):
     assert only_record(tmp_path)["status"] == "ok"
     assert [p.name for p in (tmp_path / "runs" / "superseded").iterdir()] == [
         f"{run_id}.json"]
+    # and the killed launcher's scratch folder, which it could not remove, is gone
+    assert not list(Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn"])

@@ -6,7 +6,16 @@ import math
 import subprocess
 import sys
 
-from conftest import FAST, ROOT, assert_ok, only_record, records, run_bench
+from conftest import (
+    FAST,
+    PROBE,
+    ROOT,
+    assert_comm_probe,
+    assert_ok,
+    only_record,
+    records,
+    run_bench,
+)
 
 
 def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
@@ -18,13 +27,14 @@ def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
 
 
 def test_ddp_amp_bf16_on_two_cpu_ranks(cifar_dir, tmp_path):
-    assert_ok(_run("ddp-amp", 2, cifar_dir, tmp_path))  # bf16 is the CPU default
+    assert_ok(_run("ddp-amp", 2, cifar_dir, tmp_path, *PROBE))  # bf16 is the CPU default
     rec = only_record(tmp_path)
     assert rec["precision"] == "bf16" and rec["launcher"] == "torchrun"
     assert rec["config"]["precision"] == "bf16"
     assert all(math.isfinite(e["train_loss"]) for e in rec["per_epoch"])
     assert rec["replicas_identical"] is True
     assert rec["per_epoch"][-1]["test_images"] == 10
+    assert_comm_probe(rec)
 
 
 def test_ddp_amp_refuses_fp32(cifar_dir, tmp_path):

@@ -15,7 +15,8 @@ from bench.launch import free_port
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--epochs", "2", "--data", "synthetic", "--train-limit", "256",
-         "--test-limit", "10", "--width", "0.125", "--batch-size", "32", "--no-progress"]
+         "--test-limit", "10", "--width", "0.125", "--batch-size", "32", "--no-progress",
+         "--comm-probe-steps", "0"]
 
 
 def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:

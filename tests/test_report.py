@@ -100,7 +100,10 @@ def test_readme_table_matches_the_committed_records():
     assert records, "results/runs/ must hold the records behind the README table"
     assert not warnings
     readme = (ROOT / "README.md").read_text()
-    assert readme_block(records) in readme, "run `bench report --update-readme`"
+    from bench.probe import load_probes
+
+    assert readme_block(records, load_probes(ROOT / "results")) in readme, (
+        "run `bench report --update-readme`")
 
 
 def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
@@ -115,15 +118,30 @@ def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
     assert "— (1 epoch: warm-up only)" in text and "1 (of 2 asked)" in text
 
 
+def test_runs_on_shared_gpus_stay_apart_and_are_marked_not_comparable():
+    own = _record("h", "ddp", 2, [5.0, 2.0], [0.1, 0.2])
+    base = _record("i", "ddp", 1, [5.0, 4.0], [0.1, 0.2])
+    shared = {**_record("j", "ddp", 2, [5.0, 1.0], [0.1, 0.2]), "gpu_shared": True}
+    table = summary_table([own, base, shared])
+    rows = table[table["world_size"] == 2].set_index("gpu_shared")
+    assert len(rows) == 2 and rows.loc[False, "epoch_time_s"] == 2.0
+    assert rows.loc[False, "speedup"] == pytest.approx(2.0)
+    assert math.isnan(rows.loc[True, "speedup"])  # no speed-up from a shared GPU
+    lines = [line for line in to_markdown(table).splitlines() if "not comparable" in line]
+    assert len(lines) == 1 and "| 1.00 (ranks shared GPUs: not comparable) |" in lines[0]
+
+
 def test_sweep_key_is_the_workload_only():
     from bench.config import RunConfig
     from bench.sweep import sweep_key
 
     base = RunConfig("ddp", gpus=2, cpu=True)
     for where in ({"data_dir": "/elsewhere"}, {"workers": 3}, {"download": False},
+                  {"comm_probe_steps": 0}, {"profile_steps": 3},
                   {"output": "other"}, {"master_port": 1234}):
         assert sweep_key(base.derive(**where)) == sweep_key(base)
-    for what in ({"epochs": 5}, {"seed": 1}, {"width": 0.5}, {"gpus": 4}):
+    for what in ({"epochs": 5}, {"seed": 1}, {"width": 0.5}, {"gpus": 4},
+                 {"synthetic_difficulty": 0.5}):
         assert sweep_key(base.derive(**what)) != sweep_key(base)
 
 
@@ -160,3 +178,38 @@ def test_time_to_target_is_scored_like_mlperf():
         "did not converge (2/5 missed 60 %)")
     three = [_timed(f"t{i}", t) for i, t in enumerate([9.0, 3.0, 6.0])]
     assert summary_table(three)["time_to_target"].iloc[0] == "6.00 (median of 3)"
+
+
+def _repeat(run_id, strategy, world, final, ttt):
+    rec = _record(run_id, strategy, world, [2.0, 1.0], [0.1, final / 100])
+    return {**rec, "target_top1": 45.0, "reached_target": ttt is not None,
+            "time_to_target_s": ttt}
+
+
+def test_sweep_table_scores_time_to_target_and_tests_accuracy_parity():
+    """Five repeats per row, numbers checked by hand (t-table values, df = 8):
+    ref ddp N=1 finals 48..52: mean 50, sd 1.581, 95 % CI 2.776 * 1.581 / sqrt(5) = 1.96.
+    ddp N=2 finals 46..50: Δ -2, t = -2 / sqrt(2.5/5 + 2.5/5) = -2, p = 0.0805: not flagged.
+    dp N=2 finals 44..48: Δ -4, t = -4, p = 0.00395: flagged; one run missed the target.
+    ddp-amp N=2 (finals as dp's): two runs missed the target: did not converge."""
+    ref = [_repeat(f"a{i}", "ddp", 1, 48 + i, 10.0 + i) for i in range(5)]
+    same = [_repeat(f"b{i}", "ddp", 2, 46 + i, 6.0 + i) for i in range(5)]
+    worse = [_repeat(f"c{i}", "dp", 2, 44 + i, None if i == 0 else 5.0 + i) for i in range(5)]
+    lost = [_repeat(f"d{i}", "ddp-amp", 2, 44 + i, None if i < 2 else 5.0) for i in range(5)]
+    table = summary_table(ref + same + worse + lost).set_index(["strategy", "world_size"])
+    assert table.loc[("ddp", 1), "final_top1"] == pytest.approx(50.0)
+    assert table.loc[("ddp", 1), "final_top1_ci"] == pytest.approx(1.963, abs=1e-3)
+    assert table.loc[("ddp", 2), "delta_top1"] == pytest.approx(-2.0)
+    assert table.loc[("ddp", 2), "p_value"] == pytest.approx(0.0805, abs=1e-4)
+    assert table.loc[("dp", 2), "p_value"] == pytest.approx(0.00395, abs=1e-5)
+    assert dict(table["differs"]) == {("ddp", 1): False, ("ddp", 2): False, ("dp", 2): True,
+                                      ("ddp-amp", 2): True}
+    # times to target: ref 10..14 -> mean of 11, 12, 13; dp: the miss and 7 dropped -> 8..9
+    assert table.loc[("ddp", 1), "time_to_target"] == "12.00 (MLPerf, 5 runs)"
+    assert table.loc[("dp", 2), "time_to_target"] == "8.00 (MLPerf, 5 runs, 1 missed)"
+    assert table.loc[("ddp-amp", 2), "time_to_target"].startswith("did not converge (2/5")
+    text = to_markdown(summary_table(ref + same + worse + lost))
+    assert "| 50.00 ± 1.96 |" in text and "| ref |" in text
+    assert "| -2.00 (p 0.081) |" in text and "| -4.00 (p 0.0039) ≠ |" in text
+    proc = run_bench("report", "--results", "/nonexistent", "--reference", "ddp:x")
+    assert proc.returncode == 2 and "--reference" in proc.stderr

@@ -36,6 +36,8 @@ def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes,
     assert rec["status"] == "ok" and rec["error"] is None and rec["finished_at"]
     assert rec["launcher"] == launcher and rec["processes"] == processes
     assert rec["world_size"] == gpus and rec["device"] == "cpu"
+    assert rec["backend"] == (None if strategy == "dp" else "gloo")  # dp: no process group
+    assert rec["gpu_shared"] is False
     assert rec["dataset"] == "fixture" and rec["train_size"] == 256 and rec["test_size"] == 10
     assert rec["norm"] == "per-replica-bn" and rec["bn_batch_size"] == 32 // gpus
     assert rec["global_batch"] == 32 and rec["per_rank_batch"] == 32 // gpus
@@ -114,7 +116,7 @@ def test_records_are_ordinary_files_readable_as_the_umask_allows(tmp_path):
 
 TARGET = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--data", "synthetic",
           "--train-limit", "512", "--test-limit", "64", "--width", "0.125", "--batch-size",
-          "32", "--no-progress"]
+          "32", "--no-progress", "--synthetic-difficulty", "0", "--comm-probe-steps", "0"]
 
 
 def test_time_to_target_stops_at_the_first_evaluation_above_it(tmp_path):

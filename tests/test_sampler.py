@@ -51,7 +51,8 @@ def test_global_batches_are_the_same_for_every_world_size(world):
 def _digests(out, strategy: str = "ddp", defect: str | None = None, gpus: int = 2):
     args = ["run", "--strategy", strategy, "--gpus", str(gpus), "--cpu", "--epochs", "2",
             "--data", "synthetic", "--train-limit", "128", "--test-limit", "8", "--width",
-            "0.125", "--batch-size", "32", "--no-progress", "--output", str(out)]
+            "0.125", "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0",
+            "--output", str(out)]
     proc = run_bench(*args, env={DEFECT_ENV: defect} if defect else None)
     assert_ok(proc)
     rec = only_record(out)

@@ -12,7 +12,7 @@ import time
 from conftest import ROOT, records, run_bench
 
 SWEEP = ["sweep", "--strategies", "dp,ddp", "--gpus", "1,2", "--cpu", "--epochs", "1",
-         "--width", "0.125", "--batch-size", "32", "--no-progress"]
+         "--width", "0.125", "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
 
 
 def _ok_records(out):
@@ -92,4 +92,5 @@ def test_two_sweeps_at_once_share_the_work(tmp_path):
     found = records(tmp_path)
     assert len(found) == 3 and {r["status"] for r in found} == {"ok"}, outs
     assert len({r["tag"] for r in found}) == 3  # one per combination, none twice
+    assert sorted(r["seed"] for r in found) == [0, 1, 2]  # repeat r: seed + r
     assert not list((tmp_path / "runs" / ".claims").iterdir())  # claims released

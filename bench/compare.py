@@ -1,0 +1,125 @@
+"""``bench compare A B``: did B (a new driver, torch, machine) get slower or less accurate
+than A? Rows are matched by workload, strategy, device, N, precision and accumulation; the
+exit code is 1 when a row regressed beyond the threshold in speed or significantly in
+accuracy, so the command can gate a CI job."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from bench.report import GROUP_KEYS, summary_table
+from bench.results import load_records, read_record
+from bench.stats import welch
+
+FORMATS = ("markdown", "csv", "json")
+COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "grad_accum",
+           "runs", "images_per_s_a", "images_per_s_b", "speed_ratio", "time_to_target_a",
+           "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b", "delta_top1",
+           "p_value", "verdict"]
+
+
+def load_side(path: str) -> list[dict[str, Any]]:
+    """A results folder (its runs/) or one record file."""
+    where = Path(path)
+    if where.is_file():
+        try:
+            return [read_record(where)]
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a readable run record ({exc})") from None
+    if not where.is_dir():
+        raise ConfigError(f"{path} is neither a results folder nor a record file")
+    records, _ = load_records(where)
+    if not records:
+        raise ConfigError(f"{path} holds no run records; point it at a `bench run --output` "
+                          "folder or a record file")
+    return records
+
+
+def _spread(values: list[float]) -> str:
+    values = [v for v in values if not math.isnan(v)]
+    if len(values) < 2:
+        return ""
+    return f" [{min(values):.0f}–{max(values):.0f}]"
+
+
+def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
+                   threshold: float) -> list[dict[str, Any]]:
+    """One row per configuration in both A and B (and one per configuration in only one)."""
+    table_a, table_b = summary_table(a), summary_table(b)
+    rows_a = {tuple(r[k] for k in GROUP_KEYS): r for r in table_a.to_dict("records")}
+    rows_b = {tuple(r[k] for k in GROUP_KEYS): r for r in table_b.to_dict("records")}
+    out = []
+    for key in sorted(set(rows_a) | set(rows_b), key=str):
+        ra, rb = rows_a.get(key), rows_b.get(key)
+        row = dict(zip(GROUP_KEYS, key))
+        if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):
+            row["verdict"] = "only in A" if rb is None else "only in B" if ra is None else (
+                "not ok in both")
+            out.append(row)
+            continue
+        if ra["status"] != "ok" or rb["status"] != "ok":
+            row["verdict"] = f"REGRESSED: B {rb['status']}" if rb["status"] != "ok" else "fixed"
+            out.append(row)
+            continue
+        speed = rb["images_per_s"] / ra["images_per_s"]
+        tta, ttb = ra.get("time_to_target_s", math.nan), rb.get("time_to_target_s", math.nan)
+        tt_ratio = ttb / tta if tta and not math.isnan(tta) and not math.isnan(ttb) else math.nan
+        delta, p = welch(rb["finals"], ra["finals"])
+        reasons = []
+        if speed < 1 - threshold / 100:
+            reasons.append(f"img/s -{100 * (1 - speed):.1f} %")
+        if tt_ratio > 1 + threshold / 100:
+            reasons.append(f"time to target +{100 * (tt_ratio - 1):.1f} %")
+        if delta < 0 and p < 0.05:
+            reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
+        row.update(
+            runs=f"{ra['runs']}/{rb['runs']}",
+            images_per_s_a=f"{ra['images_per_s']:.0f}{_spread(ra['run_images_per_s'])}",
+            images_per_s_b=f"{rb['images_per_s']:.0f}{_spread(rb['run_images_per_s'])}",
+            speed_ratio=round(speed, 4),
+            time_to_target_a=ra.get("time_to_target"), time_to_target_b=rb.get("time_to_target"),
+            time_to_target_ratio=None if math.isnan(tt_ratio) else round(tt_ratio, 4),
+            top1_a=_top1(ra), top1_b=_top1(rb),
+            delta_top1=None if math.isnan(delta) else round(delta, 4),
+            p_value=None if math.isnan(p) else p,
+            verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else "ok",
+        )
+        out.append(row)
+    return out
+
+
+def _top1(row: dict[str, Any]) -> str:
+    ci = row.get("final_top1_ci", math.nan)
+    return f"{row['final_top1']:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}")
+
+
+def render(rows: list[dict[str, Any]], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rows, indent=2, default=str) + "\n"
+    import pandas as pd
+
+    frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    if fmt == "csv":
+        return frame.to_csv(index=False)
+    cells = frame.astype(object).where(frame.notna(), "—").astype(str)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
+              for row in cells.values.tolist()]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
+    if not threshold > 0:
+        raise ConfigError(f"--threshold is a percentage above 0 (got {threshold})")
+    rows = compare_tables(load_side(a), load_side(b), threshold)
+    print(render(rows, fmt), end="")
+    regressed = [r for r in rows if str(r.get("verdict", "")).startswith("REGRESSED")]
+    matched = [r for r in rows if r.get("verdict") not in ("only in A", "only in B")]
+    print(f"bench compare: {len(matched)} matched row(s), {len(regressed)} regressed "
+          f"(threshold {threshold:g} % in speed, p < 0.05 in top-1)", file=sys.stderr)
+    return EXIT_FAILED if regressed else EXIT_OK

@@ -1,0 +1,99 @@
+"""Steps after the timed epochs, the final evaluation and the replica check (so that no
+recorded figure changes).
+
+Exposed communication: K more training steps with gradient synchronisation switched off,
+timed like the epoch steps. Their median is the step's compute (plus whatever communication
+cannot be switched off, e.g. SyncBatchNorm's statistics); what the overlap with backward did
+not hide is ``1 - compute_step_s / step_time_p50_s``. ``--profile-steps``: ordinary steps
+under torch.profiler, for a trace."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.loaders import unchanged_randomness
+from bench.timing import step_intervals, step_mark
+
+PROBE_WARMUP = 2  # first steps after switching synchronisation off, not counted
+
+
+@dataclass(frozen=True)
+class CommProbe:
+    steps: int  # timed steps (after PROBE_WARMUP)
+    compute_step_s: float | None  # slowest rank's median compute-only step
+    note: str | None  # why there is no figure, or what still communicates
+
+
+def _endless(loader):
+    """The loader's batches again and again (a short epoch is reused; nothing is cached)."""
+    while True:
+        yield from loader
+
+
+def compute_only_steps(trainer, steps: int) -> CommProbe:
+    """Run ``steps`` (+ warm-up) steps of the run's own shape without gradient sync on every
+    rank (collective: all ranks take part) and return the slowest rank's median step."""
+    s, parts = trainer.strategy, trainer.parts
+    if s.world_size < 2:
+        return CommProbe(0, None, "one process: no gradient communication to switch off")
+    sync_off = s.gradient_sync_off(parts.model, parts.optimizer)
+    if isinstance(sync_off, str):
+        return CommProbe(0, None, sync_off)
+    with sync_off.context:
+        times = extra_steps(trainer, steps, "comm probe")
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=s.device)
+    s.all_reduce(slowest, "max")
+    return CommProbe(steps, slowest.item(), sync_off.note)
+
+
+def profile_steps(trainer, steps: int, trace: Path) -> None:
+    """``--profile-steps K``: K ordinary steps (gradient sync on) under torch.profiler after
+    the timed epochs; this rank's trace goes to ``trace`` (Chrome trace format: Perfetto,
+    TensorBoard). Collective: every rank takes the steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if trainer.strategy.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=False) as prof:
+        extra_steps(trainer, steps, "profile", warmup=0)
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+
+
+def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP) -> list[float]:
+    """``warmup`` + ``steps`` training steps of the run's shape (same micro-batches, precision
+    and optimizer) after the epochs, timed between step boundaries like the epoch steps;
+    returns this rank's step times (warm-up excluded)."""
+    s, parts, cfg = trainer.strategy, trainer.parts, trainer.cfg
+    cuda = s.device.type == "cuda"
+    parts.model.train()
+    trainer.beat(f"{what} (waiting for the other ranks)", force=True)
+    s.barrier()
+    marks = []
+    with unchanged_randomness(trainer.loaders.train):
+        batches = _endless(trainer.loaders.train)
+        for step in range(warmup + steps):
+            trainer.beat(f"{what} step {step + 1}")
+            if step == warmup:
+                marks.append(step_mark(cuda))
+            parts.model.zero_grad(set_to_none=True)  # not the optimizer's (Horovod checks)
+            for _ in range(cfg.grad_accum):
+                images, labels = next(batches)[:2]
+                images = images.to(s.device, parts.dtype, non_blocking=True,
+                                   memory_format=parts.memory_format)
+                labels = labels.to(s.device, non_blocking=True)
+                with parts.precision.autocast():
+                    loss = trainer.criterion(parts.forward(images), labels)
+                s.backward(loss / cfg.grad_accum, parts.optimizer, parts.precision)
+            s.step(parts.optimizer, parts.precision)
+            if step >= warmup:
+                marks.append(step_mark(cuda))  # step boundaries, as in the timed epochs
+    if cuda:
+        torch.cuda.synchronize()
+    return step_intervals(marks, cuda)

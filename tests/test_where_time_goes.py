@@ -1,0 +1,135 @@
+"""Where the time goes: exposed communication (compute-only probe steps), the all-reduce
+ceiling (bench probe), model FLOPs utilisation, and the profiler trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import assert_ok, only_record, run_bench
+
+from bench.flops import peak_tflops, train_flops_per_image
+from bench.report import summary_table, to_markdown
+
+SMALL = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data", "synthetic",
+         "--train-limit", "256", "--test-limit", "32", "--width", "0.125", "--batch-size",
+         "32", "--no-progress", "--comm-probe-steps", "20"]
+
+
+def test_exposed_communication_responds_to_communication_cost(tmp_path):
+    """A 60 ms wait before every gradient bucket's all-reduce (BENCH_SLOW_COMM_MS, as a
+    slow link) lengthens the step but not the compute-only step (sync off skips it): the
+    exposed share must rise. The probe and profiled steps come after everything recorded:
+    a run without them ends with the same parameters."""
+    assert_ok(run_bench("run", *SMALL, "--profile-steps", "2", "--output", str(tmp_path / "a")))
+    assert_ok(run_bench("run", *SMALL, "--output", str(tmp_path / "slow"),
+                        env={"BENCH_SLOW_COMM_MS": "60"}))
+    assert_ok(run_bench("run", *SMALL, "--comm-probe-steps", "0",
+                        "--output", str(tmp_path / "none")))
+    plain, slow, none = (only_record(tmp_path / d) for d in ("a", "slow", "none"))
+    assert any("SLOW COMMUNICATION INJECTED" in n for n in slow["notes"])
+    step = {name: rec["per_epoch"][1]["step_time_p50_s"] for name, rec in
+            (("plain", plain), ("slow", slow))}
+    assert step["slow"] > step["plain"] + 0.04  # at least one 60 ms wait per step shows
+    assert slow["compute_step_s"] < 2 * plain["compute_step_s"]  # compute: unchanged
+    exposed = {name: rec["exposed_comm_fraction"] * step[name] for name, rec in
+               (("plain", plain), ("slow", slow))}
+    assert exposed["slow"] > exposed["plain"] + 0.04  # the wait is exposed time
+    assert slow["exposed_comm_fraction"] > plain["exposed_comm_fraction"]
+    # nothing recorded moved: same final parameters, epochs, accuracy as without the steps
+    assert none["compute_step_s"] is None and none["comm_probe_steps"] == 0
+    assert plain["param_fingerprint"] == none["param_fingerprint"]
+    assert [e["top1"] for e in plain["per_epoch"]] == [e["top1"] for e in none["per_epoch"]]
+    trace = json.loads(Path(plain["profile_trace"]).read_text())  # Chrome trace format
+    assert any(e.get("name", "").startswith("aten::convolution")
+               for e in trace["traceEvents"])
+    assert none["profile_trace"] is None
+
+
+def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
+    proc = run_bench("probe", "--cpu", "--gpus", "2", "--width", "0.125", "--max-size", "1",
+                     "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "busbw (GB/s)" in proc.stdout and "<- one gradient" in proc.stdout
+    (path,) = (tmp_path / "probes").glob("*.json")
+    probe = json.loads(path.read_text())
+    assert probe["kind"] == "allreduce-probe" and probe["world_size"] == 2
+    assert probe["backend"] == "gloo" and probe["device"] == "cpu"
+    sizes = [r["bytes"] for r in probe["results"]]
+    assert sizes[0] == 1024 and 1024**2 in sizes and probe["gradient_bytes"] in sizes
+    for r in probe["results"]:
+        # nccl-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n = algbw at n = 2
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["time_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
+    # 0.125-width ResNet-18: 175,460 parameters... of float32 (counted by hand below)
+    assert probe["gradient_bytes"] == 4 * probe_parameters()
+    bad = run_bench("probe", "--cpu", "--gpus", "1", "--output", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "at least 2 ranks" in bad.stderr
+
+
+def probe_parameters() -> int:
+    from bench.model import count_parameters, resnet18_cifar
+
+    return count_parameters(resnet18_cifar(width=0.125))
+
+
+def test_train_flops_of_full_width_resnet18_match_the_hand_count():
+    """Hand count: the forward of one 32x32 image is 0.5555 G multiply-adds (stem conv
+    3->64 at 32x32: 1.77 M; stage 1: 4 convs 64->64 at 32x32: 151 M; stages 2-4 likewise
+    ~ 151 M each with their downsampling 1x1 convs: 0.556 G in all), 2 FLOPs each: 1.111
+    GFLOP; backward twice the forward: 3.333 GFLOP per image in training."""
+    flops = train_flops_per_image(1.0)
+    assert flops == pytest.approx(3.333e9, rel=0.05)
+
+
+def test_mfu_uses_the_gpus_dense_peak_for_the_runs_precision(tmp_path):
+    from bench.record import RunRecord
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0  # SXM
+    assert peak_tflops("NVIDIA H100 PCIe", "tf32") == 378.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "apex-O1") == 312.0  # apex O1 computes fp16
+    assert peak_tflops("Tesla V100-SXM2-32GB", "bf16") is None  # V100 has no bf16 units
+    assert peak_tflops("AMD EPYC", "fp32") is None
+    record = RunRecord(tmp_path / "r.json", {
+        "run_id": "r", "status": "running", "device": "cuda", "gpu_shared": False,
+        "env": {"gpus": ["NVIDIA H100 80GB HBM3"] * 2}, "train_flops_per_image": 3_330_000_000,
+    })
+    record.start(world_size=2, processes=2, norm="syncbn", precision="bf16",
+                 per_replica_batch=256, per_process_batch=256, grad_accum=1,
+                 workers_per_process=4, threads_per_process=8, train_size=50000,
+                 test_size=10000, steps_per_epoch=97, warmup_steps=97, width=1.0,
+                 parameters=11_220_132, notes=[], compile_time_s=None,
+                 initial_param_fingerprint="x", initial_replicas_identical=True,
+                 allow_tf32=True)
+    from bench.record import EvalStats, TrainStats
+
+    train = TrainStats(data_order_sha1="d", train_time_s=1.0, train_loss=1.0,
+                       train_images=100_000, lr_last=0.1, step_time_p50_s=0.01,
+                       step_time_p90_s=0.01, step_losses=())
+    evaluation = EvalStats(eval_time_s=0.1, top1=0.5, top5=0.8, test_loss=1.0,
+                           test_images=10000)
+    entry = record.add_epoch(1, train, evaluation, 2**30)
+    # 100,000 img/s x 3.33 GFLOP = 333 TFLOP/s over 2 GPUs of 989 -> 16.8 %
+    assert entry["achieved_tflops"] == pytest.approx(333.0)
+    assert entry["mfu"] == pytest.approx(333.0 / (2 * 989.0))
+
+
+def test_report_shows_exposed_comm_mfu_and_the_comm_ceiling(tmp_path):
+    from test_report import _record
+
+    rec = {**_record("a", "ddp", 2, [2.0, 1.0], [0.1, 0.2]), "exposed_comm_fraction": 0.25,
+           "compute_step_s": 0.03, "backend": "gloo",
+           "model": {"width": 1.0, "parameters": 1_000_000}}
+    for epoch in rec["per_epoch"]:
+        epoch.update(step_time_p50_s=0.04, mfu=0.42)
+    probe = {"kind": "allreduce-probe", "device": "cpu", "backend": "gloo", "world_size": 2,
+             "gradient_bytes": 4_000_000,
+             "results": [{"bytes": 1_000_000, "time_s": 0.001},
+                         {"bytes": 16_000_000, "time_s": 0.016}]}
+    table = summary_table([rec], probes=[probe])
+    row = table.iloc[0]
+    assert row["exposed_comm"] == 0.25 and row["mfu"] == 0.42
+    # 4 MB between 1 MB (1 ms) and 16 MB (16 ms), log-log: 4 ms; the step is 40 ms
+    assert row["comm_ceiling"] == "4.0 / 40.0"
+    assert "| 25.0 | 42.0 | 4.0 / 40.0 |" in to_markdown(table)
