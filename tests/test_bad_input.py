@@ -6,9 +6,10 @@ import shutil
 import socket
 
 import pytest
-from conftest import run_bench
+from conftest import ROOT, run_bench
 
 from bench.errors import ConfigError
+from strategies import names
 
 BASE = ["--cpu", "--epochs", "1", "--data", "synthetic", "--train-limit", "64",
         "--test-limit", "8", "--width", "0.125", "--batch-size", "32", "--no-progress"]
@@ -70,8 +71,31 @@ CASES = {
 }
 
 
+def _bench_in_process(args: list[str], capsys) -> tuple[int, str, str]:
+    """``bench ARGS`` through the CLI's own entry point, in this process: bad input is
+    refused before anything starts, so this is the command's whole path without the 2 s of
+    importing torch again for each of the cases (the real command: the test below)."""
+    from bench.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_bad_input_through_the_real_command(tmp_path):
+    proc = run_bench("run", "--strategy", "nope", *BASE, "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "bench: error: unknown strategy 'nope'; choose one of: " + ", ".join(names())]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path):
+def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path, capsys, monkeypatch):
     args, fragment = CASES[case]
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
@@ -87,15 +111,15 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path):
     args = [a.format(**values) for a in args]
     if "--output" not in args and args[0] != "compare":
         args += ["--output", str(out)]
+    monkeypatch.setenv("BENCH_CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
+    monkeypatch.chdir(ROOT)
     try:
-        proc = run_bench(
-            *args, env={"BENCH_CIFAR100_URL": "http://127.0.0.1:9/cifar-100-python.tar.gz"}
-        )
+        code, _, stderr = _bench_in_process(args, capsys)
     finally:
         blocker.close()
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
     assert lines[0].startswith("bench: error: ") and fragment in lines[0], lines[0]
     assert not out.exists(), "bad input must leave nothing behind"
     assert not (tmp_path / "empty").exists(), "nor a --data-dir made by a failed download"

@@ -63,7 +63,7 @@ def test_grad_accum_is_recorded(cifar_dir, tmp_path):
 def test_grad_accum_trains_like_the_full_batch():
     """K=4 with a quarter of the per-rank batch per micro-step trains as K=1 with the full
     batch (BatchNorm, whose statistics see the micro-batch, reproduced by the reference)."""
-    proc = run_bench("verify", "--cpu", "--gpus", "2", "--steps", "6", "--width", "0.125",
+    proc = run_bench("verify", "--cpu", "--gpus", "2", "--steps", "3", "--width", "0.125",
                      "--batch-size", "64", "--grad-accum", "4", "--strategies", "ddp,dp",
                      timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -71,7 +71,7 @@ def test_kill_9_of_bench_run_leaves_nothing_running(strategy, tmp_path):
 
 def test_kill_9_of_bench_sweep_leaves_nothing_running_and_resumes(tmp_path):
     cmd = [sys.executable, "-m", "bench", "sweep", "--strategies", "ddp", "--gpus", "2",
-           *SMALL, "--epochs", "12", "--output", str(tmp_path)]
+           *SMALL, "--epochs", "4", "--output", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     run_id = _training(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import FAST, assert_ok, only_record, records, run_bench
+from conftest import FAST, NO_PROBE, assert_ok, only_record, records, run_bench
 
 from bench.model import initial_params_sha1
 from bench.report import summary_table
@@ -64,6 +64,7 @@ def test_eval_counts_each_test_image_once(world, cifar_dir, tmp_path):
         "run", "--strategy", "ddp", "--gpus", str(world), "--cpu", "--epochs", "1",
         "--data", "cifar100", "--data-dir", str(cifar_dir), "--no-download",
         "--output", str(tmp_path), "--width", "0.125", "--batch-size", "30", "--no-progress",
+        *NO_PROBE,
     )
     assert_ok(proc)
     rec = only_record(tmp_path)
