@@ -85,11 +85,7 @@ def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP) -> l
             parts.model.zero_grad(set_to_none=True)  # not the optimizer's (Horovod checks)
             for _ in range(cfg.grad_accum):
                 images, labels = next(batches)[:2]
-                images = images.to(s.device, parts.dtype, non_blocking=True,
-                                   memory_format=parts.memory_format)
-                labels = labels.to(s.device, non_blocking=True)
-                with parts.precision.autocast():
-                    loss = trainer.criterion(parts.forward(images), labels)
+                loss = parts.training_loss(trainer.criterion, images, labels, s.device)
                 s.backward(loss / cfg.grad_accum, parts.optimizer, parts.precision)
             s.step(parts.optimizer, parts.precision)
             if step >= warmup:

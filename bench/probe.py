@@ -9,6 +9,7 @@ algbw · 2(n-1)/n) and the ideal time to all-reduce one gradient, and writes a r
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -192,8 +193,6 @@ def load_probes(results: str | Path) -> list[dict[str, Any]]:
 
 def ideal_allreduce_s(probe: dict[str, Any], size: int) -> float:
     """The probe's all-reduce time at ``size`` bytes, interpolated log-log between sizes."""
-    import math
-
     points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])
     for (b0, t0), (b1, t1) in zip(points, points[1:]):
         if b0 <= size <= b1:

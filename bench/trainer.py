@@ -211,13 +211,9 @@ class Trainer:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 optimizer.zero_grad()  # set_to_none by default (Horovod takes no args)
-            images = images.to(s.device, parts.dtype, non_blocking=True,
-                               memory_format=parts.memory_format)
-            labels = labels.to(s.device, non_blocking=True)
             # Micro-steps before the last skip the gradient all-reduce (DDP no_sync).
             with contextlib.nullcontext() if last else s.no_sync(parts.model):
-                with precision.autocast():
-                    loss = self.criterion(parts.forward(images), labels)
+                loss = parts.training_loss(self.criterion, images, labels, s.device)
                 s.backward(loss / accum, optimizer, precision, last=last)
             batch_loss = loss.detach().to(sums) * labels.numel()
             loss_sum += batch_loss
