@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -199,6 +200,17 @@ class RunConfig:
 
     def validate(self) -> None:
         """Checks that need no knowledge of the machine. Raises ConfigError."""
+        for f in dataclasses.fields(self):  # nan and inf never reach a run or a record
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name.replace('_', '-')} must be a finite number "
+                                  f"(got {value})")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"--seed must lie in 0..{2**32 - 1} (got {self.seed})")
+        if self.weight_decay < 0:
+            raise ConfigError(f"--weight-decay must be 0 or more (got {self.weight_decay})")
+        if self.timeout > 7 * 24 * 3600:
+            raise ConfigError(f"--timeout must be at most a week in seconds (got {self.timeout})")
         if self.gpus < 1:
             raise ConfigError(f"--gpus must be at least 1 (got {self.gpus})")
         if self.epochs < 1:

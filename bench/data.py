@@ -141,13 +141,23 @@ def load_cifar100_split(root: Path, split: str) -> ImageSet:
     if not path.is_file():
         raise ConfigError(f"CIFAR-100 file {path} is missing; fix --data-dir or delete the folder")
     entry = _load_pickle(path)
-    try:
-        data = np.asarray(entry["data"], dtype=np.uint8)
-        labels = np.asarray(entry["fine_labels"], dtype=np.int64)
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ConfigError(
-            f"corrupt CIFAR-100 file {path} (bad or missing {exc}); delete {path.parent}"
-        ) from None
+    def field(key: str, convert):
+        try:
+            return convert(entry[key])
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
+            why = "missing" if isinstance(exc, KeyError) else f"bad: {exc}"
+            raise ConfigError(f"corrupt CIFAR-100 file {path} ({key} {why}); delete "
+                              f"{path.parent}") from None
+
+    def pixels(value) -> np.ndarray:
+        raw = np.asarray(value)
+        if raw.dtype != np.uint8 and (raw.dtype.kind not in "iu" or raw.size == 0
+                                      or raw.min() < 0 or raw.max() > 255):
+            raise ValueError("pixels are not integers in 0..255")
+        return raw.astype(np.uint8)
+
+    data = field("data", pixels)
+    labels = field("fine_labels", lambda v: np.asarray(v, dtype=np.int64))
     if data.ndim != 2 or data.shape[1] != 3072 or len(data) != len(labels) or len(labels) == 0:
         raise ConfigError(
             f"corrupt CIFAR-100 file {path} (data shape {data.shape}, {len(labels)} labels); "
@@ -162,9 +172,12 @@ def load_cifar100_split(root: Path, split: str) -> ImageSet:
 
 def check_cifar100_meta(root: Path) -> None:
     entry = _load_pickle(Path(root) / CIFAR100_FOLDER / "meta")
-    if len(entry.get("fine_label_names", [])) != NUM_CLASSES:
+    names = entry.get("fine_label_names")
+    if (not isinstance(names, list) or len(names) != NUM_CLASSES
+            or not all(isinstance(n, str) for n in names)):
         raise ConfigError(
-            f"corrupt CIFAR-100 meta in {root} (expected 100 fine_label_names); delete it"
+            f"corrupt CIFAR-100 meta in {root} (expected a list of 100 fine_label_names); "
+            "delete it"
         )
 
 
@@ -175,7 +188,11 @@ def prepare_cifar100(root: Path, download: bool = True) -> tuple[str, int, int]:
     root = Path(root)
     if not cifar100_present(root):
         if not download:
-            raise ConfigError(f"CIFAR-100 is not in {root}; drop --no-download or fix --data-dir")
+            folder = root / CIFAR100_FOLDER
+            missing = [n for n in CIFAR100_MD5 if not (folder / n).is_file()]
+            what = (f"CIFAR-100 is not in {root}" if len(missing) == len(CIFAR100_MD5) else
+                    f"CIFAR-100 in {root} lacks {', '.join(str(folder / n) for n in missing)}")
+            raise ConfigError(f"{what}; drop --no-download or fix --data-dir")
         download_cifar100(root)
     check_cifar100_meta(root)
     train = len(load_cifar100_split(root, "train"))

@@ -25,3 +25,7 @@ class UnavailableError(BenchError):
     """The strategy cannot run on this machine (missing dependency, no CUDA, ...)."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class Diverged(BenchError):
+    """The training loss became NaN or infinite: the run stops with status ``diverged``."""

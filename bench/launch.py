@@ -188,8 +188,10 @@ def launch_legacy(launch: Launch) -> int:
     return _run_child(cmd, launch)
 
 
-def _spawn_rank(index: int, spec_path: str, nprocs: int) -> None:
-    die_with_parent()
+def _spawn_rank(index: int, spec_path: str, nprocs: int, parent: int) -> None:
+    # mp.spawn imports torch before this runs: if bench died meanwhile, this rank was
+    # reparented already, and the check after arming ends it at once.
+    die_with_parent(parent)
     os.environ.update(
         RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(nprocs),
         LOCAL_WORLD_SIZE=str(nprocs),
@@ -204,7 +206,8 @@ def launch_spawn(launch: Launch) -> int:
     os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(launch.port),
                       OMP_NUM_THREADS=str(launch.threads))
     context = mp.start_processes(
-        _spawn_rank, args=(str(launch.spec_path), launch.nprocs), nprocs=launch.nprocs,
+        _spawn_rank, args=(str(launch.spec_path), launch.nprocs, os.getpid()),
+        nprocs=launch.nprocs,
         join=False, start_method="spawn",
     )
     try:

@@ -23,7 +23,8 @@ def die_with_parent(parent: int | None = None) -> None:
     if _prctl is None:
         return
     _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
-    if parent is not None and os.getppid() != parent:
+    # Reparented to init (pid 1) means the parent is gone, whatever pid was passed.
+    if parent is not None and (os.getppid() != parent or parent == 1):
         os._exit(1)
 
 

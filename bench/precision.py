@@ -23,6 +23,7 @@ class Precision:
         self.device_type = device.type
         self.dtype = _DTYPES.get(name)
         self.scaler = torch.amp.GradScaler("cuda") if name == "fp16" else None
+        self.skipped_steps: torch.Tensor | None = None  # kept on the device: no sync per step
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:
@@ -42,4 +43,14 @@ class Precision:
             optimizer.step()
         else:
             self.scaler.step(optimizer)
+            found = sum(self.scaler._found_inf_per_device(optimizer).values())  # 1 = skipped
+            self.skipped_steps = found if self.skipped_steps is None else self.skipped_steps + found
             self.scaler.update()
+
+    def scaler_state(self) -> dict[str, float | int | None]:
+        """For the record: the final loss scale and how many optimizer steps the scaler
+        skipped on inf/nan gradients (null without a scaler), proof that it ran."""
+        if self.scaler is None:
+            return {"loss_scale": None, "scaler_skipped_steps": None}
+        skipped = 0 if self.skipped_steps is None else int(self.skipped_steps.item())
+        return {"loss_scale": self.scaler.get_scale(), "scaler_skipped_steps": skipped}

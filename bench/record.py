@@ -78,6 +78,11 @@ class TrainStats:
     step_time_p90_s: float
     data_order_sha1: str  # of the samples every rank's loader served, in order
     step_losses: tuple[float, ...] = ()  # bench verify only: the global loss of every step
+    # Set when the epoch's loss was not finite: the first such step (global index, on this
+    # rank; None if only another rank saw it) and the mean loss of the step before it.
+    diverged: bool = False
+    diverged_step: int | None = None
+    last_finite_loss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,8 @@ class RunRecord:
             "channels_last": cfg.channels_last,
             "compile": cfg.compile,
             "compile_time_s": None,
+            "loss_scale": None,  # fp16: the GradScaler's final scale
+            "scaler_skipped_steps": None,  # fp16: optimizer steps it skipped (inf/nan grads)
             "optimizer_impl": cfg.optimizer_impl,
             "cudnn_benchmark": cfg.cudnn_benchmark if device_type == "cuda" else None,
             "ddp_options": strategy_options,
@@ -208,6 +215,20 @@ class RunRecord:
     def unavailable(self, reason: str) -> None:
         self.data.update(status="unavailable", error=reason, finished_at=utc_now())
         self.write()
+
+    def diverged(self, epoch: int, train: TrainStats) -> str:
+        """The loss became NaN or infinite: the run is not ok. Returns the one-line reason."""
+        where = (f"step {train.diverged_step}" if train.diverged_step is not None
+                 else "a step of another rank")
+        last = (f"{train.last_finite_loss:.4g}" if train.last_finite_loss is not None
+                else "none")
+        error = (f"training loss became non-finite in epoch {epoch + 1}, {where} (last finite "
+                 f"loss {last}); lower --lr, or check --weight-decay")
+        self.data.update(status="diverged", error=error, finished_at=utc_now(),
+                         diverged_at={"epoch": epoch + 1, "step": train.diverged_step,
+                                      "last_finite_loss": train.last_finite_loss})
+        self.write()
+        return error
 
     def fail(self, status: str, error: str | None) -> None:
         """Close a run that did not finish: ``failed`` or ``interrupted``, and why."""
@@ -310,7 +331,9 @@ class RunRecord:
         self.data.update(comm_probe_steps=steps, compute_step_s=compute_step_s,
                          exposed_comm_fraction=exposed, comm_probe_note=note)
 
-    def finish(self, replicas_identical: bool | None, param_fingerprint: list[float]) -> None:
+    def finish(self, replicas_identical: bool | None, param_fingerprint: list[float],
+               scaler_state: dict | None = None) -> None:
+        self.data.update(scaler_state or {})
         self.data.update(replicas_identical=replicas_identical,
                          param_fingerprint=param_fingerprint, status="ok",
                          finished_at=utc_now())

@@ -12,14 +12,16 @@ from typing import Any
 
 from bench.errors import EXIT_FAILED, ConfigError
 from bench.record import current_status
-from bench.results import load_records, runs_dir, summarise_epochs
+from bench.results import load_records, runs_dir, summarise_epochs, write_text_atomic
 from bench.stats import mean_ci, welch
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
 # gpu_shared keeps runs whose ranks shared GPUs (--backend gloo) apart: their timing is not
 # comparable with anything.
+# options keeps runs with other speed options (GPU loader, channels_last, compile, fused SGD)
+# apart: the same strategy doing the work another way is another row, never a repeat.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
-              "grad_accum", "gpu_shared"]
+              "options", "grad_accum", "gpu_shared"]
 COLUMNS = [
     ("workload", "workload"),
     ("strategy", "strategy"),
@@ -27,6 +29,7 @@ COLUMNS = [
     ("world_size", "N"),
     ("processes", "procs"),
     ("precision", "precision"),
+    ("options", "options"),
     ("grad_accum", "accum"),
     ("norm", "norm"),
     ("same_start", "same start"),
@@ -100,6 +103,20 @@ def workload(rec: dict[str, Any]) -> str:
     return f"{data} {size} img, batch {rec.get('global_batch')}, {model}"
 
 
+def speed_options(rec: dict[str, Any]) -> str:
+    """The run's speed options that change how (not what) it computes, "—" for none."""
+    chosen = []
+    if rec.get("loader") == "gpu":
+        chosen.append("gpu loader")
+    if rec.get("channels_last"):
+        chosen.append("channels_last")
+    if rec.get("compile"):
+        chosen.append("compile")
+    if rec.get("optimizer_impl") not in (None, "default"):
+        chosen.append(f"{rec['optimizer_impl']} SGD")
+    return ", ".join(chosen) or "—"
+
+
 @functools.cache
 def _reference_start(seed: int, width: float) -> str:
     from bench.model import initial_params_sha1
@@ -145,6 +162,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "processes": rec.get("processes"),
                 "precision": rec.get("precision"),
                 "grad_accum": rec.get("grad_accum", 1),
+                "options": speed_options(rec),
                 "norm": rec.get("norm"),
                 "same_start": same_start(rec),
                 "status": status,
@@ -225,7 +243,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         out.append(row)
     table = pd.DataFrame(out)
     def family(r) -> tuple:
-        return (r.workload, r.strategy, r.device, r.precision, r.grad_accum)
+        return (r.workload, r.strategy, r.device, r.precision, r.options, r.grad_accum)
 
     base = {family(r): r.images_per_s for r in table.itertuples()
             if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
@@ -241,8 +259,10 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
 
     order = {name: i for i, name in enumerate(strategies.names())}
     table["_order"] = [order.get(name, len(order)) for name in table["strategy"]]
-    table = table.sort_values(["workload", "device", "_order", "world_size", "precision"])
-    return table.drop(columns="_order").reset_index(drop=True)
+    table["_cpu"] = table["device"] != "cuda"  # GPU rows first
+    table = table.sort_values(["_cpu", "workload", "_order", "world_size", "precision",
+                               "options"])
+    return table.drop(columns=["_order", "_cpu"]).reset_index(drop=True)
 
 
 def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
@@ -629,11 +649,21 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         print(to_markdown(table), end="")
     else:
         print(to_text(table), end="")
+    from bench.trace_breakdown import format_rows, trace_rows
+
+    traced = trace_rows(records, Path(results))
+    if traced and fmt == "text":
+        print("\n" + format_rows(traced), end="")
     if write:
         root = Path(results)
         root.mkdir(parents=True, exist_ok=True)
-        (root / "summary.csv").write_text(to_csv(table))
-        (root / "summary.md").write_text(to_markdown(table))
+        write_text_atomic(root / "summary.csv", to_csv(table))
+        write_text_atomic(root / "summary.md", to_markdown(table))
+        if traced:
+            import pandas as pd
+
+            write_text_atomic(root / "trace_breakdown.csv", pd.DataFrame(traced).to_csv(
+                index=False, float_format="%.2f"))
         plots = write_plots(records, root / "plots", load_probes(results))
         print(f"wrote {root / 'summary.csv'}, {root / 'summary.md'} and {len(plots)} plot files "
               f"under {root / 'plots'}", file=sys.stderr)

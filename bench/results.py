@@ -8,6 +8,7 @@ import os
 import platform
 import secrets
 import socket
+import stat
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,12 @@ def runs_dir(output: str | Path) -> Path:
 
 def write_atomic(path: Path, record: dict[str, Any]) -> None:
     """Write JSON so that a reader sees the old file or the new one, never half of one."""
+    write_text_atomic(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text so that a reader sees the old file or the new one, never half of one (a
+    full disk leaves the old file, not an empty one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -67,8 +74,7 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
         # allows (a group sharing --output across nodes must read it).
         os.fchmod(fd, _FILE_MODE & ~_umask())
         with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh, indent=2, sort_keys=False)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -100,9 +106,53 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; anything far larger is not one
+
+
 def read_record(path: Path) -> dict[str, Any]:
+    """The JSON in a regular file of sane size (a FIFO would block, a huge file is not a
+    record); ValueError for anything else, including absurdly nested JSON."""
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("not a regular file")
+    if info.st_size > MAX_RECORD_BYTES:
+        raise ValueError(f"{info.st_size} bytes, more than a record ever holds")
     with open(path) as fh:
-        return json.load(fh)
+        try:
+            return json.load(fh)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+
+
+_NUMBER = (int, float)
+_EPOCH_NUMBERS = ("train_time_s", "images_per_s", "top1", "peak_mem_bytes")
+
+
+def record_problem(rec: Any) -> str | None:
+    """What makes this JSON unusable as a run record for the report, or None. The types of
+    every field the report reads are checked here, once, so it never tracebacks on one."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    for key, kind in (("run_id", str), ("status", str), ("strategy", str),
+                      ("world_size", int), ("per_epoch", list)):
+        if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
+            return f"{key} missing or not {'a list' if kind is list else kind.__name__}"
+    for key, kind in (("started_at", str), ("device", str), ("precision", str),
+                      ("gpus_requested", int), ("processes", int), ("grad_accum", int),
+                      ("global_batch", int), ("train_size", int), ("seed", int),
+                      ("config", dict), ("model", dict), ("env", dict), ("target_top1", _NUMBER),
+                      ("time_to_target_s", _NUMBER)):
+        value = rec.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            return f"{key} is {type(value).__name__}, not {getattr(kind, '__name__', 'number')}"
+    for i, epoch in enumerate(rec["per_epoch"]):
+        if not isinstance(epoch, dict):
+            return f"per_epoch[{i}] is not an object"
+        for key in _EPOCH_NUMBERS:
+            value = epoch.get(key)
+            if not isinstance(value, _NUMBER) or isinstance(value, bool):
+                return f"per_epoch[{i}].{key} missing or not a number"
+    return None
 
 
 def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -115,10 +165,11 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
         try:
             record = read_record(path)
         except (OSError, ValueError) as exc:
-            warnings.append(f"skipped {path}: not valid JSON ({exc})")
+            warnings.append(f"skipped {path}: not a readable JSON record ({exc})")
             continue
-        if not isinstance(record, dict) or "run_id" not in record or "status" not in record:
-            warnings.append(f"skipped {path}: not a parallel-bench run record")
+        problem = record_problem(record)
+        if problem:
+            warnings.append(f"skipped {path}: not a parallel-bench run record ({problem})")
             continue
         records.append(record)
     records.sort(key=lambda r: r.get("started_at", ""))

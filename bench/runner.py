@@ -370,12 +370,14 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
             print("bench: ok; the record was written on the node that hosted global rank 0")
             return EXIT_OK
         final = RunRecord.load(plan.record_path)
-        if final.status == "ok" and (rc == 0 or status == "interrupted"):
+        if final.status == "diverged":  # rank 0 said why; the ranks' exit adds nothing
+            status, error = "diverged", final.data.get("error")
+        elif final.status == "ok" and (rc == 0 or status == "interrupted"):
             # Every epoch was recorded; a signal during shutdown does not undo the run.
             status = "ok"
         elif rc == 0:
             error = error or "ranks exited without finishing the record"
-        if status != "ok" or final.status != "ok":
+        if status not in ("ok", "diverged") or final.status not in ("ok", "diverged"):
             final.fail(status, error)
     finally:
         shutil.rmtree(outcome.scratch.root, ignore_errors=True)

@@ -175,8 +175,14 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
         return {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
     except subprocess.TimeoutExpired:
         _stop(proc)
-        _mark_timeout(base.output, combo, time.monotonic() - started)
-        return "failed"
+        seconds = time.monotonic() - started
+        what = f"timeout after {seconds:.0f} s (--run-timeout {run_timeout:g})"
+        if not _mark_timeout(base.output, combo, seconds):  # stopped before its record
+            cfg = base.derive(strategy=combo.strategy, gpus=combo.gpus, tag=combo.tag,
+                              seed=base.seed + combo.repeat)
+            RunPlan(cfg).skeleton(cmd).fail("failed", f"{what}, before the run wrote a record")
+        print(f"{prefix}: failed: {what}", flush=True)
+        return f"failed: {what}"
     except BaseException:
         _stop(proc)
         raise
@@ -195,31 +201,41 @@ class Claim:
         """(the claim, None), or (None, the holder) when a live owner holds it."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{name.replace('/', '_')}.claim"
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+        # The claim appears with its owner already in it (written aside, then hard-linked
+        # into place, which fails if it exists): an empty or unreadable claim is never a
+        # claim being written, only debris of a crash, and is cleared like a dead owner's.
+        staged = folder / f".{path.name}.{os.getpid()}.tmp"
+        staged.write_text(json.dumps(this_process()))
+        try:
+            for _ in range(2):
                 try:
-                    holder = json.loads(path.read_text())
-                except (OSError, ValueError):  # being written by its owner right now
-                    return None, None
-                if owner_alive(holder) is False:
-                    path.unlink(missing_ok=True)
-                    continue
-                return None, holder
-            with os.fdopen(fd, "w") as fh:
-                json.dump(this_process(), fh)
-            return cls(path), None
-        return None, None
+                    os.link(staged, path)
+                    return cls(path), None
+                except FileExistsError:
+                    try:
+                        holder = json.loads(path.read_text())
+                    except (OSError, ValueError):
+                        holder = None
+                    if not isinstance(holder, dict) or owner_alive(holder) is False:
+                        path.unlink(missing_ok=True)
+                        continue
+                    return None, holder
+            return None, None
+        finally:
+            staged.unlink(missing_ok=True)
 
     def release(self) -> None:
         self.path.unlink(missing_ok=True)
 
 
-def _mark_timeout(output: str, combo: Combo, seconds: float) -> None:
+def _mark_timeout(output: str, combo: Combo, seconds: float) -> bool:
+    """The stopped run's record becomes failed with the timeout; False if it had none."""
+    marked = False
     for path, record in _records_by_tag(output).get(combo.tag, []):
-        if record.get("status") in ("running", "interrupted"):
+        if record.get("status") in ("running", "interrupted", "failed"):
             record.update(status="failed", finished_at=utc_now(),
-                          error=f"timeout: run exceeded --run-timeout ({seconds:.0f} s)")
+                          error=f"timeout after {seconds:.0f} s (--run-timeout)")
             write_atomic(path, record)
+            marked = True
+    return marked
 

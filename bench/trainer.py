@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig
+from bench.errors import Diverged
 from bench.extra_steps import compute_only_steps, profile_steps
 from bench.faults import Fault
 from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
@@ -139,8 +140,11 @@ class Trainer:
         self.start_record(compile_time, *start)
         cfg = self.cfg
         for epoch in range(cfg.epochs):
-            train, evaluation, memory = slowest_rank(self.strategy, self.train_epoch(epoch),
-                                                    self.evaluate())
+            train = self.train_epoch(epoch)
+            if train.diverged:  # every rank sees the same reduced loss: all stop here
+                reason = self.record.diverged(epoch, train) if self.record is not None else ""
+                raise Diverged(reason or "training loss became non-finite")
+            train, evaluation, memory = slowest_rank(self.strategy, train, self.evaluate())
             evaluated_at = time.perf_counter()  # the time-to-target clock stops here
             # top-1 is reduced over ranks: every rank takes the same decision
             reached = cfg.target_top1 is not None and 100 * evaluation.top1 >= cfg.target_top1
@@ -197,6 +201,7 @@ class Trainer:
         marks: list[Any] = [step_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
         step_loss = torch.zeros((), device=s.device, dtype=sums)
+        history: list[torch.Tensor] = []  # every micro-batch's loss sum, for divergence
         served = []  # sample indices as the loader served them (no host sync)
         for micro, (images, labels, indices) in enumerate(self.loaders.train):
             if micro >= self.steps_per_epoch * accum:
@@ -217,6 +222,7 @@ class Trainer:
                 s.backward(loss / accum, optimizer, precision, last=last)
             batch_loss = loss.detach().to(sums) * labels.numel()
             loss_sum += batch_loss
+            history.append(batch_loss)  # on the device: read once, after the epoch
             seen += labels.numel()
             if verifying:
                 step_loss += batch_loss
@@ -242,10 +248,20 @@ class Trainer:
         totals = torch.stack([loss_sum, torch.tensor(float(seen), device=s.device,
                                                      dtype=sums)])
         s.all_reduce(totals, "sum")
+        train_loss = (totals[0] / totals[1]).item()
+        diverged, first, last_finite = not math.isfinite(train_loss), None, None
+        if diverged and history:
+            per_micro = torch.stack(history).double().cpu() / self.split.per_process * accum
+            bad = (~torch.isfinite(per_micro)).nonzero()
+            if len(bad):
+                first = epoch * self.steps_per_epoch + int(bad[0]) // accum + 1
+                finite = per_micro[: int(bad[0])]
+                last_finite = float(finite[-1]) if len(finite) else None
         return TrainStats(
+            diverged=diverged, diverged_step=first, last_finite_loss=last_finite,
             data_order_sha1=self.served_digest(served),
             train_time_s=train_time,
-            train_loss=(totals[0] / totals[1]).item(),
+            train_loss=train_loss,
             train_images=int(totals[1].item()),
             lr_last=lr,
             step_time_p50_s=_percentile(step_times, 0.5),
@@ -281,11 +297,10 @@ class Trainer:
             logits = logits.float()
             top5 = logits.topk(5, dim=1).indices
             hits = (top5 == labels[:, None]) & valid[:, None]
-            totals[0] += hits[:, 0].sum()
-            totals[1] += hits.any(dim=1).sum()
-            totals[2] += valid.sum()
             losses = nn.functional.cross_entropy(logits, labels, reduction="none")
-            totals[3] += (losses * valid).sum()
+            # One float64 add: apex O1 patches in-place ops and refuses float64 += float32.
+            sums = (hits[:, 0].sum(), hits.any(dim=1).sum(), valid.sum(), (losses * valid).sum())
+            totals += torch.stack([x.to(torch.float64) for x in sums])
         _sync(s)
         eval_time = time.perf_counter() - start
         s.all_reduce(totals, "sum")
@@ -329,6 +344,7 @@ def finish_run(trainer: Trainer) -> None:
     and the compute-only probe steps, which change the model and so come after everything
     recorded about it."""
     identical, fingerprint = replica_fingerprint(trainer.strategy, trainer.parts.model)
+    scaler_state = trainer.parts.precision.scaler_state()  # before the extra steps move it
     if trainer.cfg.profile_steps:
         trace = trainer.record.trace_path() if trainer.record is not None else None
         profile_steps(trainer, trainer.cfg.profile_steps, trace)
@@ -337,7 +353,7 @@ def finish_run(trainer: Trainer) -> None:
     if trainer.record is not None:
         if probe is not None:
             trainer.record.comm_probe(probe.steps, probe.compute_step_s, probe.note)
-        trainer.record.finish(identical, fingerprint)
+        trainer.record.finish(identical, fingerprint, scaler_state)
 
 
 def run_verify(trainer: Trainer) -> None:
@@ -346,7 +362,8 @@ def run_verify(trainer: Trainer) -> None:
     state = verify_state(trainer.parts.model)  # collective under FSDP: every rank
     if trainer.record is not None:
         save_verify_outputs(Path(trainer.cfg.verify_dir), train, state, trainer.strategy,
-                            trainer.parts.precision.label, trainer.cfg.grad_accum)
+                            trainer.parts.precision.label, trainer.cfg.grad_accum,
+                            trainer.parts.precision.scaler_state()["scaler_skipped_steps"])
         trainer.record.finish_verify(trainer.strategy.norm, trainer.strategy.notes)
 
 
@@ -403,12 +420,13 @@ def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_verify_outputs(out: Path, train: TrainStats, state: dict[str, torch.Tensor],
-                        strategy: Strategy, precision: str, grad_accum: int) -> None:
+                        strategy: Strategy, precision: str, grad_accum: int,
+                        scaler_skipped_steps: int | None = None) -> None:
     """What ``bench verify`` compares with its reference: per-step losses and parameters,
     and how the strategy cut the batch (its BatchNorm grouping)."""
     torch.save(state, out / "params.pt")
     (out / "losses.json").write_text(json.dumps({
         "losses": list(train.step_losses), "precision": precision, "norm": strategy.norm,
         "world_size": strategy.replicas, "processes": strategy.world_size,
-        "grad_accum": grad_accum,
+        "grad_accum": grad_accum, "scaler_skipped_steps": scaler_skipped_steps,
     }))

@@ -7,8 +7,17 @@ phase it happened in. Rank 0 alone writes the record."""
 
 from __future__ import annotations
 
-import gc
 import os
+
+from bench.lifetime import die_with_parent
+
+if __name__ == "__main__":
+    # Started by a launcher agent (torchrun, torch.distributed.launch, horovodrun): arm the
+    # death signal before the slow imports below, so that killing bench while this rank
+    # imports torch takes it down too (a parent already gone: exit at once).
+    die_with_parent(os.getppid())
+
+import gc
 import sys
 import traceback
 from pathlib import Path
@@ -17,7 +26,6 @@ import torch
 
 import strategies
 from bench.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
-from bench.lifetime import die_with_parent
 from bench.loaders import build_loaders
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
@@ -107,7 +115,6 @@ def main(argv: list[str] | None = None) -> None:
         i += 1
     if spec_path is None:
         raise SystemExit("usage: python -m bench.worker SPEC.json (started by `bench run`)")
-    die_with_parent()  # the launcher agent, or horovodrun's process
     run_rank(spec_path)
 
 

@@ -20,7 +20,8 @@ the offline path is the path taken every time:
    - CPU mode (otherwise): no CUDA code at all. ``HOROVOD_BUILD_MODE=cpu|gpu`` overrides.
 
 The wheel is kept in ``.cache/horovod/`` under a name with the torch version and mode, so a
-second ``make horovod`` installs it in seconds. ``--target DIR`` installs into DIR (for an
+second ``make horovod`` installs it in seconds (``HOROVOD_WHEEL_CACHE`` moves that folder,
+e.g. into a folder carried to a GPU machine). ``--target DIR`` installs into DIR (for an
 interpreter you may not install into; put DIR on PYTHONPATH). Horovod's source is never
 committed.
 """
@@ -39,7 +40,7 @@ from pathlib import Path
 VERSION = "0.28.1"
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "horovod"
-CACHE = ROOT / ".cache" / "horovod"
+CACHE = Path(os.environ.get("HOROVOD_WHEEL_CACHE", ROOT / ".cache" / "horovod"))
 TOOLS = BUILD / "tools"  # build dependencies, with --target
 WHEELHOUSE = ROOT / ".cache" / "horovod-wheelhouse"
 SDIST = f"horovod-{VERSION}.tar.gz"
@@ -161,6 +162,14 @@ def patch_source(src: Path, std: int, mode: str) -> None:
     for rel in ("CMakeLists.txt", "horovod/torch/CMakeLists.txt"):
         sub(rel, r"set\(CMAKE_CXX_STANDARD 14\)", f"set(CMAKE_CXX_STANDARD {std})",
             f"C++14 -> C++{std}")
+    # GCC 13+ no longer includes <string>/<cstdint>/<stdexcept> through other standard
+    # headers; 0.28.1 relies on that (seen on the GPU machine's GCC: "std::string does not
+    # name a type", "logic_error is not a member of std").
+    sub("horovod/common/group_table.h", r"#include <unordered_map>",
+        "#include <cstdint>\n#include <string>\n#include <unordered_map>",
+        "<string> and <cstdint> included")
+    sub("horovod/common/common.h", r"#include <functional>",
+        "#include <functional>\n#include <stdexcept>", "<stdexcept> included")
     # nvcc of CUDA 12+ rejects --std=c++11 next to today's headers.
     sub("horovod/common/ops/cuda/CMakeLists.txt", r"set\(CMAKE_CUDA_STANDARD 11\)",
         "set(CMAKE_CUDA_STANDARD 17)", "CUDA C++11 -> C++17")
@@ -218,6 +227,10 @@ def build_env(mode: str, toolkit: Path | None, house: Path) -> dict[str, str]:
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         PIP_NO_INDEX="1",
         PIP_FIND_LINKS=str(house),
+        # GCC 13+ no longer pulls <string>, <stdexcept>, <cstdint> in through other standard
+        # headers, and 0.28.1 relies on that in several files: include them everywhere.
+        CXXFLAGS=" ".join(filter(None, [os.environ.get("CXXFLAGS"), "-include cstdint",
+                                         "-include stdexcept", "-include string"])),
     )
     if TOOLS.exists():
         env["PATH"] = f"{TOOLS / 'bin'}{os.pathsep}{env['PATH']}"
@@ -229,8 +242,8 @@ def build_env(mode: str, toolkit: Path | None, house: Path) -> dict[str, str]:
         env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_CUDA_HOME=str(toolkit),
                    CUDA_HOME=str(toolkit), CUDAToolkit_ROOT=str(toolkit))
         caps = visible_capabilities()
-        if caps and not env.get("HOROVOD_BUILD_CUDA_CC_LIST"):
-            env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(caps)
+        if not env.get("HOROVOD_BUILD_CUDA_CC_LIST"):  # no GPU here: cross-compile for H100
+            env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(caps) if caps else "90"
         log(f"CUDA architectures: {env.get('HOROVOD_BUILD_CUDA_CC_LIST', 'all of nvcc')}")
         home = find_wheel_nccl()
         if home is not None:  # else Horovod's CMake finds a system NCCL itself

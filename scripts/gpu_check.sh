@@ -1,98 +1,222 @@
 #!/usr/bin/env bash
-# Check every CUDA path of parallel-bench on a bare GPU machine in one command: torch
-# preinstalled, no network, nothing installed from the project (it runs the checkout).
+# Check every CUDA path of parallel-bench on a bare GPU machine, in phases that each fit one
+# command of a 30-minute, 10-minutes-a-command GPU lease (torch preinstalled, no network,
+# nothing installed from the project: it runs the checkout).
 #
-#   scripts/gpu_check.sh OUTDIR          # on a machine with >= 1 GPU
-#   scripts/gpu_check.sh --cpu OUTDIR    # the same sequence on CPU at tiny sizes (CI runs it)
-#   scripts/gpu_check.sh --deps DIR OUTDIR
-#       DIR holds what the machine cannot download: horovod-wheelhouse/ (filled by
-#       `scripts/build_horovod.py --fill-only [--python-version 3.12]`) and/or an apex 25.05
-#       source tarball apex-25.05.tar.gz (`git archive --prefix=apex-25.05/ 25.05`); both are
-#       built offline into OUTDIR/site, which the rest of the check imports.
+#   scripts/gpu_check.sh --plan [--phase P]               items and estimated seconds (H100)
+#   scripts/gpu_check.sh [--deps DIR] --phase P OUTDIR    run phase P: build | core | options |
+#                                                         table | calibrate | all (default)
+#   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (CI)
 #
-# With one GPU the 2-rank items share it (--backend gloo): a correctness check.
-# One line per item (pass / FAIL / skip with the reason); logs, records and summary.txt in
-# OUTDIR; exit 1 if anything failed. PYTHON picks the interpreter (default: .venv's, else
-# python3).
+#   --deps DIR     what the machine cannot download: horovod-wheelhouse/ and apex-25.05.tar.gz
+#                  (`make gpu-deps`); the build phase builds both into OUTDIR/site, later phases
+#                  import it; built wheels are kept in DIR/built (carry it back to skip builds)
+#   --budget S     start no item whose recorded or estimated seconds would pass S seconds
+#                  since this command started (it is listed as "deferred"; run it again)
+#   --again        rerun items that passed before in this OUTDIR (default: skip them)
+#   --items REGEX  only the items whose names match (e.g. to rerun what failed, or to run
+#                  parts of a phase side by side); the summary is summary-PHASE-REGEX.txt
+#
+# Correctness items run small (width 0.25, 4,096 images, no communication probe); only the table
+# and calibrate phases measure at full size. One line per item (pass / FAIL / skip with the
+# reason / deferred) with its seconds; logs, records and summary-PHASE.txt in OUTDIR; exit 1 if
+# an item failed. PYTHON: the interpreter (default: the first of .venv/bin/python,
+# /opt/torch/.venv/bin/python3, python3 that imports torch).
 set -u
-mode=gpu deps=
-while [ $# -gt 1 ]; do
+mode=gpu deps= phase=all budget=0 plan=0 again=0 items=
+while [ $# -gt 0 ]; do
   case $1 in
     --cpu) mode=cpu; shift ;;
     --deps) deps=$(cd "${2:?--deps DIR}" && pwd) || exit 2; shift 2 ;;
+    --phase) phase=${2:?--phase build|core|options|table|calibrate|all}; shift 2 ;;
+    --budget) budget=${2:?--budget SECONDS}; shift 2 ;;
+    --plan) plan=1; shift ;;
+    --again) again=1; shift ;;
+    --items) items=${2:?--items REGEX}; shift 2 ;;
+    -*) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
   esac
 done
-out=${1:?usage: scripts/gpu_check.sh [--cpu] [--deps DIR] OUTDIR}
+case $phase in build|core|options|table|calibrate|all) ;;
+  *) echo "gpu_check.sh: --phase must be build, core, options, table, calibrate or all" >&2
+     exit 2 ;;
+esac
+[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; exit 2; }
+if [ $plan = 0 ]; then
+  out=${1:?usage: scripts/gpu_check.sh [--cpu] [--deps DIR] [--phase P] [--budget S] OUTDIR}
+else
+  out=OUTDIR
+fi
 cd "$(dirname "$0")/.." || exit 2
-mkdir -p "$out" && out=$(cd "$out" && pwd)
-py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-: > "$out/summary.txt"
-passed=0 failed=0 skipped=0
 
-say() { echo "$1" | tee -a "$out/summary.txt"; }
-
-# item NAME CMD...: run, log to OUTDIR/NAME.log; exit 3 (strategy unavailable) is a skip.
-item() {
-  local name=$1; shift
-  "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 0 ]; then say "pass  $name"; passed=$((passed + 1))
-  elif [ $rc -eq 3 ]; then
-    say "skip  $name: $(grep -m1 'unavailable here' "$out/$name.log" | cut -c1-160)"
-    skipped=$((skipped + 1))
-  else say "FAIL  $name (exit $rc, log $out/$name.log)"; failed=$((failed + 1)); fi
+pick_python() {
+  local candidate why
+  for candidate in .venv/bin/python /opt/torch/.venv/bin/python3 python3; do
+    command -v "$candidate" > /dev/null 2>&1 || continue
+    if why=$("$candidate" -c "import torch" 2>&1); then echo "$candidate"; return 0; fi
+    echo "gpu_check.sh: $candidate cannot import torch: $(echo "$why" | tail -1)" >&2
+  done
+  return 1
 }
+if [ -n "${PYTHON:-}" ]; then
+  py=$PYTHON
+  why=$("$py" -c "import torch" 2>&1) || {
+    echo "gpu_check.sh: PYTHON=$py cannot import torch: $(echo "$why" | tail -1)" >&2; exit 2; }
+else
+  py=$(pick_python) || { echo "gpu_check.sh: no interpreter here imports torch" >&2; exit 2; }
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-if [ $mode = gpu ]; then
-  gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ $mode = gpu ] && [ $plan = 0 ]; then
+  probe=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>&1)
+  gpus=$(echo "$probe" | tail -1)
+  [[ $gpus =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: torch.cuda failed: $probe" >&2; exit 2; }
   [ "$gpus" -ge 1 ] || { echo "no CUDA GPU visible; use --cpu" >&2; exit 2; }
+else
+  gpus=1
+fi
+if [ $mode = gpu ]; then
   where=()
-  size=(--data synthetic --train-limit 10240 --test-limit 2000 --epochs 2 --batch-size 256)
+  small=(--data synthetic --train-limit 4096 --test-limit 1000 --epochs 2 --width 0.25
+         --batch-size 256 --comm-probe-steps 0)
+  full=(--data synthetic --train-limit 50000 --test-limit 10000 --batch-size 512)
   shared=$([ "$gpus" -ge 2 ] && echo "" || echo "--backend gloo")  # 2 ranks on one GPU
 else
   where=(--cpu)
-  size=(--data synthetic --train-limit 128 --test-limit 16 --epochs 2 --width 0.125
-        --batch-size 32)
+  small=(--data synthetic --train-limit 128 --test-limit 16 --epochs 2 --width 0.125
+         --batch-size 32 --comm-probe-steps 0)
+  full=(--data synthetic --train-limit 256 --test-limit 64 --width 0.125 --batch-size 64)
   shared=
 fi
-run() { "$py" -m bench run "${where[@]}" "${size[@]}" --no-progress --output "$out/results" "$@"; }
 
-say "parallel-bench check ($mode) $(date -u +%FT%TZ): $("$py" -m bench --version 2>&1)"
-if [ -n "$deps" ]; then
+if [ $plan = 0 ]; then
+  mkdir -p "$out/state" && out=$(cd "$out" && pwd)
+  summary=$out/summary-$phase${items:+-$(echo "$items" | tr -c 'A-Za-z0-9_.\n-' '_')}.txt
+  : > "$summary"
   export PYTHONPATH="$out/site:$PYTHONPATH" PATH="$out/site/bin:$PATH"
-  [ -d "$deps/horovod-wheelhouse" ] && item build_horovod "$py" scripts/build_horovod.py \
-    --wheelhouse "$deps/horovod-wheelhouse" --target "$out/site"
-  apex_src=$(ls -d "$deps"/apex-25.05* 2>/dev/null | head -1)
-  [ -n "$apex_src" ] && item build_apex env APEX_SRC="$apex_src" "$py" scripts/build_apex.py \
-    --target "$out/site"
 fi
-[ $mode = gpu ] && item pytest_gpu "$py" -m pytest -q -m gpu tests
+passed=0 failed=0 skipped=0 deferred=0 earlier=0 planned=0
+say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi; }
+
+# item PHASE NAME ESTIMATE_S CMD...: run unless another phase, passed before, or over budget.
+# Exit 3 (strategy unavailable) is a skip with the reason; the log is OUTDIR/NAME.log.
+item() {
+  local item_phase=$1 name=$2 estimate=$3; shift 3
+  [ "$phase" = all ] || [ "$phase" = "$item_phase" ] || return 0
+  [ -z "$items" ] || [[ $name =~ $items ]] || return 0
+  [ $mode = cpu ] && estimate=$((estimate * 2))  # tiny sizes, but 2 slow cores
+  if [ $plan = 1 ]; then
+    printf '%-10s %-26s ~%4ss\n' "$item_phase" "$name" "$estimate"
+    planned=$((planned + estimate)); return 0
+  fi
+  if [ $again = 0 ] && [ -f "$out/state/$name.pass" ]; then
+    say "done  $name (passed earlier, $(cat "$out/state/$name.pass")s)"
+    earlier=$((earlier + 1)); return 0
+  fi
+  local cost=$estimate
+  [ -f "$out/state/$name.secs" ] && cost=$(cat "$out/state/$name.secs")
+  if [ "$budget" -gt 0 ] && [ $((SECONDS + cost)) -gt "$budget" ]; then
+    say "defer $name (~${cost}s would pass the ${budget}s budget at ${SECONDS}s)"
+    deferred=$((deferred + 1)); return 0
+  fi
+  local start=$SECONDS rc limit=$((4 * cost + 120))  # a hung item ends; it cannot eat the lease
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$? secs=$((SECONDS - start))
+  [ $rc -eq 124 ] && echo "gpu_check.sh: killed after ${limit}s" >> "$out/$name.log"
+  echo "$secs" > "$out/state/$name.secs"
+  if [ $rc -eq 0 ]; then
+    say "pass  $name (${secs}s)"; passed=$((passed + 1)); echo "$secs" > "$out/state/$name.pass"
+  elif [ $rc -eq 3 ]; then
+    say "skip  $name (${secs}s): $(grep -m1 'unavailable here' "$out/$name.log" | cut -c1-150)"
+    skipped=$((skipped + 1))
+  else
+    say "FAIL  $name (exit $rc, ${secs}s, log $out/$name.log)"; failed=$((failed + 1))
+    tail -n 5 "$out/$name.log" | sed 's/^/      | /' | tee -a "$summary"
+  fi
+}
+# The commands items run (arrays, not functions: `timeout` runs them).
+small_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}")
+full_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/table" "${full[@]}")
+
+if [ $plan = 0 ]; then
+  say "parallel-bench check ($mode, phase $phase) $(date -u +%FT%TZ): $("$py" -m bench \
+--version 2>&1), $("$py" -c 'import torch; print("torch", torch.__version__, "cuda",
+torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1)"
+else
+  say "parallel-bench check plan ($mode): seconds per item on one H100, as measured 2026-11-23 (items run
+side by side took longer; build_horovod is an estimate: it has not completed there yet)"
+fi
+
+# --- build: Horovod (NCCL) and apex 25.05 from the carried sources, into OUTDIR/site --------
+if [ -n "$deps" ] || [ $plan = 1 ]; then
+  built=${deps:-DIR}/built
+  item build build_horovod 200 env HOROVOD_WHEEL_CACHE="$built/horovod" "$py" \
+    scripts/build_horovod.py --wheelhouse "$deps/horovod-wheelhouse" --target "$out/site"
+  apex_src=$(ls -d "${deps:-/nonexistent}"/apex-25.05* 2>/dev/null | head -1)
+  item build build_apex 140 env APEX_SRC="${apex_src:-missing}" \
+    APEX_WHEEL_CACHE="$built/apex" "$py" scripts/build_apex.py --target "$out/site"
+fi
+
+# --- core: the GPU tests, every strategy at N=1, 2 ranks (sharing one GPU), verify ----------
+[ $mode = gpu ] && item core pytest_gpu 300 "$py" -m pytest -v -rfEs -p no:cacheprovider -m gpu tests
 for s in $("$py" -c "import strategies; print(' '.join(strategies.names()))"); do
-  item "n1_$s" run --strategy "$s" --gpus 1
+  item core "n1_$s" 25 "${small_run[@]}" --strategy "$s" --gpus 1
 done
+# Sharing one GPU (gloo) leaves out fsdp (refused: its gloo collectives on CUDA tensors
+# crashed) and horovod (CUDA tensors over gloo need a build without NCCL GPU ops).
+two_rank="ddp ddp-amp ddp-apex"
+[ -n "$shared" ] || two_rank="$two_rank fsdp horovod"
 # shellcheck disable=SC2086  # $shared is empty or two words
-for s in ddp ddp-amp horovod ddp-apex fsdp; do item "n2_$s" run --strategy "$s" --gpus 2 $shared; done
-if [ $mode = gpu ]; then
-  item precision_fp16 run --strategy ddp-amp --gpus 1 --precision fp16
-  item precision_tf32_off run --strategy ddp --gpus 1 --tf32 off
-  item precision_apex_o2 run --strategy ddp-apex --gpus 1 --apex-opt-level O2
-  item workers4_pinned run --strategy ddp --gpus 1 --workers 4
-fi
-item precision_bf16 run --strategy ddp-amp --gpus 1 --precision bf16
-item loader_gpu run --strategy ddp --gpus 1 --loader gpu
-item channels_last run --strategy ddp --gpus 1 --channels-last
-item fused_sgd run --strategy ddp --gpus 1 --optimizer-impl fused
-item compile run --strategy ddp --gpus 1 --compile --epochs 1
-item fastest_path run --strategy ddp-amp --gpus 1 --precision bf16 --loader gpu \
-  --channels-last --optimizer-impl fused
+for s in $two_rank; do item core "n2_$s" 30 "${small_run[@]}" --strategy "$s" --gpus 2 $shared; done
 # shellcheck disable=SC2086
-item verify "$py" -m bench verify "${where[@]}" --gpus 2 $shared
+item core verify 120 "$py" -m bench verify "${where[@]}" --gpus 2 $shared
+
+# --- options: precisions, loaders, memory format, optimizer, compile ------------------------
 if [ $mode = gpu ]; then
-  item throughput "$py" benchmarks/throughput.py --strategies ddp,ddp-amp --gpus 1 \
+  item options precision_fp16 30 "${small_run[@]}" --strategy ddp-amp --gpus 1 --precision fp16
+  item options precision_tf32_off 30 "${small_run[@]}" --strategy ddp --gpus 1 --tf32 off
+  item options precision_apex_o2 30 "${small_run[@]}" --strategy ddp-apex --gpus 1 --apex-opt-level O2
+  item options workers4_pinned 30 "${small_run[@]}" --strategy ddp --gpus 1 --workers 4
+  item options profile_trace 30 "${small_run[@]}" --strategy ddp --gpus 1 --profile-steps 5
+fi
+item options precision_bf16 30 "${small_run[@]}" --strategy ddp-amp --gpus 1 --precision bf16
+item options loader_gpu 30 "${small_run[@]}" --strategy ddp --gpus 1 --loader gpu
+item options channels_last 30 "${small_run[@]}" --strategy ddp --gpus 1 --channels-last
+item options fused_sgd 30 "${small_run[@]}" --strategy ddp --gpus 1 --optimizer-impl fused
+item options compile 60 "${small_run[@]}" --strategy ddp --gpus 1 --compile --epochs 1
+item options fastest_path 90 "${small_run[@]}" --strategy ddp-amp --gpus 1 --precision bf16 --loader gpu \
+  --channels-last --optimizer-impl fused --compile
+if [ $mode = gpu ]; then
+  item options throughput 60 "$py" benchmarks/throughput.py --strategies ddp,ddp-amp --gpus 1 \
     --output "$out/throughput"
 fi
-item report "$py" -m bench report --results "$out/results"
-say "parallel-bench check: $passed passed, $failed failed, $skipped skipped"
+item options report 10 "$py" -m bench report --results "$out/results"
+
+# --- table: the README's GPU rows (N=1, 50,000 synthetic images, full width, batch 512) -----
+for s in dp ddp ddp-spawn ddp-launch fsdp horovod ddp-apex; do
+  item table "table_$s" 50 "${full_run[@]}" --strategy "$s" --gpus 1 --epochs 4
+done
+item table table_ddp-amp_fp16 45 "${full_run[@]}" --strategy ddp-amp --gpus 1 --epochs 4 --precision fp16
+item table table_ddp-amp_bf16 45 "${full_run[@]}" --strategy ddp-amp --gpus 1 --epochs 4 --precision bf16
+item table table_fastest 70 "${full_run[@]}" --strategy ddp-amp --gpus 1 --epochs 6 --precision bf16 \
+  --loader gpu --channels-last --optimizer-impl fused --compile
+# The all-reduce probe needs 2 ranks with a device each (over gloo on one GPU it measures
+# host copies, not a link).
+[ "$gpus" -ge 2 ] && item table table_probe 30 "$py" -m bench probe "${where[@]}" --gpus 2 \
+  --output "$out/table"
+item table table_report 10 "$py" -m bench report --results "$out/table"
+
+# --- calibrate: epochs to 50 % / 60 % top-1 on the synthetic set, difficulty 1.0 and 0.5 ----
+for d in 1.0 0.5; do
+  item calibrate "calibrate_d$d" 80 "${full_run[@]}" --output "$out/calibrate" \
+    --strategy ddp-amp --gpus 1 --precision bf16 --loader gpu --channels-last \
+    --optimizer-impl fused --epochs 30 --target-top1 60 --synthetic-difficulty "$d"
+done
+
+if [ $plan = 1 ]; then
+  say "total ~${planned}s for phase $phase (add ~90 s for a fresh machine's start)"
+  exit 0
+fi
+say "parallel-bench check ($phase): $passed passed, $failed failed, $skipped skipped, \
+$deferred deferred, $earlier passed earlier; ${SECONDS}s"
 [ $failed -eq 0 ]

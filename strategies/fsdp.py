@@ -41,6 +41,12 @@ class FSDPStrategy(DDPStrategy):
 
     def check(self, topology: Topology, features: Features) -> None:
         super().check(topology, features)
+        if topology.device_type == "cuda" and topology.backend == "gloo":
+            # Seen on an H100 (torch 2.11, 2 ranks sharing cuda:0): rank 0 died of SIGSEGV
+            # in FSDP2's first collectives over gloo, in `bench run` and in `bench verify`.
+            raise ConfigError("fsdp cannot run over gloo with CUDA tensors (its collectives "
+                              "crashed with SIGSEGV on torch 2.11); use --backend nccl with "
+                              "one GPU per rank, or fsdp --cpu")
         if features.channels_last:
             raise ConfigError("fsdp cannot shard channels_last parameters (FSDP2 needs "
                               "contiguous ones); drop --channels-last, or use ddp with it")

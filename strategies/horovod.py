@@ -143,8 +143,7 @@ class HorovodStrategy(Strategy):
             return
         optimizer.synchronize()
         with optimizer.skip_synchronize():
-            precision.scaler.step(optimizer)
-        precision.scaler.update()
+            precision.step(optimizer)  # the scaler's step and update, skipped steps counted
 
     def discard_gradients(self, optimizer) -> None:
         # Horovod refuses zero_grad() between backward and step: finish the all-reduces it

@@ -91,3 +91,15 @@ def test_worker_spec_survives_json(tmp_path):
     )
     assert WorkerSpec.read(spec.write()) == spec
     assert spec.scratch.spec == Path(tmp_path) / "spec.json"
+
+
+def test_fsdp_refuses_gloo_with_cuda_tensors():
+    """FSDP2 over gloo on a shared GPU died of SIGSEGV on an H100: refused before start."""
+    from bench.config import Features
+
+    fsdp = strategies.get("fsdp", RunConfig("fsdp").strategy_options)
+    shared = Topology("cuda", gpus=2, backend="gloo", gpu_shared=True)
+    with pytest.raises(ConfigError, match="--backend nccl"):
+        fsdp.check(shared, Features("fp32"))
+    fsdp.check(Topology("cuda", gpus=2, backend="nccl"), Features("fp32"))  # what it names works
+    fsdp.check(Topology("cpu", gpus=2, backend="gloo"), Features("fp32"))

@@ -171,3 +171,28 @@ def test_a_dataset_folder_cannot_run_code(name, cifar_dir, tmp_path):
     assert "not a CIFAR-100 file (forbidden object posix.system)" in proc.stderr
     assert not marker.exists(), "the payload ran"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name, entry, expected", [
+    ("test", {"data": np.zeros((2, 3072), np.uint8), "fine_labels": [2**70, 1]}, "fine_labels"),
+    ("test", {"data": [[300] * 3072, [0] * 3072], "fine_labels": [1, 2]}, "0..255"),
+    ("test", {"data": [list(range(300)), [0]], "fine_labels": [1, 2]}, "corrupt"),
+    ("meta", {"fine_label_names": 100}, "list of 100 fine_label_names"),
+    ("meta", {"fine_label_names": list(range(100))}, "list of 100 fine_label_names"),
+])
+def test_absurd_but_valid_pickles_are_one_clear_error(name, entry, expected, tmp_path,
+                                                      cifar_dir):
+    """Valid pickles with absurd contents (labels past int64, pixels past 255, ragged rows,
+    names that are not a list of strings) were OverflowError/TypeError tracebacks."""
+    shutil.copytree(cifar_dir / "cifar-100-python", tmp_path / "cifar-100-python")
+    with open(tmp_path / "cifar-100-python" / name, "wb") as fh:
+        pickle.dump(entry, fh)
+    with pytest.raises(ConfigError, match=expected):
+        prepare_cifar100(tmp_path, download=False)
+
+
+def test_a_missing_file_is_named(tmp_path, cifar_dir):
+    shutil.copytree(cifar_dir / "cifar-100-python", tmp_path / "cifar-100-python")
+    (tmp_path / "cifar-100-python" / "test").unlink()
+    with pytest.raises(ConfigError, match=r"lacks .*cifar-100-python/test; drop --no-download"):
+        prepare_cifar100(tmp_path, download=False)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, alive, assert_ok, only_record, run_bench
+from conftest import FAST, ROOT, alive, assert_ok, only_record, run_bench
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "32",
          "--width", "0.125", "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
@@ -93,3 +93,22 @@ def test_result_files_are_never_half_written(tmp_path):
     files = list((tmp_path / "runs").iterdir())
     assert len(files) == 1 and files[0].suffix == ".json"
     json.loads(files[0].read_text())
+
+
+def test_a_run_whose_loss_becomes_nan_is_diverged_not_ok(tmp_path):
+    """--lr 1e30: step 1 is finite, its update makes step 2's loss non-finite. Both ranks
+    stop after that epoch; the record says diverged (epoch, step, last finite loss), holds
+    no NaN (strict JSON), and the report shows it as such."""
+    proc = run_bench("run", "--strategy", "ddp", "--cpu", "--gpus", "2", "--epochs", "2",
+                     "--data", "synthetic", "--train-limit", "128", "--test-limit", "16",
+                     "--lr", "1e30", "--warmup-epochs", "0", "--output", str(tmp_path), *FAST)
+    assert proc.returncode == 1, proc.stderr
+    assert "bench: run diverged: training loss became non-finite in epoch 1, step 2" in (
+        proc.stderr)
+    text = next((tmp_path / "runs").glob("*.json")).read_text()
+    rec = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the record"))
+    assert rec["status"] == "diverged" and rec["per_epoch"] == []
+    assert rec["diverged_at"]["epoch"] == 1 and rec["diverged_at"]["step"] == 2
+    assert 3 < rec["diverged_at"]["last_finite_loss"] < 7  # about ln(100) at the start
+    report = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert "diverged" in report.stdout

@@ -3,6 +3,8 @@ Skipped (with the reason) where no GPU is visible."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import FAST, assert_ok, only_record, run_bench
@@ -21,21 +23,30 @@ def _run(tmp_path, *args: str):
     )
 
 
-def test_ddp_on_cuda_uses_nccl_and_syncbn(tmp_path):
+def _two_ranks() -> list[str]:
+    """Two ranks: one GPU each where there are two, else both on cuda:0 over gloo."""
+    return ["--gpus", "2"] + ([] if _gpus() >= 2 else ["--backend", "gloo"])
+
+
+def test_ddp_on_cuda_uses_nccl(tmp_path):
     world = min(2, _gpus())
     assert_ok(_run(tmp_path, "--strategy", "ddp", "--gpus", str(world)))
     rec = only_record(tmp_path)
     assert rec["device"] == "cuda" and rec["env"]["gpus"] and rec["env"]["nccl"]
-    assert rec["norm"] == ("syncbn" if world > 1 else "per-replica-bn")
+    assert rec["backend"] == "nccl"
     assert rec["per_epoch"][-1]["test_images"] == 100
     # CUDA max-allocated memory of a small model is far below a CPU process's RSS.
     assert 0 < rec["per_epoch"][-1]["peak_mem_bytes"] < 4 * 2**30
 
 
+def test_ddp_on_cuda_syncs_batchnorm_across_two_ranks(tmp_path):
+    assert_ok(_run(tmp_path, "--strategy", "ddp", *_two_ranks()))
+    rec = only_record(tmp_path)
+    assert rec["world_size"] == 2 and rec["norm"] == "syncbn" and rec["replicas_identical"]
+
+
 def test_ddp_no_syncbn_flag_is_recorded(tmp_path):
-    if _gpus() < 2:
-        pytest.skip("needs 2 GPUs to tell SyncBN from per-replica BN")
-    assert_ok(_run(tmp_path, "--strategy", "ddp-spawn", "--gpus", "2", "--no-syncbn"))
+    assert_ok(_run(tmp_path, "--strategy", "ddp-spawn", *_two_ranks(), "--no-syncbn"))
     assert only_record(tmp_path)["norm"] == "per-replica-bn"
 
 
@@ -61,8 +72,17 @@ def test_too_many_gpus_names_cpu(tmp_path):
 
 
 def test_fp16_uses_a_grad_scaler(tmp_path):
-    assert_ok(_run(tmp_path, "--strategy", "ddp-amp", "--gpus", "1"))  # fp16 by default on CUDA
-    assert only_record(tmp_path)["precision"] == "fp16"
+    assert_ok(_run(tmp_path / "fp16", "--strategy", "ddp-amp", "--gpus", "1"))  # fp16 default
+    rec = only_record(tmp_path / "fp16")
+    steps = sum(1 for _ in rec["per_epoch"]) * rec["steps_per_epoch"]
+    # The scaler ran: its scale is a power of two, and it skipped fewer steps than ran.
+    assert rec["precision"] == "fp16" and rec["loss_scale"] > 0
+    assert math.log2(rec["loss_scale"]).is_integer()
+    assert 0 <= rec["scaler_skipped_steps"] < steps
+    assert_ok(_run(tmp_path / "bf16", "--strategy", "ddp-amp", "--gpus", "1",
+                   "--precision", "bf16"))
+    bf16 = only_record(tmp_path / "bf16")
+    assert bf16["loss_scale"] is None and bf16["scaler_skipped_steps"] is None
 
 
 def test_apex_o1_on_cuda(tmp_path):
@@ -76,7 +96,9 @@ def test_apex_o1_on_cuda(tmp_path):
     assert rec["precision"] == "apex-O1" and rec["status"] == "ok"
 
 
-def test_horovod_syncbn_on_cuda(tmp_path):
+def test_horovod_on_cuda(tmp_path):
+    """With one GPU this shows the NCCL build trains and records per-replica BN; it cannot
+    show hvd.SyncBatchNorm, which needs 2 ranks with a GPU each (next test)."""
     from strategies.horovod import HorovodStrategy
 
     reason = HorovodStrategy("horovod").requires("cuda")
@@ -87,6 +109,18 @@ def test_horovod_syncbn_on_cuda(tmp_path):
     rec = only_record(tmp_path)
     assert rec["norm"] == ("syncbn" if world > 1 else "per-replica-bn")
     assert rec["replicas_identical"] is True
+
+
+def test_horovod_syncbn_across_two_gpus(tmp_path):
+    from strategies.horovod import HorovodStrategy
+
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs: Horovod's NCCL build cannot put 2 ranks on one GPU")
+    reason = HorovodStrategy("horovod").requires("cuda")
+    if reason:
+        pytest.skip(f"horovod with NCCL unavailable: {reason}")
+    assert_ok(_run(tmp_path, "--strategy", "horovod", "--gpus", "2"))
+    assert only_record(tmp_path)["norm"] == "syncbn"
 
 
 def test_tf32_is_explicit_and_labelled(tmp_path):

@@ -107,3 +107,49 @@ def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
     assert rec["error"].startswith("rank 1 was killed by signal 9 (SIGKILL) [in "), rec["error"]
     assert "epoch" in rec["error"]  # the phase it last reported
     assert not _gone_within(10, f"bench-{run_id}-")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now, from /proc (the run's own tree, nobody else's)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.parametrize("strategy, delay", [
+    ("ddp", 0.0), ("ddp", 1.0), ("ddp", 2.5), ("ddp-spawn", 0.5), ("ddp-spawn", 2.0),
+    ("ddp-launch", 1.5),
+])
+def test_kill_9_during_start_up_leaves_nothing_running(strategy, delay, tmp_path):
+    """kill -9 while the ranks are being started, import torch or meet: 0 s after the
+    record appears (no rank yet), then later (importing, rendezvous). Every process the run
+    had started dies with it: the ranks arm their death signal before importing torch, and
+    check that their parent still is the one that started them."""
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
+           *SMALL, "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("runs/*.json")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(tmp_path.glob("runs/*.json")), "bench run wrote no record"
+    time.sleep(delay)
+    tree = _descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in tree):
+        time.sleep(0.2)
+    left = sorted(p for p in tree if Path(f"/proc/{p}").exists()
+                  and "zombie" not in Path(f"/proc/{p}/status").read_text().lower())
+    assert not left, f"{len(left)} of {len(tree)} processes still running 10 s later: {left}"

@@ -131,6 +131,20 @@ def test_runs_on_shared_gpus_stay_apart_and_are_marked_not_comparable():
     assert len(lines) == 1 and "| 1.00 (ranks shared GPUs: not comparable) |" in lines[0]
 
 
+def test_runs_with_other_speed_options_are_other_rows_not_repeats():
+    """Seen on the H100: the fastest path (GPU loader, channels_last, compile, fused SGD)
+    was averaged with plain bf16 as "2 runs" of one row. Each way of working is its own row,
+    and its speed-up is against N=1 done the same way."""
+    plain = _record("k", "ddp", 1, [5.0, 4.0], [0.1, 0.2])
+    fast = {**_record("l", "ddp", 1, [5.0, 1.0], [0.1, 0.2]), "loader": "gpu",
+            "channels_last": True, "compile": True, "optimizer_impl": "fused"}
+    table = summary_table([plain, fast]).set_index("options")
+    assert list(table["runs"]) == [1, 1]
+    assert table.loc["gpu loader, channels_last, compile, fused SGD", "epoch_time_s"] == 1.0
+    assert table.loc["—", "epoch_time_s"] == 4.0
+    assert list(table["speedup"]) == [1.0, 1.0]
+
+
 def test_sweep_key_is_the_workload_only():
     from bench.config import RunConfig
     from bench.sweep import sweep_key
@@ -213,3 +227,31 @@ def test_sweep_table_scores_time_to_target_and_tests_accuracy_parity():
     assert "| -2.00 (p 0.081) |" in text and "| -4.00 (p 0.0039) ≠ |" in text
     proc = run_bench("report", "--results", "/nonexistent", "--reference", "ddp:x")
     assert proc.returncode == 2 and "--reference" in proc.stderr
+
+
+def test_malformed_records_and_a_fifo_are_skipped_with_a_warning(tmp_path):
+    """Each of these made `bench report` traceback (or hang, the FIFO): now each is skipped
+    with a line naming the file and what is wrong, and the good record is reported."""
+    import os
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    good = _record("good", "ddp", 1, [5.0, 4.0], [0.1, 0.2])
+    (runs / "good.json").write_text(json.dumps(good))
+    bad = {
+        "bare": {"run_id": "x", "status": "ok"},
+        "started": {**good, "run_id": "s", "started_at": 5},
+        "epochs": {**good, "run_id": "e", "per_epoch": "abc"},
+        "epoch-field": {**good, "run_id": "f", "per_epoch": [{"top1": "high"}]},
+    }
+    for name, rec in bad.items():
+        (runs / f"{name}.json").write_text(json.dumps(rec))
+    (runs / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(runs / "x.json")
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "skipped" in line]
+    assert len(warned) == 6, proc.stderr
+    assert all("Traceback" not in line for line in proc.stderr.splitlines())
+    assert "not a regular file" in proc.stderr and "nested too deeply" in proc.stderr
+    assert "started_at is int" in proc.stderr

@@ -94,3 +94,39 @@ def test_two_sweeps_at_once_share_the_work(tmp_path):
     assert len({r["tag"] for r in found}) == 3  # one per combination, none twice
     assert sorted(r["seed"] for r in found) == [0, 1, 2]  # repeat r: seed + r
     assert not list((tmp_path / "runs" / ".claims").iterdir())  # claims released
+
+
+def test_a_timeout_before_the_run_wrote_its_record_still_leaves_a_failed_one(tmp_path):
+    """--run-timeout 2 stops `bench run` while it imports torch: the sweep writes the failed
+    record itself, and its output says timeout."""
+    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--data",
+                     "synthetic", "--train-limit", "128", "--test-limit", "16", "--epochs",
+                     "1", "--no-progress", "--run-timeout", "2", "--output", str(tmp_path),
+                     timeout=120)
+    assert proc.returncode == 1 and "failed: timeout after" in proc.stdout, proc.stdout
+    (rec,) = _ok_records(tmp_path)
+    assert rec["status"] == "failed" and rec["error"].startswith("timeout after")
+    assert rec["tag"].startswith("sweep:") and rec["strategy"] == "ddp"
+
+
+def test_an_empty_claim_left_by_a_crash_does_not_skip_the_combination(tmp_path):
+    """A claim file with no owner in it (a crash between create and write, in older
+    versions) is debris: the next sweep clears it and runs the combination."""
+    from bench.config import RunConfig
+    from bench.sweep import plan_combos
+
+    args = ["--cpu", "--data", "synthetic", "--train-limit", "64", "--test-limit", "8",
+            "--epochs", "1", "--width", "0.125", "--batch-size", "32", "--no-progress",
+            "--comm-probe-steps", "0", "--output", str(tmp_path)]
+    base = RunConfig("ddp", cpu=True, data="synthetic", train_limit=64, test_limit=8,
+                     epochs=1, width=0.125, batch_size=32, progress=False, comm_probe_steps=0,
+                     output=str(tmp_path))
+    (combo,) = plan_combos(base, ["ddp"], [1], 1)
+    claims = tmp_path / "runs" / ".claims"
+    claims.mkdir(parents=True)
+    (claims / f"{combo.tag.replace('/', '_')}.claim").write_text("")
+    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", *args, timeout=240)
+    assert proc.returncode == 0 and "being run by another sweep" not in proc.stdout, (
+        proc.stdout + proc.stderr)
+    assert [r["status"] for r in _ok_records(tmp_path)] == ["ok"]
+    assert not list(claims.iterdir())

@@ -134,3 +134,47 @@ def test_report_shows_exposed_comm_mfu_and_the_comm_ceiling(tmp_path):
     # 4 MB between 1 MB (1 ms) and 16 MB (16 ms), log-log: 4 ms; the step is 40 ms
     assert row["comm_ceiling"] == "4.0 / 40.0"
     assert "| 25.0 | 42.0 | 4.0 / 40.0 |" in to_markdown(table)
+
+
+def test_trace_breakdown_counts_each_instant_once_by_hand():
+    """compute [0,10] and [30,40], NCCL [5,20], a copy [18,25]: 20 µs compute, 10 of
+    communication not under compute, 5 of copy alone, 5 idle, over a 40 µs window."""
+    from bench.trace_breakdown import breakdown
+
+    def ev(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                "args": {"device": 0}}
+
+    events = [ev("kernel", "conv", 0, 10), ev("kernel", "ncclDevKernel_AllReduce", 5, 15),
+              ev("gpu_memcpy", "Memcpy DtoH", 18, 7), ev("kernel", "gemm", 30, 10),
+              {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 100}]
+    got = breakdown(events)[0]
+    assert got == pytest.approx({"window_s": 40e-6, "compute_s": 20e-6,
+                                 "communication_s": 10e-6, "memory_s": 5e-6,
+                                 "idle_s": 5e-6})
+
+
+def test_report_prints_the_gpu_breakdown_of_a_real_h100_trace(tmp_path):
+    """A trace --profile-steps 5 wrote on an H100 (kernel events kept): the report finds it
+    beside the records, prints the four shares and writes trace_breakdown.csv."""
+    import shutil
+
+    from conftest import ROOT
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (tmp_path / "traces").mkdir()
+    shutil.copy(ROOT / "tests" / "data" / "h100-ddp-profile-kernels.trace.json.gz",
+                tmp_path / "traces" / "t.trace.json.gz")
+    rec = {"run_id": "h100-ddp", "status": "ok", "strategy": "ddp", "world_size": 1,
+           "device": "cuda", "precision": "tf32", "profile_steps": 5,
+           "profile_trace": "/elsewhere/traces/t.trace.json.gz", "per_epoch": [],
+           "started_at": "2026-11-23T03:07:04Z"}
+    (runs / "h100-ddp.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("h100-ddp"))
+    shares = [float(x.rstrip("%")) for x in line.split()[-4:]]
+    assert sum(shares) == pytest.approx(100, abs=0.2) and shares[1] == 0  # N=1: no NCCL
+    assert shares[0] > 5 and shares[3] > 50  # a tiny model: the GPU mostly waits
+    assert (tmp_path / "trace_breakdown.csv").read_text().startswith("run_id,")

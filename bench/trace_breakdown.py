@@ -1,0 +1,118 @@
+"""Where a GPU's time went during the profiled steps (``--profile-steps``): compute,
+communication, memory copies and idle, as Holistic Trace Analysis's temporal breakdown
+defines them, read from the torch.profiler trace's kernel events (no torch import).
+
+Over the window from the first kernel's start to the last kernel's end on a device, time is
+counted once, in this order: *compute* when any compute kernel runs; *communication* when
+only collectives (NCCL kernels) run, i.e. communication not hidden under compute;
+*memory* when only copies or memsets run; *idle* when nothing runs. The four add up to the
+window. CPU-only traces have no kernel events and no breakdown.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+KINDS = ("compute", "communication", "memory", "idle")
+_GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def kind_of(event: dict[str, Any]) -> str:
+    """compute | communication | memory, for one GPU event."""
+    if event.get("cat") in ("gpu_memcpy", "gpu_memset"):
+        return "memory"
+    name = str(event.get("name", "")).lower()
+    return "communication" if "nccl" in name else "compute"
+
+
+def _covered(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of the intervals."""
+    total, end = 0.0, -float("inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per device: seconds of each kind and the window, from Chrome-trace events (µs)."""
+    by_device: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    for ev in events:
+        if ev.get("cat") not in _GPU_CATEGORIES or ev.get("ph", "X") != "X":
+            continue
+        start, dur = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))
+        device = int((ev.get("args") or {}).get("device", 0))
+        kinds = by_device.setdefault(device, {k: [] for k in KINDS[:3]})
+        kinds[kind_of(ev)].append((start, start + dur))
+    result = {}
+    for device, kinds in sorted(by_device.items()):
+        every = kinds["compute"] + kinds["communication"] + kinds["memory"]
+        window = max(stop for _, stop in every) - min(start for start, _ in every)
+        compute = _covered(kinds["compute"])
+        with_comm = _covered(kinds["compute"] + kinds["communication"])
+        busy = _covered(every)
+        result[device] = {
+            "window_s": window / 1e6, "compute_s": compute / 1e6,
+            "communication_s": (with_comm - compute) / 1e6,
+            "memory_s": (busy - with_comm) / 1e6, "idle_s": (window - busy) / 1e6,
+        }
+    return result
+
+
+def read_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def trace_of(rec: dict[str, Any], results: Path) -> Path | None:
+    """The record's trace: where it says, else beside its results (records move)."""
+    named = rec.get("profile_trace")
+    if not named:
+        return None
+    for path in (Path(named), results / "traces" / Path(named).name):
+        if path.is_file():
+            return path
+    return None
+
+
+def trace_rows(records: list[dict[str, Any]], results: Path) -> list[dict[str, Any]]:
+    """One row per (run, device) whose trace exists and holds GPU kernels."""
+    rows = []
+    for rec in records:
+        path = trace_of(rec, Path(results))
+        if path is None:
+            continue
+        try:
+            trace = read_trace(path)
+        except (OSError, ValueError) as exc:
+            rows.append({"run_id": rec.get("run_id"), "note": f"unreadable trace: {exc}"})
+            continue
+        rank = (trace.get("distributedInfo") or {}).get("rank", 0)
+        for device, secs in breakdown(trace.get("traceEvents") or []).items():
+            window = secs["window_s"] or float("nan")
+            rows.append({"run_id": rec.get("run_id"), "strategy": rec.get("strategy"),
+                         "world_size": rec.get("world_size"), "rank": rank, "device": device,
+                         "steps": rec.get("profile_steps"), "window_ms": 1e3 * window,
+                         **{f"{k}_pct": 100 * secs[f"{k}_s"] / window for k in KINDS}})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """The terminal view: one line per run and device."""
+    lines = ["GPU time in profiler traces (HTA temporal breakdown, rank 0's profiled steps):",
+             f"  {'run':<40} {'strategy':<11} {'N':>2} {'window ms':>9} "
+             + " ".join(f"{k:>13}" for k in KINDS)]
+    for r in rows:
+        if "note" in r:
+            lines.append(f"  {r['run_id']:<40} {r['note']}")
+            continue
+        lines.append(f"  {r['run_id']:<40} {r['strategy']:<11} {r['world_size']:>2} "
+                     f"{r['window_ms']:>9.1f} "
+                     + " ".join(f"{r[k + '_pct']:>12.1f}%" for k in KINDS))
+    return "\n".join(lines) + "\n"
