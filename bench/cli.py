@@ -1,5 +1,5 @@
 """bench: which PyTorch data-parallel strategy is fastest on your hardware, and does it cost
-accuracy? Commands: list, run, sweep, verify, report, slurm."""
+accuracy? Commands: list, run, sweep, verify, report, compare, probe, slurm."""
 
 from __future__ import annotations
 
@@ -25,7 +25,12 @@ from bench.errors import EXIT_BAD_INPUT, BenchError, ConfigError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line that names the fix, with exit code 2."""
+    """argparse whose errors are one line that names the fix, with exit code 2. Options are
+    never abbreviated (``--epoch`` is not ``--epochs``): a typo is an error, not a guess."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise ConfigError(f"{message}; see `{self.prog} --help`")
@@ -248,8 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--reference", default="ddp:1",
                         help="STRATEGY[:N]: the row each workload's top-1 is compared with "
                              "(default ddp:1)")
-    report.add_argument("--format", choices=("text", "markdown", "csv", "json"), default="text",
-                        help="how the table is printed (default text)")
+    report.add_argument("--format", choices=("text", "wide", "markdown", "csv", "json"),
+                        default="text",
+                        help="how the table is printed: text (the key columns, per workload; "
+                             "default), wide (every column), markdown, csv, json")
     report.add_argument("--no-write", action="store_true",
                         help="print only; do not write summary files")
     report.add_argument("--update-readme", nargs="?", const="README.md", default=None,

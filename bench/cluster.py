@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +84,11 @@ def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
 
 def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: str,
                   run_args: list[str], partition: str | None = None,
-                  cpus_per_task: int | None = None, python: str = "python") -> str:
-    """A ready sbatch script: one task per GPU, ``srun`` starts them, each is one rank."""
+                  cpus_per_task: int | None = None, python: str | None = None) -> str:
+    """A ready sbatch script: one task per GPU, ``srun`` starts them, each is one rank. Each
+    task runs the interpreter that runs bench now (a bare ``python`` may be another one, or
+    none, on the compute nodes), unless ``python`` names another."""
+    python = python or sys.executable
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",

@@ -23,6 +23,16 @@ COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "grad_ac
            "p_value", "verdict"]
 
 
+TITLES = {  # what a person reads; CSV and JSON keep the field names
+    "world_size": "N", "grad_accum": "accum", "runs": "runs A/B",
+    "images_per_s_a": "img/s A [range]", "images_per_s_b": "img/s B [range]",
+    "speed_ratio": "B/A speed", "time_to_target_a": "time to target A",
+    "time_to_target_b": "time to target B", "time_to_target_ratio": "B/A time to target",
+    "top1_a": "top-1 A (%)", "top1_b": "top-1 B (%)", "delta_top1": "Δ top-1",
+    "p_value": "Welch p",
+}
+
+
 def load_side(path: str) -> list[dict[str, Any]]:
     """A results folder (its runs/) or one record file."""
     where = Path(path)
@@ -70,11 +80,13 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
         tta, ttb = ra.get("time_to_target_s", math.nan), rb.get("time_to_target_s", math.nan)
         tt_ratio = ttb / tta if tta and not math.isnan(tta) and not math.isnan(ttb) else math.nan
         delta, p = welch(rb["finals"], ra["finals"])
-        reasons = []
+        reasons, unsure = [], []
         if speed < 1 - threshold / 100:
-            reasons.append(f"img/s -{100 * (1 - speed):.1f} %")
+            _gate(f"img/s -{100 * (1 - speed):.1f} %", ra["run_images_per_s"],
+                  rb["run_images_per_s"], higher_is_better=True, out=(reasons, unsure))
         if tt_ratio > 1 + threshold / 100:
-            reasons.append(f"time to target +{100 * (tt_ratio - 1):.1f} %")
+            _gate(f"time to target +{100 * (tt_ratio - 1):.1f} %", ra["run_times_to_target"],
+                  rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure))
         if delta < 0 and p < 0.05:
             reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
         row.update(
@@ -87,10 +99,27 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
             top1_a=_top1(ra), top1_b=_top1(rb),
             delta_top1=None if math.isnan(delta) else round(delta, 4),
             p_value=None if math.isnan(p) else p,
-            verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else "ok",
+            verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
+                ("not gated: " + ", ".join(unsure)) if unsure else "ok"),
         )
         out.append(row)
     return out
+
+
+def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,
+          out: tuple[list[str], list[str]]) -> None:
+    """A worse median is a regression only beyond both sides' run-to-run range; with one
+    run a side the noise is unknown and nothing is gated."""
+    reasons, unsure = out
+    a = [v for v in runs_a if isinstance(v, (int, float)) and math.isfinite(v)]
+    b = [v for v in runs_b if isinstance(v, (int, float)) and math.isfinite(v)]
+    if min(len(a), len(b)) < 2:
+        unsure.append(f"{drop}, one run a side: run-to-run noise unknown (--repeats 3 on "
+                      "both sides to gate on it)")
+    elif (max(b) < min(a)) if higher_is_better else (min(b) > max(a)):
+        reasons.append(f"{drop}, outside both sides' run-to-run range")
+    else:
+        unsure.append(f"{drop}, within the runs' range: noise")
 
 
 def _top1(row: dict[str, Any]) -> str:
@@ -107,7 +136,8 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "csv":
         return frame.to_csv(index=False)
     cells = frame.astype(object).where(frame.notna(), "—").astype(str)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    titles = [TITLES.get(c, c) for c in COLUMNS]
+    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
               for row in cells.values.tolist()]
     return "\n".join(lines) + "\n"

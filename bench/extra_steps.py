@@ -9,6 +9,7 @@ under torch.profiler, for a trace."""
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,10 @@ def profile_steps(trainer, steps: int, trace: Path) -> None:
     """``--profile-steps K``: K ordinary steps (gradient sync on) under torch.profiler after
     the timed epochs; this rank's trace goes to ``trace`` (Chrome trace format: Perfetto,
     TensorBoard). Collective: every rank takes the steps."""
+    if trainer.strategy.device.type != "cuda":
+        # A CUDA build of torch on a machine without a driver: Kineto would print
+        # "gpuGetDeviceCount failed" although no GPU activity is asked for.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]

@@ -100,9 +100,8 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def _run_child(cmd: list[str], launch: Launch) -> int:
     proc = subprocess.Popen(cmd, env=_child_env(launch.threads), start_new_session=True,
-                            preexec_fn=dies_with_me(), stderr=subprocess.PIPE, text=True,
-                            errors="replace")
-    tail: collections.deque[str] = collections.deque(maxlen=400)
+                            preexec_fn=dies_with_me(), stderr=subprocess.PIPE)
+    tail: collections.deque[str] = collections.deque(maxlen=4000)
     pump = threading.Thread(target=_tee, args=(proc.stderr, tail), daemon=True)
     pump.start()
     try:
@@ -127,10 +126,16 @@ def _run_child(cmd: list[str], launch: Launch) -> int:
 
 
 def _tee(stream, tail: collections.deque[str]) -> None:
-    """Pass the launcher's stderr (and its ranks') on, keeping the end of it."""
-    for line in stream:
-        sys.stderr.write(line)
-        tail.append(line)
+    """Pass the launcher's stderr (and its ranks') on as it comes, not line by line (a
+    progress bar redraws its line with carriage returns), keeping the end of it."""
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        if not chunk:
+            return
+        text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        tail.append(text)
 
 
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?"
@@ -148,6 +153,8 @@ def _signal_root_cause(text: str) -> tuple[int, int] | None:
 def _child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
+    if sys.stderr.isatty():  # the ranks' stderr reaches a terminal through _tee
+        env["BENCH_TTY"] = "1"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import __version__
 from bench.config import REFERENCE_BATCH, RunConfig
 from bench.flops import peak_tflops
 from bench.results import (
@@ -53,6 +54,27 @@ def owner_alive(owner: dict[str, Any] | None) -> bool | None:
     if not owner or owner.get("host") != socket.gethostname() or not owner.get("started"):
         return None
     return _process_started(int(owner["pid"])) == owner["started"]
+
+
+def source_commit() -> str | None:
+    """The git commit of the code that ran, ``+dirty`` with uncommitted changes; None
+    outside a git checkout (an installed package)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def current_status(rec: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -129,6 +151,8 @@ class RunRecord:
         """What is known before any rank starts; the ranks fill in the rest."""
         return cls(path, {
             "record_version": RECORD_VERSION,
+            "bench_version": __version__,
+            "git_commit": source_commit(),
             "run_id": run_id,
             "started_at": utc_now(),
             "finished_at": None,

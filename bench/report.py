@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -56,6 +57,19 @@ def _number(value: float | None) -> float:
 
 
 COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
+# The terminal view: what answers "which is fastest, and does it cost accuracy", one block
+# per workload, in at most 120 columns; `--format wide`, the CSV and the markdown have all.
+TERMINAL_COLUMNS = [
+    ("strategy", "strategy"), ("device", "dev"), ("world_size", "N"),
+    ("precision", "prec."), ("options", "options"), ("runs", "runs"),
+    ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
+    ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
+    ("same_start", "start"), ("status", "status"),
+]
+# Columns said once in a block's heading when every row has the same value: name -> label.
+_SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "eff.": "eff.",
+              "start": "same start", "options": "options"}
+_SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ","}
 
 
 def mlperf_seconds(times: list[float]) -> tuple[float, int]:
@@ -215,6 +229,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             norm=use["norm"].iloc[-1],
             same_start=_all_same_start(list(ok["same_start"])),
             runs=len(ok),
+            failed_runs=len(group) - len(ok),
             epoch_time_s=_median(list(ok["epoch_time_s"])),
             epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else math.nan,
             images_per_s=_median(list(ok["images_per_s"])),
@@ -358,6 +373,8 @@ def _cells(table) -> list[list[str]]:
             cells[COLUMN_INDEX["epoch_time_s"]] = "— (1 epoch: warm-up only)"
         if r.get("gpu_shared"):
             cells[COLUMN_INDEX["epoch_time_s"]] += " (ranks shared GPUs: not comparable)"
+        if r.get("status") == "ok" and r.get("failed_runs"):
+            cells[COLUMN_INDEX["runs"]] += f" (+{r['failed_runs']} not ok)"
         if r.get("status") != "ok" and r.get("error"):
             reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
             reason = reason if len(reason) <= 110 else reason[:107] + "..."
@@ -373,7 +390,29 @@ def to_markdown(table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_text(table) -> str:
+def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
+    """Figures that cannot be right as measured, each named with the likely cause."""
+    lines = []
+    for r in table.itertuples():
+        if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1.05:
+            lines.append(f"{r.strategy} N={r.world_size} ({r.workload}): scaling efficiency "
+                         f"{100 * r.efficiency:.0f} % is above 100 %, which no data-parallel "
+                         "run reaches: the N=1 run was slowed (a loaded machine?); rerun both")
+    crowded = set()
+    for rec in records:
+        over = rec.get("oversubscribed")
+        if isinstance(over, dict) and all(isinstance(over.get(k), int)
+                                          for k in ("processes", "cores")):
+            crowded.add((rec["strategy"], rec["world_size"], workload(rec),
+                         over["processes"], over["cores"]))
+    for strategy, world, name, procs, cores in sorted(crowded):
+        lines.append(f"{strategy} N={world} ({name}) ran {procs} CPU processes on {cores} "
+                     "cores: its times say little about scaling")
+    return lines
+
+
+def to_wide_text(table) -> str:
+    """Every column, one line per row (wide: for a wide terminal or a pager)."""
     header = [h for _, h in COLUMNS]
     rows = _cells(table)
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
@@ -382,10 +421,84 @@ def to_text(table) -> str:
     return "\n".join(lines) + "\n"
 
 
+def to_text(table, width: int = 120) -> str:
+    """The key columns, one block per workload, each line at most ``width`` characters."""
+    header = [h for _, h in TERMINAL_COLUMNS]
+    picked = [COLUMN_INDEX[c] for c, _ in TERMINAL_COLUMNS]
+    blocks: dict[str, list[list[str]]] = {}
+    for record, cells in zip(table.to_dict("records"), _cells(table)):
+        row = [cells[i] for i in picked]
+        options = [] if row[4] == "—" else [row[4]]
+        if record.get("grad_accum", 1) > 1:
+            options.append(f"accum {record['grad_accum']}")
+        row[4] = ", ".join(options) or "—"
+        for long, short in _SHORT_OPTIONS.items():
+            row[4] = row[4].replace(long, short)
+        row[2] = row[2].replace(" (of ", " (").replace(" asked)", " asked)")
+        row[10] = row[10].replace(" ± ", "±")
+        row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
+        row[9] = row[9].replace(" %", "%")
+        blocks.setdefault(record["workload"], []).append(row)
+    out = []
+    for workload, rows in blocks.items():
+        # A column with one value in the whole block is said once, in its heading.
+        names, same = list(header), []
+        for name in _SAID_ONCE:
+            i = names.index(name)
+            values = {row[i] for row in rows}
+            if len(values) == 1:
+                value = values.pop()
+                if value not in ("—", ""):
+                    same.append(f"{_SAID_ONCE[name]} {value}".strip())
+                names.pop(i)
+                rows = [row[:i] + row[i + 1:] for row in rows]
+        heading = workload + (f" — {', '.join(same)}" if same else "")
+        delta = names.index("Δ top-1 (p)")
+        if not any("(p" in row[delta] for row in rows):
+            names[delta] = "Δ top-1"  # no repeats, no p-values
+        widths = [max(len(x.partition(": ")[0]) for x in col) for col in zip(names, *rows)]
+        out += ([""] if out else []) + [heading]
+        for cells in [names, *rows]:
+            status, _, reason = cells[-1].partition(": ")
+            text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
+            out.append(text.rstrip()[:width])
+            if reason:  # why a row is not ok, on a line of its own
+                out.append(f"    {status}: {reason}"[:width])
+    out.append(f"(key columns; `--format wide`, summary.csv and summary.md have all "
+               f"{len(COLUMNS)})")
+    return "\n".join(out) + "\n"
+
+
 def to_csv(table) -> str:
     columns = [c for c, _ in COLUMNS] + ["final_top1_ci", "p_value", "differs", "error",
-                                          "dataset", "width"]
-    return table.reindex(columns=columns).to_csv(index=False)
+                                          "dataset", "width", "failed_runs"]
+    out = table.reindex(columns=columns)
+    out["same_start"] = out["same_start"].map({"✓": "true", "✗": "false"})
+    return out.to_csv(index=False)
+
+
+def to_json(table) -> str:
+    """Strict JSON: NaN and infinities become null."""
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    rows = [{k: clean(v) for k, v in r.items()} for r in table.to_dict("records")]
+    return json.dumps(rows, indent=2, default=str, allow_nan=False) + "\n"
+
+
+def row_label(r) -> str:
+    """A row's name in plots: strategy, N, precision and what else sets it apart."""
+    options = r.options
+    for long, short in _SHORT_OPTIONS.items():
+        options = options.replace(long, short)
+    extra = [] if options == "—" else [options]
+    if r.grad_accum > 1:
+        extra.append(f"accum {r.grad_accum}")
+    return " ".join([r.strategy, f"N={r.world_size}", r.precision, *extra])
 
 
 def make_figures(records: list[dict[str, Any]],
@@ -398,12 +511,13 @@ def make_figures(records: list[dict[str, Any]],
     ok = table[table["status"] == "ok"]
     figures: dict[str, Any] = {}
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{r.strategy}\nN={r.world_size} {r.device} {r.precision}" for r in ok.itertuples()]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = [row_label(r) for r in ok.itertuples()]
     ax.bar(range(len(ok)), ok["epoch_time_s"], color="tab:blue")
-    ax.set_xticks(range(len(ok)), labels, fontsize=8)
-    ax.set_ylabel("epoch time (s, median excl. warm-up)")
-    ax.set_title("Epoch time per strategy and world size")
+    ax.set_xticks(range(len(ok)), labels, fontsize=8, rotation=30, ha="right")
+    ax.set_ylabel("epoch time (s)")
+    ax.set_title("Epoch time per strategy and world size (median, warm-up excluded)")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     figures["epoch_time"] = fig
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -425,17 +539,26 @@ def make_figures(records: list[dict[str, Any]],
         ax.legend(fontsize=8)
     figures["scaling"] = fig
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for rec in records:
-        epochs = rec.get("per_epoch") or []
-        if rec.get("status") == "ok" and epochs:
-            ax.plot([e["epoch"] for e in epochs], [100 * e["top1"] for e in epochs], "o-",
-                    label=f"{rec['strategy']} N={rec['world_size']} ({rec['run_id'][-6:]})")
+    # One curve per table row (the mean over its repeats), legend outside the axes.
+    fig, ax = plt.subplots(figsize=(8, 4))
+    runs = run_rows(records)
+    by_run = {rec.get("run_id"): rec for rec in records}
+    for _, group in runs[runs["status"] == "ok"].groupby(GROUP_KEYS, dropna=False):
+        curves = [[100 * e["top1"] for e in by_run[i].get("per_epoch") or []]
+                  for i in group["run_id"]]
+        length = min(len(c) for c in curves)
+        if not length:
+            continue
+        mean = [statistics.fmean(c[e] for c in curves) for e in range(length)]
+        label = row_label(next(group.itertuples()))
+        label += f" ({len(curves)} runs)" if len(curves) > 1 else ""
+        ax.plot(range(1, length + 1), mean, "o-", label=label)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("test top-1 (%)")
+    ax.set_ylabel("test top-1 (%, mean over repeats)")
     ax.set_title("Accuracy per epoch")
     if ax.lines:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     figures["top1"] = fig
 
     figures["time_to_target"] = _time_to_target_figure(ok)
@@ -555,22 +678,70 @@ def _busbw_figure(probes: list[dict[str, Any]]):
     return fig
 
 
+def workload_slug(name: str) -> str:
+    """A folder name for a workload: 'synthetic d=1 50000 img, batch 512, resnet18' ->
+    'synthetic-d1-50000img-batch512-resnet18'."""
+    text = name.replace("=", "").replace(" img", "img").replace("batch ", "batch")
+    return "-".join(re.findall(r"[A-Za-z0-9.]+", text)).replace(".", "_")
+
+
+def figures_per_workload(records: list[dict[str, Any]],
+                         probes: list[dict[str, Any]] | None = None
+                         ) -> dict[str, dict[str, Any]]:
+    """make_figures for each workload's records alone (runs of different workloads are never
+    drawn together), keeping only figures that show data."""
+    by_workload: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_workload.setdefault(workload(rec), []).append(rec)
+    import matplotlib.pyplot as plt
+
+    out = {}
+    for name, recs in by_workload.items():
+        figures = {}
+        table = summary_table(recs)
+        shows = {  # what a figure needs to say anything
+            "time_to_target": bool(table["time_to_target_s"].notna().any()
+                                   and (table["time_to_target_s"] < math.inf).any()),
+            "scaling": table["world_size"].nunique() > 1,
+            "scaling_efficiency": table["world_size"].nunique() > 1,
+        }
+        for key, fig in make_figures(recs, probes).items():
+            if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
+                fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
+                figures[key] = fig
+            else:  # e.g. time to target when no run set a target
+                plt.close(fig)
+        out[name] = figures
+    return out
+
+
 def write_plots(records: list[dict[str, Any]], folder: Path,
                 probes: list[dict[str, Any]] | None = None) -> list[Path]:
-    """Every figure of make_figures as PNG and SVG."""
+    """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Plots
+    written by an earlier report (this folder's PNG/SVG files) are replaced, not mixed in."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    matplotlib.rcParams["figure.max_open_warning"] = 0  # closed once written
     folder.mkdir(parents=True, exist_ok=True)
+    for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
+                *folder.glob("*/*.svg")]:
+        old.unlink()
     written: list[Path] = []
-    for name, fig in make_figures(records, probes).items():
-        for ext in ("png", "svg"):
-            path = folder / f"{name}.{ext}"
-            fig.savefig(path, dpi=120, metadata={"Date": None} if ext == "svg" else None)
-            written.append(path)
-        plt.close(fig)
+    for name, figures in figures_per_workload(records, probes).items():
+        sub = folder / workload_slug(name)
+        sub.mkdir(exist_ok=True)
+        for key, fig in figures.items():
+            for ext in ("png", "svg"):
+                path = sub / f"{key}.{ext}"
+                fig.savefig(path, dpi=120, metadata={"Date": None} if ext == "svg" else None)
+                written.append(path)
+            plt.close(fig)
+    for empty in folder.iterdir():
+        if empty.is_dir() and not any(empty.iterdir()):
+            empty.rmdir()
     return written
 
 
@@ -641,8 +812,12 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     from bench.probe import load_probes
 
     table = summary_table(records, reference, load_probes(results))
+    for line in plausibility_warnings(table, records):
+        print(f"bench report: {line}", file=sys.stderr)
     if fmt == "json":
-        print(json.dumps(table.to_dict("records"), indent=2, default=str))
+        print(to_json(table), end="")
+    elif fmt == "wide":
+        print(to_wide_text(table), end="")
     elif fmt == "csv":
         print(to_csv(table), end="")
     elif fmt == "markdown":

@@ -18,7 +18,7 @@ from typing import Any
 
 RECORD_VERSION = 1
 
-# Fields every record carries (a finished run fills them all; see README "Results record").
+# Fields every record carries (a finished run fills them all; see docs/records.md).
 RECORD_FIELDS = (
     "record_version", "run_id", "started_at", "finished_at", "status", "error", "strategy",
     "launcher", "device", "gpus_requested", "world_size", "processes", "nodes", "precision",

@@ -331,6 +331,13 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
         f"record {plan.record_path}",
         flush=True,
     )
+    cores = os.cpu_count() or 1
+    if plan.device_type == "cpu" and plan.local_processes > cores:
+        print(f"bench: note: {plan.local_processes} CPU processes on {cores} cores compete "
+              "for them: this run's times say little about scaling", file=sys.stderr)
+        if plan.writes_record:
+            record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
+            record.write()
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     status, error = "failed", None
     try:

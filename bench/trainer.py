@@ -7,7 +7,9 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -399,8 +401,11 @@ def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
         return None
     from tqdm import tqdm
 
+    # Under torchrun / launch / horovodrun stderr is a pipe to bench, which passes it on to
+    # its terminal as it comes (BENCH_TTY=1 says that terminal is one): draw there too.
+    drawn = sys.stderr.isatty() or os.environ.get("BENCH_TTY") == "1"
     return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step",
-                disable=None)
+                disable=not drawn, file=sys.stderr)
 
 
 def epoch_line(strategy: str, epochs: int, entry: dict[str, Any]) -> str:

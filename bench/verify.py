@@ -54,7 +54,7 @@ VERIFY_WIDTH = "0.125"  # float64 makes the check as sharp at any width; narrow 
 class Tolerance:
     """Largest relative difference that passes: per-step loss, and the whole parameter
     vector. Each is set from measured noise and from the smallest defect the self-test
-    injects (README, 'Checking that strategies are equivalent')."""
+    injects (docs/verify.md)."""
 
     loss: float
     params: float
@@ -64,7 +64,7 @@ TOLERANCE = {
     # float64 runs: rounding noise measured at <= 2e-16; defects move the numbers >= 1e-4.
     "fp32": Tolerance(1e-8, 1e-8),
     # autocast against an autocast reference: noise <= 1.4e-4 (loss) and 1.6e-5 (params)
-    # over 20 steps; the smallest defect moved the parameters by 1.4e-4 (README).
+    # over 20 steps; the smallest defect moved the parameters by 1.4e-4 (docs/verify.md).
     "mixed": Tolerance(5e-4, 5e-5),
     # FSDP's MixedPrecisionPolicy is not autocast (bf16 parameters in every layer but
     # BatchNorm, low-precision logits): noise 5.8e-3 (loss) and 7.6e-5 (params).

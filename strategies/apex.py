@@ -21,7 +21,7 @@ from strategies.ddp import DDPStrategy, _ddp_call_kwargs, ddp_still_communicatin
 
 APEX_BUILD = (
     "build NVIDIA apex 25.05 from its source with `make apex` (APEX_SRC=DIR|TARBALL offline; "
-    "see README, 'NVIDIA apex')"
+    "see docs/gpus.md, 'NVIDIA apex')"
 )
 
 

@@ -17,7 +17,7 @@ from bench.precision import Precision
 from strategies.base import Strategy, SyncOff
 from strategies.ddp import gpu_index
 
-BUILD_HINT = "build it for the installed torch with `make horovod` (see README, 'Horovod')"
+BUILD_HINT = "build it for the installed torch with `make horovod` (see docs/gpus.md, 'Horovod')"
 
 
 def horovodrun_command() -> list[str]:

@@ -58,6 +58,7 @@ CASES = {
                             "--target-top1"),
     "stop without target": (["run", "--strategy", "dp", *BASE, "--stop-at-target"],
                             "--stop-at-target needs --target-top1"),
+    "abbreviated option": (["run", "--strategy", "ddp", *BASE, "--epoch", "2"], "--epoch"),
     "nan weight decay": (["run", "--strategy", "ddp", *BASE, "--weight-decay", "nan"],
                          "--weight-decay must be a finite number"),
     "infinite lr": (["run", "--strategy", "ddp", *BASE, "--lr", "inf"],

@@ -46,3 +46,25 @@ def test_compare_exits_1_on_a_planted_slowdown_and_0_on_identical_folders(tmp_pa
 def test_compare_refuses_what_is_not_results(tmp_path):
     proc = run_bench("compare", str(tmp_path / "nope"), str(tmp_path))
     assert proc.returncode == 2 and "neither a results folder nor a record file" in proc.stderr
+
+
+def test_one_run_a_side_or_overlapping_runs_are_not_a_regression(tmp_path):
+    """Two single runs of the same code minutes apart once read `REGRESSED: img/s -16.1 %`
+    and exit 1. A slow-down counts only beyond the run-to-run range of repeats."""
+    one_a = _write(tmp_path / "one_a", [_repeat("x", "ddp", 2, 50, 10.0)])
+    one_b = _write(tmp_path / "one_b", [_slower(_repeat("y", "ddp", 2, 50, 10.0), 1.19)])
+    proc = run_bench("compare", str(one_a), str(one_b), "--format", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["verdict"].startswith("not gated: img/s -16.0 %, one run a side")
+    # repeats whose ranges overlap: within noise, whatever the medians say
+    spread_a = [_slower(_repeat(f"a{i}", "ddp", 2, 50, 10.0), f) for i, f in
+                enumerate((1.0, 1.1, 1.2))]
+    spread_b = [_slower(_repeat(f"b{i}", "ddp", 2, 50, 10.0), f) for i, f in
+                enumerate((1.15, 1.2, 1.25))]
+    proc = run_bench("compare", str(_write(tmp_path / "sa", spread_a)),
+                     str(_write(tmp_path / "sb", spread_b)), "--format", "json")
+    assert proc.returncode == 0, proc.stdout
+    assert "within the runs' range: noise" in json.loads(proc.stdout)[0]["verdict"]
+    markdown = run_bench("compare", str(one_a), str(one_b)).stdout
+    assert "| img/s A [range] |" in markdown.splitlines()[0]

@@ -4,6 +4,7 @@ sbatch scripts, horovodrun --hosts."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -94,7 +95,9 @@ def test_sbatch_script(tmp_path):
                      "#SBATCH --gpus-per-node=4", "#SBATCH --time=00:30:00"):
         assert expected in lines
     srun = [x for x in lines if x.startswith("srun ")]
-    assert srun == ["srun python -m bench run --strategy ddp --gpus 4 --nodes 2 --epochs 90"]
+    # the interpreter that runs bench, not whatever `python` is on the compute nodes
+    assert srun == [f"srun {shlex.quote(sys.executable)} -m bench run --strategy ddp --gpus 4 "
+                    "--nodes 2 --epochs 90"]
 
 
 def test_sbatch_refuses_what_cannot_run_as_tasks(tmp_path):

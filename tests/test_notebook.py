@@ -32,3 +32,14 @@ def test_notebook_executes_against_committed_results():
     text = "".join(o.get("text", "") for o in outputs)
     found = re.search(r"(\d+) records from", text)
     assert found and int(found.group(1)) > 0, text
+
+
+def test_notebook_on_an_empty_folder_says_what_to_do(tmp_path, monkeypatch):
+    """It once died with a pandas KeyError on a folder without records."""
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert "0 records from" in text and "nothing to show: run `bench run" in text, text

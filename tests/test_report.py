@@ -81,9 +81,12 @@ def test_cli_writes_summary_and_plots_and_skips_bad_files(results):
     assert "broken.json" in proc.stderr and "foreign.json" in proc.stderr
     assert proc.stdout.splitlines()[0].startswith("workload,strategy")
     assert (results / "summary.csv").exists() and (results / "summary.md").exists()
+    (folder,) = (results / "plots").iterdir()  # one workload: one folder of its plots
+    assert folder.name == "synthetic-1000img-batch100-resnet18"
     for name in ("epoch_time", "scaling", "top1", "time_vs_accuracy"):
-        assert (results / "plots" / f"{name}.png").stat().st_size > 1000
-        assert (results / "plots" / f"{name}.svg").exists()
+        assert (folder / f"{name}.png").stat().st_size > 1000
+        assert (folder / f"{name}.svg").exists()
+    assert not (folder / "time_to_target.png").exists()  # no run set a target: no empty axis
 
 
 def test_report_of_a_single_run(tmp_path):
@@ -92,7 +95,9 @@ def test_report_of_a_single_run(tmp_path):
     (tmp_path / "runs" / "only.json").write_text(json.dumps(rec))
     proc = run_bench("report", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "plots" / "scaling.png").exists()
+    (folder,) = (tmp_path / "plots").iterdir()
+    assert (folder / "top1.png").exists()
+    assert not (folder / "scaling.png").exists()  # one world size: nothing to scale
 
 
 def test_readme_table_matches_the_committed_records():
@@ -255,3 +260,97 @@ def test_malformed_records_and_a_fifo_are_skipped_with_a_warning(tmp_path):
     assert all("Traceback" not in line for line in proc.stderr.splitlines())
     assert "not a regular file" in proc.stderr and "nested too deeply" in proc.stderr
     assert "started_at is int" in proc.stderr
+
+
+def test_terminal_view_fits_120_columns_one_block_per_workload():
+    """The committed results (3 workloads, 24 rows): every line of the default view fits in
+    120 characters, each workload is a block of its own, the accum-4 run is told apart from
+    the plain N=2 run, and a row that is not ok gives its reason on a line of its own."""
+    proc = run_bench("report", "--results", str(ROOT / "results"), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    records, _ = load_records(ROOT / "results")
+    workloads = {r["config"].get("synthetic_difficulty") for r in records}
+    headings = [line for line in lines if line.startswith("synthetic")]
+    assert len(headings) == len(workloads) == 3
+    assert any("accum 4" in line for line in lines)
+    assert any(line.startswith("    unavailable: apex AMP needs CUDA") for line in lines)
+    wide = run_bench("report", "--results", str(ROOT / "results"), "--no-write",
+                     "--format", "wide")
+    assert "ideal all-reduce / step (ms)" in wide.stdout.splitlines()[0]
+
+
+def test_json_is_strict_csv_says_yes_and_failed_runs_are_counted(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    ok = _record("a", "ddp", 1, [5.0], [0.1])  # one epoch: no median (NaN in the table)
+    failed = _record("b", "ddp", 1, [], [], status="failed", error="boom")
+    for rec in (ok, failed):
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps({
+            **rec, "initial_param_fingerprint": None}))
+    as_json = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "json")
+    rows = json.loads(as_json.stdout, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert rows[0]["epoch_time_s"] is None and rows[0]["failed_runs"] == 1
+    text = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert "1 (+1 not ok)" in text.stdout or "runs 1 (+1 not ok)" in text.stdout, text.stdout
+    csv = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
+    assert "✓" not in csv.stdout and "✗" not in csv.stdout
+
+
+def test_plots_never_mix_workloads(tmp_path):
+    """Two workloads: a folder of plots each, each figure drawn from its own runs only (the
+    committed plots once drew one scaling line from one workload's N=1 to another's N=2)."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    small = [_record("a", "ddp", 1, [5.0, 4.0], [0.1, 0.2]),
+             _record("b", "ddp", 2, [5.0, 2.0], [0.1, 0.2])]
+    other = {**_record("c", "ddp", 2, [50.0, 40.0], [0.3, 0.4]), "global_batch": 512}
+    for rec in (*small, other):
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    folders = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert folders == ["synthetic-1000img-batch100-resnet18", "synthetic-1000img-batch512-resnet18"]
+    one = tmp_path / "plots" / folders[0]
+    two = tmp_path / "plots" / folders[1]
+    assert (one / "scaling.png").exists()  # N=1 and N=2 of the same workload
+    assert not (two / "scaling.png").exists()  # one N only: no scaling to draw
+    from bench.report import figures_per_workload
+
+    figures = figures_per_workload([*small, other])
+    lines = figures["synthetic 1000 img, batch 512, resnet18"]["top1"].axes[0].lines
+    assert [line.get_label() for line in lines] == ["ddp N=2 fp32"]
+
+
+def test_impossible_figures_are_named_not_passed_silently(tmp_path):
+    """An N=2 run 12x faster than N=1 (603 % efficiency: a loaded machine slowed N=1), and a
+    run with more CPU processes than cores: the report warns about both, by row."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    slow_base = _record("a", "ddp", 1, [50.0, 48.0], [0.1, 0.2])
+    fast_two = {**_record("b", "ddp", 2, [5.0, 4.0], [0.1, 0.2]),
+                "oversubscribed": {"processes": 2, "cores": 1}}
+    for rec in (slow_base, fast_two):
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    assert "ddp N=2 (synthetic 1000 img, batch 100, resnet18): scaling efficiency 600 %" in (
+        proc.stderr)
+    assert "ran 2 CPU processes on 1 cores" in proc.stderr
+
+
+@pytest.mark.skipif((__import__("os").cpu_count() or 1) > 3,
+                    reason="oversubscribing cheaply needs a machine with at most 3 cores")
+def test_more_cpu_processes_than_cores_is_said_and_recorded(tmp_path):
+    import os
+
+    n = (os.cpu_count() or 1) + 1
+    proc = run_bench("run", "--strategy", "ddp", "--cpu", "--gpus", str(n), "--epochs", "1",
+                     "--data", "synthetic", "--train-limit", str(32 * n), "--test-limit", "8",
+                     "--width", "0.125", "--batch-size", str(8 * n), "--no-progress",
+                     "--comm-probe-steps", "0", "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{n} CPU processes on {n - 1} cores compete" in proc.stderr
+    (rec,) = load_records(tmp_path)[0]
+    assert rec["oversubscribed"] == {"processes": n, "cores": n - 1}

@@ -4,9 +4,11 @@ fixture through the real loader."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
-from conftest import FAST, NO_PROBE, assert_ok, only_record, records, run_bench
+from conftest import FAST, NO_PROBE, ROOT, assert_ok, only_record, records, run_bench
 
 from bench.model import initial_params_sha1
 from bench.report import summary_table
@@ -38,6 +40,13 @@ def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes,
     assert rec["world_size"] == gpus and rec["device"] == "cpu"
     assert rec["backend"] == (None if strategy == "dp" else "gloo")  # dp: no process group
     assert rec["gpu_shared"] is False
+    # What produced it: the package version and the checkout's commit (+dirty if edited).
+    from bench import __version__
+
+    assert rec["bench_version"] == __version__
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert rec["git_commit"] is None if not head else rec["git_commit"].startswith(head)
     assert rec["dataset"] == "fixture" and rec["train_size"] == 256 and rec["test_size"] == 10
     assert rec["norm"] == "per-replica-bn" and rec["bn_batch_size"] == 32 // gpus
     assert rec["global_batch"] == 32 and rec["per_rank_batch"] == 32 // gpus
@@ -141,3 +150,33 @@ def test_a_target_not_reached_is_recorded_as_such(tmp_path):
     rec = only_record(tmp_path)
     assert rec["reached_target"] is False and len(rec["per_epoch"]) == 2
     assert rec["time_to_target_s"] is None and rec["epochs_to_target"] is None
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-launch"])
+def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tmp_path):
+    """torchrun's ranks write to a pipe that bench passes on: on a terminal their bar
+    showed nothing for minutes. Now bench passes it on as it comes (carriage returns
+    included) and tells rank 0 its stderr ends on a terminal."""
+    import pty
+
+    leader, follower = pty.openpty()
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
+           "--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "16",
+           "--epochs", "1", "--width", "0.125", "--batch-size", "32", *NO_PROBE,
+           "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: every writer is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, seen.decode(errors="replace")[-2000:]
+    text = seen.decode(errors="replace")
+    assert "epoch 1/1" in text and "step" in text and "\r" in text, text[-2000:]
