@@ -4,6 +4,7 @@ accuracy? Commands: list, run, sweep, verify, report, compare, probe, slurm."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from bench import __version__
@@ -21,7 +22,7 @@ from bench.config import (
     RunConfig,
     default_data_dir,
 )
-from bench.errors import EXIT_BAD_INPUT, BenchError, ConfigError
+from bench.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BenchError, ConfigError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -378,8 +379,22 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     return run_verify(config_from_args(run), names or default_strategies(), args.steps)
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends bench like Ctrl-C: exit 130, no traceback
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not under a test harness's own
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _dispatch(argv: list[str]) -> int:
     try:
         parser = build_parser()
         if argv[:1] == ["sweep"]:

@@ -3,6 +3,7 @@ small sets in the exact ``cifar-100-python`` format."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -73,14 +74,16 @@ def download_cifar100(root: Path) -> None:
     from torchvision.datasets.utils import download_and_extract_archive
 
     root = Path(root).absolute()
-    created = missing_folders(root)
+    created: list[Path] = []
     try:
+        created = missing_folders(root)
         root.mkdir(parents=True, exist_ok=True)
         download_and_extract_archive(
             cifar100_url(), str(root), filename=CIFAR100_ARCHIVE, md5=CIFAR100_ARCHIVE_MD5
         )
     except Exception as exc:  # network errors come in many types
-        (root / CIFAR100_ARCHIVE).unlink(missing_ok=True)  # no half-downloaded archive
+        with contextlib.suppress(OSError):  # a symlink loop cannot even be looked at
+            (root / CIFAR100_ARCHIVE).unlink(missing_ok=True)  # no half-downloaded archive
         remove_created(created)  # nor the folders this attempt made
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(

@@ -104,14 +104,20 @@ def check_output_writable(output: str) -> tuple[Path, list[Path]]:
     """The runs folder, made if absent and probed; also the folders this call created, so
     that a run refused later can leave nothing behind."""
     folder = runs_dir(output).absolute()
-    created = missing_folders(folder)
+    created: list[Path] = []
     try:
+        created = missing_folders(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+        # As long a name as a record's temporary file (.<run id>.json.XXXXXXXX.tmp), so a
+        # path too long for one fails here, before anything runs.
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-" + "x" * 56,
+                                         suffix=".tmp"):
             pass
     except OSError as exc:
+        remove_created(created)
+        where = str(folder) if len(str(folder)) <= 200 else str(folder)[:197] + "..."
         raise ConfigError(
-            f"cannot write results to {folder} ({exc.strerror}); choose another --output"
+            f"cannot write results to {where} ({exc.strerror or exc}); choose another --output"
         ) from None
     return folder, created
 
@@ -275,13 +281,29 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     """Run one configuration; returns the exit code. Bad input raises ConfigError before
     anything is written."""
     plan = RunPlan(cfg)
-    record = open_record(plan, argv)
-    if record.status == "unavailable":
-        print(f"bench: {plan.cfg.strategy} is unavailable here: {record.data['error']}",
-              file=sys.stderr)
-        print(f"record: {plan.record_path}")
-        return EXIT_UNAVAILABLE
-    return close_record(plan, launch_ranks(plan, record))
+    record: RunRecord | None = None
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        record = open_record(plan, argv)
+        if record.status == "unavailable":
+            print(f"bench: {plan.cfg.strategy} is unavailable here: {record.data['error']}",
+                  file=sys.stderr)
+            print(f"record: {plan.record_path}")
+            return EXIT_UNAVAILABLE
+        outcome = launch_ranks(plan, record)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        # Before the ranks started (launch_ranks handles what comes later): no record may
+        # stay `running` with nobody left to close it.
+        why = str(exc) or "SIGINT"
+        if record is not None and plan.writes_record and record.status == "running":
+            record.fail("interrupted", f"{why} before the ranks started")
+        elif record is None:
+            remove_created(plan.created_dirs)
+        print(f"bench: interrupted ({why}) before the ranks started", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return close_record(plan, outcome)
 
 
 def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -126,20 +127,26 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     if run_timeout is not None and run_timeout <= 0:
         raise ConfigError(f"--run-timeout must be positive seconds (got {run_timeout})")
     outcomes: list[tuple[Combo, str]] = []
+    took: list[float] = []  # seconds of the runs this sweep ran (not skipped)
     previous = signal.signal(signal.SIGTERM, _on_signal)
     try:
         for i, combo in enumerate(combos, start=1):
-            prefix = f"[sweep {i}/{len(combos)}] {combo.label()}"
+            eta = (f", about {_duration(statistics.fmean(took) * (len(combos) - i + 1))} "
+                   "left" if took else "")
+            prefix = f"[sweep {i}/{len(combos)}{eta}] {combo.label()}"
             claim, holder = Claim.take(runs_dir(base.output) / ".claims", combo.tag)
             if claim is None:  # a concurrent sweep runs this combination: share the work
                 who = f"pid {holder['pid']}" if holder else "another sweep"
                 print(f"{prefix}: being run by another sweep ({who}), skipped", flush=True)
                 outcomes.append((combo, "ok (run by another sweep)"))
                 continue
+            started = time.monotonic()
             try:
                 status = _run_combo(combo, prefix, base, run_args, force, run_timeout)
             finally:
                 claim.release()
+            if not status.endswith("(skipped)"):
+                took.append(time.monotonic() - started)
             outcomes.append((combo, status))
     except (KeyboardInterrupt, _Stop):
         print("bench sweep: interrupted; run it again to finish the missing combinations",
@@ -151,6 +158,11 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
           "".join(f"\n  {c.label()}: {s}" for c, s in bad))
     return EXIT_OK if not bad else EXIT_FAILED
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
 def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], force: bool,

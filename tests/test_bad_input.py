@@ -137,6 +137,30 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path, capsys, monk
     assert not (tmp_path / "empty").exists(), "nor a --data-dir made by a failed download"
 
 
+def test_an_output_path_too_long_and_a_data_dir_loop_are_one_line(tmp_path, capsys,
+                                                                   monkeypatch):
+    """A 4,055-character --output was an ENAMETOOLONG traceback with 23 folders left, a
+    --data-dir symlink loop with download allowed an ELOOP traceback: now one line each,
+    exit 2, and nothing left."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("BENCH_CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
+    top = tmp_path / "long"
+    deep = top / "/".join(["d" * 200] * 19) / ("e" * 150)
+    assert 4000 < len(str(deep)) < 4096  # a path the kernel takes, too long for a record
+    code, _, stderr = _bench_in_process(["run", "--strategy", "ddp", *BASE, "--output",
+                                         str(deep)], capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "cannot write results to" in stderr and "choose another --output" in stderr
+    assert not top.exists(), "every folder it made is gone"
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    code, _, stderr = _bench_in_process(
+        ["run", "--strategy", "ddp", "--cpu", "--data", "cifar100", "--data-dir",
+         str(tmp_path / "a"), "--output", str(tmp_path / "out")], capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "could not be downloaded" in stderr and not (tmp_path / "out").exists()
+
+
 SRUN_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
              "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}
 

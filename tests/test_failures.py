@@ -4,6 +4,7 @@ run, SIGTERM, and two runs at once."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -112,3 +113,58 @@ def test_a_run_whose_loss_becomes_nan_is_diverged_not_ok(tmp_path):
     assert 3 < rec["diverged_at"]["last_finite_loss"] < 7  # about ln(100) at the start
     report = run_bench("report", "--results", str(tmp_path), "--no-write")
     assert "diverged" in report.stdout
+
+
+@pytest.mark.parametrize("sig, when", [(signal.SIGTERM, "at 1 s"),
+                                       (signal.SIGINT, "when the record appears")])
+def test_a_signal_at_any_moment_of_start_up_exits_130_without_a_traceback(sig, when,
+                                                                          tmp_path):
+    """SIGTERM 1 s after start exited 143 (the handler came later); Ctrl-C right after the
+    record appeared printed a traceback and left it `running`."""
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--cpu", "--gpus", "2",
+           "--epochs", "50", "--data", "synthetic", "--train-limit", "256", "--test-limit",
+           "16", "--output", str(tmp_path), *FAST]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    if sig == signal.SIGTERM:
+        time.sleep(1.0)
+    else:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("runs/*.json")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    for path in tmp_path.glob("runs/*.json"):
+        assert json.loads(path.read_text())["status"] == "interrupted"
+
+
+def test_a_stopped_spawn_rank_ends_the_run_within_the_timeout_and_ten_seconds(tmp_path):
+    """SIGSTOP of one ddp-spawn rank with --timeout 30 ended only after 64 s: torch's spawn
+    waits 30 s after SIGTERM (which a stopped process never acts on) before SIGKILL."""
+    import tempfile
+    from pathlib import Path
+
+    timeout = 10
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", "ddp-spawn", "--cpu",
+           "--gpus", "2", "--epochs", "500", "--data", "synthetic", "--train-limit", "512",
+           "--test-limit", "16", "--timeout", str(timeout), "--output", str(tmp_path), *FAST]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline, pid_file = time.monotonic() + 90, None
+    while pid_file is None and time.monotonic() < deadline:
+        for rec in tmp_path.glob("runs/*.json"):
+            run_id = json.loads(rec.read_text())["run_id"]
+            for folder in Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"):
+                beat = folder / "beat-rank1"
+                if beat.exists() and "train epoch" in beat.read_text():
+                    pid_file = folder / "pid-rank1"
+        time.sleep(0.2)
+    assert pid_file is not None, "rank 1 never reported a training step"
+    stopped = time.monotonic()
+    os.kill(int(pid_file.read_text()), signal.SIGSTOP)
+    proc.wait(timeout=120)
+    took = time.monotonic() - stopped
+    assert proc.returncode == 1
+    assert took < timeout + 10, f"ended {took:.0f} s after the rank stopped"

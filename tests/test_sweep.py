@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def test_sweep_run_timeout_records_failure_and_goes_on(tmp_path):
             "--run-timeout", "8", "--output", str(tmp_path)]
     proc = run_bench(*args, timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"\[sweep 2/2, about \d+ s left\] dp N=2", proc.stdout), proc.stdout
     recs = _ok_records(tmp_path)
     assert len(recs) == 2
     for rec in recs:
