@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,8 +294,12 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
         if reason:
             outcomes.append(Outcome(name, "skipped", detail=f"unavailable: {reason}"))
         else:
+            if sys.stdout.isatty():  # a strategy takes up to minutes: say which one runs
+                print(f"{name:<11} running {steps} steps and its reference ...", end="\r",
+                      flush=True)
             outcomes.append(checker.check(plan))
-        print(outcomes[-1].line(), flush=True)
+        print(f"{outcomes[-1].line()}\033[K" if sys.stdout.isatty() else outcomes[-1].line(),
+              flush=True)
     failed = [o for o in outcomes if o.status == "FAIL"]
     print(f"bench verify: {sum(o.status == 'pass' for o in outcomes)} passed, "
           f"{len(failed)} failed, {sum(o.status == 'skipped' for o in outcomes)} skipped")

@@ -1,0 +1,68 @@
+"""`bench report`: records -> tables (table), their views (views), figures per workload
+(plots), the README block (readme) and the command (command)."""
+
+from bench.report.command import cmd_report
+from bench.report.plots import (
+    figures_per_workload,
+    make_figures,
+    row_label,
+    workload_slug,
+    write_plots,
+)
+from bench.report.readme import (
+    README_END,
+    README_START,
+    hardware_lines,
+    readme_block,
+    update_readme,
+)
+from bench.report.table import (
+    COLUMNS,
+    GROUP_KEYS,
+    mlperf_score,
+    mlperf_seconds,
+    parse_reference,
+    run_rows,
+    same_start,
+    speed_options,
+    summary_table,
+    workload,
+)
+from bench.report.views import (
+    plausibility_warnings,
+    to_csv,
+    to_json,
+    to_markdown,
+    to_text,
+    to_wide_text,
+)
+
+__all__ = [
+    "COLUMNS",
+    "GROUP_KEYS",
+    "README_END",
+    "README_START",
+    "cmd_report",
+    "figures_per_workload",
+    "hardware_lines",
+    "make_figures",
+    "mlperf_score",
+    "mlperf_seconds",
+    "parse_reference",
+    "plausibility_warnings",
+    "readme_block",
+    "row_label",
+    "run_rows",
+    "same_start",
+    "speed_options",
+    "summary_table",
+    "to_csv",
+    "to_json",
+    "to_markdown",
+    "to_text",
+    "to_wide_text",
+    "update_readme",
+    "workload",
+    "workload_slug",
+    "write_plots",
+]

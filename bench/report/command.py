@@ -1,0 +1,79 @@
+"""`bench report`: read the records, print the table, write summaries, plots, the README."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.errors import EXIT_FAILED, ConfigError
+from bench.record import current_status
+from bench.report.plots import write_plots
+from bench.report.readme import update_readme
+from bench.report.table import parse_reference, summary_table
+from bench.report.views import (
+    plausibility_warnings,
+    to_csv,
+    to_json,
+    to_markdown,
+    to_text,
+    to_wide_text,
+)
+from bench.results import load_records, runs_dir, write_text_atomic
+
+
+def cmd_report(results: str, fmt: str = "text", write: bool = True,
+               readme: str | None = None, reference: str = "ddp:1") -> int:
+    parse_reference(reference)
+    if not Path(results).is_dir():
+        raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
+                          "(the one `bench run --output` wrote)")
+    records, warnings = load_records(results)
+    for rec in records:
+        status, error = current_status(rec)
+        if status != rec.get("status"):
+            warnings.append(f"{rec['run_id']} says {rec.get('status')}, counted as {status} "
+                            f"({error})")
+    for line in warnings:
+        print(f"bench report: {line}", file=sys.stderr)
+    if not records:
+        print(f"bench report: no run records in {results} (nor in {runs_dir(results)}); "
+              "nothing written", file=sys.stderr)
+        return EXIT_FAILED
+    from bench.probe import load_probes
+
+    table = summary_table(records, reference, load_probes(results))
+    for line in plausibility_warnings(table, records):
+        print(f"bench report: {line}", file=sys.stderr)
+    if fmt == "json":
+        print(to_json(table), end="")
+    elif fmt == "wide":
+        print(to_wide_text(table), end="")
+    elif fmt == "csv":
+        print(to_csv(table), end="")
+    elif fmt == "markdown":
+        print(to_markdown(table), end="")
+    else:
+        print(to_text(table), end="")
+    from bench.trace_breakdown import format_rows, trace_rows
+
+    traced = trace_rows(records, Path(results))
+    if traced and fmt == "text":
+        print("\n" + format_rows(traced), end="")
+    if write:
+        root = Path(results)
+        root.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(root / "summary.csv", to_csv(table))
+        write_text_atomic(root / "summary.md", to_markdown(table))
+        if traced:
+            import pandas as pd
+
+            write_text_atomic(root / "trace_breakdown.csv", pd.DataFrame(traced).to_csv(
+                index=False, float_format="%.2f"))
+        plots = write_plots(records, root / "plots", load_probes(results))
+        print(f"wrote {root / 'summary.csv'}, {root / 'summary.md'} and {len(plots)} plot files "
+              f"under {root / 'plots'}", file=sys.stderr)
+    if readme:
+        changed = update_readme(Path(readme), records, load_probes(results))
+        print(f"{readme}: table {'updated' if changed else 'already up to date'}",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,268 @@
+"""The report's figures, drawn per workload: runs of different workloads never share a
+figure, and a figure with nothing to show is not written."""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.report.table import GROUP_KEYS, run_rows, summary_table, workload
+from bench.report.views import _SHORT_OPTIONS
+
+
+def row_label(r) -> str:
+    """A row's name in plots: strategy, N, precision and what else sets it apart."""
+    options = r.options
+    for long, short in _SHORT_OPTIONS.items():
+        options = options.replace(long, short)
+    extra = [] if options == "—" else [options]
+    if r.grad_accum > 1:
+        extra.append(f"accum {r.grad_accum}")
+    return " ".join([r.strategy, f"N={r.world_size}", r.precision, *extra])
+
+
+def make_figures(records: list[dict[str, Any]],
+                 probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Matplotlib figures by name: epoch_time, scaling, top1, time_to_target,
+    time_vs_accuracy, where_time_goes, scaling_efficiency, and busbw (with probes)."""
+    import matplotlib.pyplot as plt
+
+    table = summary_table(records, probes=probes)
+    ok = table[table["status"] == "ok"]
+    figures: dict[str, Any] = {}
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = [row_label(r) for r in ok.itertuples()]
+    ax.bar(range(len(ok)), ok["epoch_time_s"], color="tab:blue")
+    ax.set_xticks(range(len(ok)), labels, fontsize=8, rotation=30, ha="right")
+    ax.set_ylabel("epoch time (s)")
+    ax.set_title("Epoch time per strategy and world size (median, warm-up excluded)")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figures["epoch_time"] = fig
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
+        grp = grp.sort_values("world_size")
+        ax.plot(grp["world_size"], grp["images_per_s"], "o-",
+                label=f"{strategy} ({device}, {precision})")
+        one = grp[grp["world_size"] == 1]
+        if len(one):
+            ns = sorted(set(grp["world_size"]))
+            ax.plot(ns, [one["images_per_s"].iloc[0] * n for n in ns], ":", color="grey")
+    ax.set_xlabel("world size N (GPUs or CPU processes)")
+    ax.set_ylabel("images/s (training)")
+    ax.set_ylim(bottom=0)
+    if len(ok):
+        ax.set_xticks(sorted({int(n) for n in ok["world_size"]}))
+    ax.set_title("Scaling (dotted: ideal linear from N=1)")
+    if len(ok):
+        ax.legend(fontsize=8)
+    figures["scaling"] = fig
+
+    # One curve per table row (the mean over its repeats), legend outside the axes.
+    fig, ax = plt.subplots(figsize=(8, 4))
+    runs = run_rows(records)
+    by_run = {rec.get("run_id"): rec for rec in records}
+    for _, group in runs[runs["status"] == "ok"].groupby(GROUP_KEYS, dropna=False):
+        curves = [[100 * e["top1"] for e in by_run[i].get("per_epoch") or []]
+                  for i in group["run_id"]]
+        length = min(len(c) for c in curves)
+        if not length:
+            continue
+        mean = [statistics.fmean(c[e] for c in curves) for e in range(length)]
+        label = row_label(next(group.itertuples()))
+        label += f" ({len(curves)} runs)" if len(curves) > 1 else ""
+        ax.plot(range(1, length + 1), mean, "o-", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test top-1 (%, mean over repeats)")
+    ax.set_title("Accuracy per epoch")
+    if ax.lines:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    figures["top1"] = fig
+
+    figures["time_to_target"] = _time_to_target_figure(ok)
+
+    # One point per row (median training time, mean top-1 with its 95 % CI), named in the
+    # legend rather than by text beside the points, which overlaps when rows are close.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    markers = "osD^v<>phX*"
+    for i, r in enumerate(ok.itertuples()):
+        ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
+        ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],
+                    capsize=3, label=_row_label(r))
+    ax.set_xlabel("total training time (s, median over runs)")
+    ax.set_ylabel("final top-1 (%, mean ± 95 % CI)")
+    ax.set_title("Time vs accuracy")
+    if len(ok):
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    figures["time_vs_accuracy"] = fig
+    figures["where_time_goes"] = _where_time_goes_figure(ok)
+    figures["scaling_efficiency"] = _efficiency_figure(ok)
+    if probes:
+        figures["busbw"] = _busbw_figure(probes)
+    for fig in figures.values():
+        fig.tight_layout()
+    return figures
+
+
+def _row_label(r) -> str:
+    shared = ", shared GPU" if r.gpu_shared else ""
+    accum = f", accum {r.grad_accum}" if r.grad_accum != 1 else ""
+    return f"{r.strategy} N={r.world_size} {r.device} {r.precision}{accum}{shared}"
+
+
+def _time_to_target_figure(ok):
+    """A bar per row: the MLPerf-scored time to target, the whisker spanning the runs that
+    reached it; rows that did not converge are named with no bar."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rows = [r for r in ok.itertuples() if not math.isnan(r.time_to_target_s)]
+    labels, heights, low, high = [], [], [], []
+    for r in rows:
+        reached = [t for t in r.run_times_to_target if not math.isinf(t)]
+        score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
+        lines = [r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}"]
+        lines += [f"accum {r.grad_accum}"] * (r.grad_accum != 1) + ["shared GPU"] * r.gpu_shared
+        lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
+        labels.append("\n".join(lines))
+        heights.append(score)
+        low.append(score - min(reached) if reached and score else 0.0)
+        high.append(max(reached) - score if reached and score else 0.0)
+    ax.bar(range(len(rows)), heights, yerr=[low, high], capsize=3, color="tab:green")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    target = sorted({r.target_top1 for r in rows if r.target_top1 == r.target_top1})
+    ax.set_ylabel("time to target (s, MLPerf score)")
+    ax.set_title("Time to target accuracy" + (f" ({target[0]:g} % top-1)" if target else ""))
+    return fig
+
+
+def _where_time_goes_figure(ok):
+    """A stacked bar per multi-rank row: the compute-only step (probe steps with gradient
+    sync off) and what communication added on top of it (the step's median minus that)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ok.itertuples() if not math.isnan(r.compute_step_s)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    compute = [1000 * r.compute_step_s for r in rows]
+    exposed = [max(0.0, 1000 * (r.step_time_s - r.compute_step_s)) for r in rows]
+    ax.bar(range(len(rows)), compute, color="tab:blue", label="compute (sync off)")
+    ax.bar(range(len(rows)), exposed, bottom=compute, color="tab:red",
+           label="exposed communication")
+    ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
+                                                 f"{r.device} {r.precision}"]) for r in rows],
+                  fontsize=7)
+    ax.set_ylabel("step time (ms, median)")
+    ax.set_title("Where the step time goes")
+    if rows:
+        ax.legend(fontsize=8)
+    return fig
+
+
+def _efficiency_figure(ok):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
+    ax.plot(worlds, [100] * len(worlds), ":", color="grey", label="ideal (100 %)")
+    for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
+        grp = grp[grp["efficiency"].notna()].sort_values("world_size")
+        if len(grp):
+            ax.plot(grp["world_size"], 100 * grp["efficiency"], "o-",
+                    label=f"{strategy} ({device}, {precision})")
+    ax.set_xlabel("world size N")
+    ax.set_ylabel("scaling efficiency (%): speed-up / N")
+    ax.set_xticks(worlds)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Scaling efficiency")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _busbw_figure(probes: list[dict[str, Any]]):
+    """Bus bandwidth against message size, one line per probe (device, backend, N)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for probe in probes:
+        rows = probe["results"]
+        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
+                label=f"{probe['device']} {probe['backend']} N={probe['world_size']}")
+        ax.axvline(probe["gradient_bytes"], color="grey", linestyle=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes; dotted: one ResNet-18 gradient)")
+    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
+    ax.set_title("All-reduce ceiling (bench probe)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def workload_slug(name: str) -> str:
+    """A folder name for a workload: 'synthetic d=1 50000 img, batch 512, resnet18' ->
+    'synthetic-d1-50000img-batch512-resnet18'."""
+    text = name.replace("=", "").replace(" img", "img").replace("batch ", "batch")
+    return "-".join(re.findall(r"[A-Za-z0-9.]+", text)).replace(".", "_")
+
+
+def figures_per_workload(records: list[dict[str, Any]],
+                         probes: list[dict[str, Any]] | None = None
+                         ) -> dict[str, dict[str, Any]]:
+    """make_figures for each workload's records alone (runs of different workloads are never
+    drawn together), keeping only figures that show data."""
+    by_workload: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        by_workload.setdefault(workload(rec), []).append(rec)
+    import matplotlib.pyplot as plt
+
+    out = {}
+    for name, recs in by_workload.items():
+        figures = {}
+        table = summary_table(recs)
+        shows = {  # what a figure needs to say anything
+            "time_to_target": bool(table["time_to_target_s"].notna().any()
+                                   and (table["time_to_target_s"] < math.inf).any()),
+            "scaling": table["world_size"].nunique() > 1,
+            "scaling_efficiency": table["world_size"].nunique() > 1,
+        }
+        for key, fig in make_figures(recs, probes).items():
+            if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
+                fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
+                figures[key] = fig
+            else:  # e.g. time to target when no run set a target
+                plt.close(fig)
+        out[name] = figures
+    return out
+
+
+def write_plots(records: list[dict[str, Any]], folder: Path,
+                probes: list[dict[str, Any]] | None = None) -> list[Path]:
+    """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Plots
+    written by an earlier report (this folder's PNG/SVG files) are replaced, not mixed in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams["figure.max_open_warning"] = 0  # closed once written
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
+                *folder.glob("*/*.svg")]:
+        old.unlink()
+    written: list[Path] = []
+    for name, figures in figures_per_workload(records, probes).items():
+        sub = folder / workload_slug(name)
+        sub.mkdir(exist_ok=True)
+        for key, fig in figures.items():
+            for ext in ("png", "svg"):
+                path = sub / f"{key}.{ext}"
+                fig.savefig(path, dpi=120, metadata={"Date": None} if ext == "svg" else None)
+                written.append(path)
+            plt.close(fig)
+    for empty in folder.iterdir():
+        if empty.is_dir() and not any(empty.iterdir()):
+            empty.rmdir()
+    return written

@@ -1,0 +1,317 @@
+"""The summary table: one row per workload x strategy x N x precision x options, from
+run records (speed as medians over repeats, accuracy as means with a CI and a Welch test,
+time to target scored like MLPerf). No torch import on this path but the same-start check."""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from typing import Any
+
+from bench.errors import ConfigError
+from bench.record import current_status
+from bench.results import summarise_epochs
+from bench.stats import mean_ci, welch
+
+# gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
+# gpu_shared keeps runs whose ranks shared GPUs (--backend gloo) apart: their timing is not
+# comparable with anything.
+# options keeps runs with other speed options (GPU loader, channels_last, compile, fused SGD)
+# apart: the same strategy doing the work another way is another row, never a repeat.
+GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
+              "options", "grad_accum", "gpu_shared"]
+
+
+COLUMNS = [
+    ("workload", "workload"),
+    ("strategy", "strategy"),
+    ("device", "device"),
+    ("world_size", "N"),
+    ("processes", "procs"),
+    ("precision", "precision"),
+    ("options", "options"),
+    ("grad_accum", "accum"),
+    ("norm", "norm"),
+    ("same_start", "same start"),
+    ("runs", "runs"),
+    ("epoch_time_s", "epoch time (s, median)"),
+    ("epoch_time_spread_s", "spread (s, max-min)"),
+    ("images_per_s", "img/s"),
+    ("speedup", "speed-up vs N=1"),
+    ("efficiency", "scaling eff."),
+    ("time_to_target", "time to target (s)"),
+    ("final_top1", "final top-1 (%, mean ± 95% CI)"),
+    ("best_top1", "best top-1 (%)"),
+    ("delta_top1", "Δ top-1 vs ref (Welch p)"),
+    ("peak_mem_mib", "peak mem (MiB)"),
+    ("exposed_comm", "exposed comm (%)"),
+    ("mfu", "MFU (%)"),
+    ("comm_ceiling", "ideal all-reduce / step (ms)"),
+    ("status", "status"),
+]
+
+
+def _number(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
+
+
+def mlperf_seconds(times: list[float]) -> tuple[float, int]:
+    """The MLPerf score of times to target (inf: did not converge) and the runs that missed
+    (their time is inf). See ``mlperf_score``."""
+    if not times:
+        return math.nan, 0
+    missed = sum(math.isinf(t) for t in times)
+    score = (statistics.fmean(sorted(times)[1:-1]) if len(times) >= 5
+             else statistics.median(times))
+    return (math.inf if missed > 1 else score), missed
+
+
+def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
+    """Time to target over repeats, scored as MLPerf Training does: with 5 or more runs drop
+    the fastest and the slowest and average the rest; at most one run may miss the target
+    (its time is infinite, so it is the slowest). Fewer runs: the median, marked."""
+    if not times or all(t is None or (isinstance(t, float) and math.isnan(t)) for t in targets):
+        return None
+    if len({t for t in targets}) > 1:
+        return "mixed targets"
+    target = targets[0]
+    score, missed = mlperf_seconds(times)
+    if math.isinf(score):
+        return f"did not converge ({missed}/{len(times)} missed {target:g} %)"
+    how = f"MLPerf, {len(times)} runs" if len(times) >= 5 else f"median of {len(times)}"
+    return f"{score:.2f} ({how}{f', {missed} missed' if missed else ''})"
+
+
+def _median(values: list[float]) -> float:
+    """Median of the values that exist (NaN when none do)."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def workload(rec: dict[str, Any]) -> str:
+    """What was trained: only runs of the same workload are compared with each other."""
+    width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
+    model = "resnet18" if width == 1.0 else f"resnet18 x{width:g}"
+    config = rec.get("config") or {}
+    size = rec.get("train_size") or config.get("train_limit") or 50_000
+    data = rec.get("dataset") or config.get("data")
+    if data == "synthetic" and config.get("synthetic_difficulty"):
+        data += f" d={config['synthetic_difficulty']:g}"
+    return f"{data} {size} img, batch {rec.get('global_batch')}, {model}"
+
+
+def speed_options(rec: dict[str, Any]) -> str:
+    """The run's speed options that change how (not what) it computes, "—" for none."""
+    chosen = []
+    if rec.get("loader") == "gpu":
+        chosen.append("gpu loader")
+    if rec.get("channels_last"):
+        chosen.append("channels_last")
+    if rec.get("compile"):
+        chosen.append("compile")
+    if rec.get("optimizer_impl") not in (None, "default"):
+        chosen.append(f"{rec['optimizer_impl']} SGD")
+    return ", ".join(chosen) or "—"
+
+
+@functools.cache
+def _reference_start(seed: int, width: float) -> str:
+    from bench.model import initial_params_sha1
+
+    return initial_params_sha1(seed, width)
+
+
+def same_start(rec: dict[str, Any]) -> bool | None:
+    """Whether the run started from the weights its seed and width define (rank 0's
+    parameters before step 1, every rank alike); None for records without the fingerprint."""
+    sha1 = rec.get("initial_param_fingerprint")
+    if not sha1:
+        return None
+    width = (rec.get("model") or {}).get("width", 1.0)
+    agreed = rec.get("initial_replicas_identical") is not False
+    return agreed and sha1 == _reference_start(int(rec.get("seed", 0)), float(width))
+
+
+def _all_same_start(values) -> str | None:
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return "✓" if all(known) and len(known) == len(values) else "✗"
+
+
+def run_rows(records: list[dict[str, Any]]):
+    """One row per record; epoch times exclude the first (warm-up) epoch."""
+    import pandas as pd
+
+    rows = []
+    for rec in records:
+        status, error = current_status(rec)
+        epochs = rec.get("per_epoch") or []
+        figures = summarise_epochs(epochs)  # the one definition of "median excl. warm-up"
+        rows.append(
+            {
+                "run_id": rec.get("run_id"),
+                "strategy": rec.get("strategy"),
+                "device": rec.get("device"),
+                "world_size": rec.get("world_size"),
+                "gpus_requested": rec.get("gpus_requested", rec.get("world_size")),
+                "gpu_shared": bool(rec.get("gpu_shared")),
+                "processes": rec.get("processes"),
+                "precision": rec.get("precision"),
+                "grad_accum": rec.get("grad_accum", 1),
+                "options": speed_options(rec),
+                "norm": rec.get("norm"),
+                "same_start": same_start(rec),
+                "status": status,
+                "error": error,
+                "dataset": rec.get("dataset"),
+                "width": (rec.get("model") or {}).get("width"),
+                "workload": workload(rec),
+                "epochs_done": len(epochs),
+                "epoch_time_s": _number(figures.get("median_epoch_time_s")),
+                "images_per_s": _number(figures.get("median_images_per_s")),
+                "final_top1": 100 * figures.get("final_top1", math.nan),
+                "best_top1": 100 * figures.get("best_top1", math.nan),
+                "total_train_time_s": figures.get("total_train_time_s", 0.0),
+                "target_top1": rec.get("target_top1"),
+                "time_to_target_s": (rec.get("time_to_target_s") if rec.get("reached_target")
+                                     else math.inf),
+                "peak_mem_mib": figures.get("peak_mem_bytes", math.nan) / 2**20,
+                "exposed_comm": _number(rec.get("exposed_comm_fraction")),
+                "compute_step_s": _number(rec.get("compute_step_s")),
+                "mfu": _median([_number(e.get("mfu")) for e in epochs[1:] or epochs]),
+                "step_time_s": _median([_number(e.get("step_time_p50_s"))
+                                        for e in epochs[1:] or epochs]),
+                "gradient_bytes": 4 * ((rec.get("model") or {}).get("parameters") or 0),
+                "backend": rec.get("backend"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
+                  probes: list[dict[str, Any]] | None = None):
+    """One row per strategy x device x N x precision; repeats aggregated by their median
+    (speed) or their mean with a 95 % confidence interval (accuracy), and each row's final
+    top-1 compared with the reference row of its workload (``strategy:N``) by Welch's t-test.
+    Failed and unavailable runs stay in the table with their reason."""
+    import pandas as pd
+
+    runs = run_rows(records)
+    if runs.empty:
+        return pd.DataFrame(columns=[c for c, _ in COLUMNS] + ["error"])
+    out = []
+    for key, group in runs.groupby(GROUP_KEYS, dropna=False, sort=True):
+        ok = group[group["status"] == "ok"]
+        use = ok if len(ok) else group
+        row = dict(zip(GROUP_KEYS, key))
+        times = [t for t in ok["epoch_time_s"] if not math.isnan(t)]
+        final_top1, final_top1_ci = mean_ci(list(ok["final_top1"]))
+        row.update(
+            processes=use["processes"].iloc[-1],
+            norm=use["norm"].iloc[-1],
+            same_start=_all_same_start(list(ok["same_start"])),
+            runs=len(ok),
+            failed_runs=len(group) - len(ok),
+            epoch_time_s=_median(list(ok["epoch_time_s"])),
+            epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else math.nan,
+            images_per_s=_median(list(ok["images_per_s"])),
+            final_top1=final_top1,
+            final_top1_ci=final_top1_ci,
+            best_top1=mean_ci(list(ok["best_top1"]))[0],
+            finals=list(ok["final_top1"]),
+            peak_mem_mib=_median(list(ok["peak_mem_mib"])),
+            time_to_target=mlperf_score(list(ok["time_to_target_s"]), list(ok["target_top1"])),
+            time_to_target_s=(mlperf_seconds(list(ok["time_to_target_s"]))[0]
+                              if ok["target_top1"].notna().any() else math.nan),
+            run_images_per_s=list(ok["images_per_s"]),
+            run_times_to_target=list(ok["time_to_target_s"]),
+            total_train_time_s=_median(list(ok["total_train_time_s"])),
+            target_top1=use["target_top1"].iloc[-1],
+            exposed_comm=_median(list(ok["exposed_comm"])),
+            compute_step_s=_median(list(ok["compute_step_s"])),
+            mfu=_median(list(ok["mfu"])),
+            step_time_s=_median(list(ok["step_time_s"])),
+            comm_ceiling=comm_ceiling(probes or [], use.iloc[-1]),
+            status="ok" if len(ok) else group["status"].iloc[-1],
+            error=None if len(ok) else group["error"].iloc[-1],
+            dataset=use["dataset"].iloc[-1],
+            width=use["width"].iloc[-1],
+        )
+        out.append(row)
+    table = pd.DataFrame(out)
+    def family(r) -> tuple:
+        return (r.workload, r.strategy, r.device, r.precision, r.options, r.grad_accum)
+
+    base = {family(r): r.images_per_s for r in table.itertuples()
+            if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
+            and not r.gpu_shared}
+    table["speedup"] = [
+        r.images_per_s / base[family(r)]
+        if family(r) in base and r.status == "ok" and not r.gpu_shared else math.nan
+        for r in table.itertuples()
+    ]
+    table["efficiency"] = table["speedup"] / table["world_size"]
+    table = add_parity(table, reference)
+    import strategies
+
+    order = {name: i for i, name in enumerate(strategies.names())}
+    table["_order"] = [order.get(name, len(order)) for name in table["strategy"]]
+    table["_cpu"] = table["device"] != "cuda"  # GPU rows first
+    table = table.sort_values(["_cpu", "workload", "_order", "world_size", "precision",
+                               "options"])
+    return table.drop(columns=["_order", "_cpu"]).reset_index(drop=True)
+
+
+def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
+    """The ideal time to all-reduce this row's gradient (from the newest ``bench probe`` of
+    the same device, backend and world size) beside the measured step."""
+    from bench.probe import ideal_allreduce_s
+
+    match = [p for p in probes if (p.get("device"), p.get("backend"), p.get("world_size"))
+             == (run["device"], run["backend"], run["world_size"])]
+    if not match or not run["gradient_bytes"] or run["world_size"] < 2:
+        return None
+    ideal = ideal_allreduce_s(match[-1], run["gradient_bytes"])
+    step = run["step_time_s"]
+    return f"{1000 * ideal:.1f} / {1000 * step:.1f}" if not math.isnan(step) else (
+        f"{1000 * ideal:.1f} / —")
+
+
+def parse_reference(text: str) -> tuple[str, int]:
+    """``strategy[:N]`` (N default 1) -> (strategy, N)."""
+    name, _, world = text.partition(":")
+    try:
+        return name, int(world or 1)
+    except ValueError:
+        raise ConfigError(f"--reference must be STRATEGY[:N], e.g. ddp:1 (got {text!r})") from None
+
+
+def add_parity(table, reference: str):
+    """Δ final top-1 (mean) against the reference row of the same workload and device, and
+    Welch's p-value over the repeats. The reference row is the strategy at N replicas on its
+    own GPUs, fp32 where it exists (else tf32, else the first precision)."""
+    name, world = parse_reference(reference)
+    refs: dict[tuple, Any] = {}
+    for r in table.itertuples():
+        if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
+            continue
+        rank = {"fp32": 0, "tf32": 1}.get(r.precision, 2)
+        key = (r.workload, r.device)
+        if key not in refs or rank < refs[key][0]:
+            refs[key] = (rank, r.Index, r.finals)
+    deltas, pvalues, is_ref = [], [], []
+    for r in table.itertuples():
+        found = refs.get((r.workload, r.device))
+        if found is None or r.status != "ok":
+            deltas.append(math.nan), pvalues.append(math.nan), is_ref.append(False)
+            continue
+        diff, p = welch(r.finals, found[2])
+        deltas.append(diff), pvalues.append(p), is_ref.append(r.Index == found[1])
+    table["delta_top1"], table["p_value"], table["is_reference"] = deltas, pvalues, is_ref
+    table["differs"] = [p < 0.05 for p in pvalues]
+    return table

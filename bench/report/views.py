@@ -1,0 +1,188 @@
+"""How the summary table is shown: the terminal view (key columns, a block per workload,
+120 columns), the wide view, Markdown, CSV, strict JSON, and the plausibility warnings."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from bench.report.table import COLUMN_INDEX, COLUMNS, workload
+
+# The terminal view: what answers "which is fastest, and does it cost accuracy", one block
+# per workload, in at most 120 columns; `--format wide`, the CSV and the markdown have all.
+TERMINAL_COLUMNS = [
+    ("strategy", "strategy"), ("device", "dev"), ("world_size", "N"),
+    ("precision", "prec."), ("options", "options"), ("runs", "runs"),
+    ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
+    ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
+    ("same_start", "start"), ("status", "status"),
+]
+
+
+# Columns said once in a block's heading when every row has the same value: name -> label.
+_SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "eff.": "eff.",
+              "start": "same start", "options": "options"}
+
+
+_SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ","}
+
+
+def _parity_cell(r: dict) -> str:
+    if r.get("is_reference"):
+        return "ref"
+    delta, p = r.get("delta_top1", math.nan), r.get("p_value", math.nan)
+    if delta is None or math.isnan(delta):
+        return "—"
+    if math.isnan(p):
+        return f"{delta:+.2f} (p —)"
+    return f"{delta:+.2f} (p {p:.2g}){' ≠' if p < 0.05 else ''}"
+
+
+def _fmt(value: Any, column: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if column in ("epoch_time_s", "epoch_time_spread_s"):
+        return f"{value:.2f}"
+    if column in ("images_per_s", "peak_mem_mib"):
+        return f"{value:.0f}"
+    if column in ("speedup",):
+        return f"{value:.2f}×"
+    if column == "efficiency":
+        return f"{100 * value:.0f} %"
+    if column in ("exposed_comm", "mfu"):
+        return f"{100 * value:.1f}"
+    if column in ("final_top1", "best_top1"):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _cells(table) -> list[list[str]]:
+    rows = []
+    for r in table.to_dict("records"):
+        cells = [_fmt(r.get(c), c) for c, _ in COLUMNS]
+        ci = r.get("final_top1_ci", math.nan)
+        if ci is not None and not math.isnan(ci):
+            cells[COLUMN_INDEX["final_top1"]] += f" ± {ci:.2f}"
+        cells[COLUMN_INDEX["delta_top1"]] = _parity_cell(r)
+        if r.get("gpus_requested") not in (None, r.get("world_size")):
+            cells[COLUMN_INDEX["world_size"]] += f" (of {r['gpus_requested']} asked)"
+        if r.get("status") == "ok" and math.isnan(r.get("epoch_time_s", math.nan)):
+            cells[COLUMN_INDEX["epoch_time_s"]] = "— (1 epoch: warm-up only)"
+        if r.get("gpu_shared"):
+            cells[COLUMN_INDEX["epoch_time_s"]] += " (ranks shared GPUs: not comparable)"
+        if r.get("status") == "ok" and r.get("failed_runs"):
+            cells[COLUMN_INDEX["runs"]] += f" (+{r['failed_runs']} not ok)"
+        if r.get("status") != "ok" and r.get("error"):
+            reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
+            reason = reason if len(reason) <= 110 else reason[:107] + "..."
+            cells[-1] = f"{r['status']}: {reason}"
+        rows.append(cells)
+    return rows
+
+
+def to_markdown(table) -> str:
+    header = [h for _, h in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in _cells(table)]
+    return "\n".join(lines) + "\n"
+
+
+def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
+    """Figures that cannot be right as measured, each named with the likely cause."""
+    lines = []
+    for r in table.itertuples():
+        if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1.05:
+            lines.append(f"{r.strategy} N={r.world_size} ({r.workload}): scaling efficiency "
+                         f"{100 * r.efficiency:.0f} % is above 100 %, which no data-parallel "
+                         "run reaches: the N=1 run was slowed (a loaded machine?); rerun both")
+    crowded = set()
+    for rec in records:
+        over = rec.get("oversubscribed")
+        if isinstance(over, dict) and all(isinstance(over.get(k), int)
+                                          for k in ("processes", "cores")):
+            crowded.add((rec["strategy"], rec["world_size"], workload(rec),
+                         over["processes"], over["cores"]))
+    for strategy, world, name, procs, cores in sorted(crowded):
+        lines.append(f"{strategy} N={world} ({name}) ran {procs} CPU processes on {cores} "
+                     "cores: its times say little about scaling")
+    return lines
+
+
+def to_wide_text(table) -> str:
+    """Every column, one line per row (wide: for a wide terminal or a pager)."""
+    header = [h for _, h in COLUMNS]
+    rows = _cells(table)
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_text(table, width: int = 120) -> str:
+    """The key columns, one block per workload, each line at most ``width`` characters."""
+    header = [h for _, h in TERMINAL_COLUMNS]
+    picked = [COLUMN_INDEX[c] for c, _ in TERMINAL_COLUMNS]
+    blocks: dict[str, list[list[str]]] = {}
+    for record, cells in zip(table.to_dict("records"), _cells(table)):
+        row = [cells[i] for i in picked]
+        options = [] if row[4] == "—" else [row[4]]
+        if record.get("grad_accum", 1) > 1:
+            options.append(f"accum {record['grad_accum']}")
+        row[4] = ", ".join(options) or "—"
+        for long, short in _SHORT_OPTIONS.items():
+            row[4] = row[4].replace(long, short)
+        row[2] = row[2].replace(" (of ", " (").replace(" asked)", " asked)")
+        row[10] = row[10].replace(" ± ", "±")
+        row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
+        row[9] = row[9].replace(" %", "%")
+        blocks.setdefault(record["workload"], []).append(row)
+    out = []
+    for block, rows in blocks.items():
+        # A column with one value in the whole block is said once, in its heading.
+        names, same = list(header), []
+        for name in _SAID_ONCE:
+            i = names.index(name)
+            values = {row[i] for row in rows}
+            if len(values) == 1:
+                value = values.pop()
+                if value not in ("—", ""):
+                    same.append(f"{_SAID_ONCE[name]} {value}".strip())
+                names.pop(i)
+                rows = [row[:i] + row[i + 1:] for row in rows]
+        heading = block + (f" — {', '.join(same)}" if same else "")
+        delta = names.index("Δ top-1 (p)")
+        if not any("(p" in row[delta] for row in rows):
+            names[delta] = "Δ top-1"  # no repeats, no p-values
+        widths = [max(len(x.partition(": ")[0]) for x in col) for col in zip(names, *rows)]
+        out += ([""] if out else []) + [heading]
+        for cells in [names, *rows]:
+            status, _, reason = cells[-1].partition(": ")
+            text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
+            out.append(text.rstrip()[:width])
+            if reason:  # why a row is not ok, on a line of its own
+                out.append(f"    {status}: {reason}"[:width])
+    out.append(f"(key columns; `--format wide`, summary.csv and summary.md have all "
+               f"{len(COLUMNS)})")
+    return "\n".join(out) + "\n"
+
+
+def to_csv(table) -> str:
+    columns = [c for c, _ in COLUMNS] + ["final_top1_ci", "p_value", "differs", "error",
+                                          "dataset", "width", "failed_runs"]
+    out = table.reindex(columns=columns)
+    out["same_start"] = out["same_start"].map({"✓": "true", "✗": "false"})
+    return out.to_csv(index=False)
+
+
+def to_json(table) -> str:
+    """Strict JSON: NaN and infinities become null."""
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    rows = [{k: clean(v) for k, v in r.items()} for r in table.to_dict("records")]
+    return json.dumps(rows, indent=2, default=str, allow_nan=False) + "\n"
