@@ -301,9 +301,28 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
             remove_created(plan.created_dirs)
         print(f"bench: interrupted ({why}) before the ranks started", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as exc:  # a full disk, a quota, a file-size limit while bench writes
+        return _cannot_write(plan, record, exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return close_record(plan, outcome)
+    try:
+        return close_record(plan, outcome)
+    except OSError as exc:
+        return _cannot_write(plan, record, exc)
+
+
+def _cannot_write(plan: RunPlan, record: RunRecord | None, exc: OSError) -> int:
+    """One line instead of a traceback, and the record closed as failed if it still can be
+    (with the disk full it may not: its owner is then gone and the report says so)."""
+    reason = f"cannot write files ({exc.strerror or exc})"
+    if record is not None and plan.writes_record and record.status == "running":
+        with contextlib.suppress(OSError):
+            record.fail("failed", reason)
+    elif record is None:
+        remove_created(plan.created_dirs)
+    print(f"bench: run failed: {reason}; free some space or choose another --output "
+          f"(record {plan.record_path})", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:

@@ -168,3 +168,30 @@ def test_a_stopped_spawn_rank_ends_the_run_within_the_timeout_and_ten_seconds(tm
     took = time.monotonic() - stopped
     assert proc.returncode == 1
     assert took < timeout + 10, f"ended {took:.0f} s after the rank stopped"
+
+
+@pytest.mark.parametrize("limit", [6000, 9000])
+def test_a_write_that_fails_is_one_line_and_never_leaves_a_running_record(limit, tmp_path):
+    """A full disk, as a file-size limit (RLIMIT_FSIZE; SIGXFSZ ignored, so writes fail with
+    EFBIG like ENOSPC): 6,000 bytes stop bench writing the ranks' spec, 9,000 stop rank 0
+    writing its record mid-run. Either way one line, exit 1, and no `running` record."""
+    import resource
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--cpu", "--epochs",
+           "8", "--data", "synthetic", "--train-limit", "64", "--test-limit", "8",
+           "--output", str(tmp_path), *FAST]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          preexec_fn=limited)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bench: run failed:") and "File too large" in last, last
+    assert "bench/cli.py" not in proc.stderr  # no traceback of bench itself (ranks' may show)
+    for path in tmp_path.glob("runs/*.json"):
+        assert json.loads(path.read_text())["status"] == "failed"
+    # Recording the commit must not write the checkout's git index (it once left a stale
+    # .git/index.lock under this very limit).
+    assert not (ROOT / ".git" / "index.lock").exists()
