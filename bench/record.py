@@ -67,8 +67,10 @@ def source_commit() -> str | None:
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
                               capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"],
+        # --no-optional-locks: status must never write the user's index (a failing disk
+        # once left a stale .git/index.lock behind, which broke their next commit).
+        dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status",
+                                "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
