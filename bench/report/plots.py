@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report.table import GROUP_KEYS, run_rows, summary_table, workload
-from bench.report.views import _SHORT_OPTIONS
+from bench.report.views import short_options
 
 
 def row_label(r) -> str:
     """A row's name in plots: strategy, N, precision and what else sets it apart."""
-    options = r.options
-    for long, short in _SHORT_OPTIONS.items():
-        options = options.replace(long, short)
+    options = short_options(r.options)
     extra = [] if options == "—" else [options]
     if r.grad_accum > 1:
         extra.append(f"accum {r.grad_accum}")

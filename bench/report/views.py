@@ -28,6 +28,13 @@ _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "ef
 _SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ","}
 
 
+def short_options(text: str) -> str:
+    """A row's speed options in few characters (terminal rows, plot labels)."""
+    for long, short in _SHORT_OPTIONS.items():
+        text = text.replace(long, short)
+    return text
+
+
 def _parity_cell(r: dict) -> str:
     if r.get("is_reference"):
         return "ref"
@@ -130,9 +137,8 @@ def to_text(table, width: int = 120) -> str:
         if record.get("grad_accum", 1) > 1:
             options.append(f"accum {record['grad_accum']}")
         row[4] = ", ".join(options) or "—"
-        for long, short in _SHORT_OPTIONS.items():
-            row[4] = row[4].replace(long, short)
-        row[2] = row[2].replace(" (of ", " (").replace(" asked)", " asked)")
+        row[4] = short_options(row[4])
+        row[2] = row[2].replace(" (of ", " (")
         row[10] = row[10].replace(" ± ", "±")
         row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
         row[9] = row[9].replace(" %", "%")
