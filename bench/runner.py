@@ -295,12 +295,9 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
         # Before the ranks started (launch_ranks handles what comes later): no record may
         # stay `running` with nobody left to close it.
         why = str(exc) or "SIGINT"
-        if record is not None and plan.writes_record and record.status == "running":
-            record.fail("interrupted", f"{why} before the ranks started")
-        elif record is None:
-            remove_created(plan.created_dirs)
-        print(f"bench: interrupted ({why}) before the ranks started", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _end_early(plan, record, "interrupted", f"{why} before the ranks started",
+                          f"bench: interrupted ({why}) before the ranks started",
+                          EXIT_INTERRUPTED)
     except OSError as exc:  # a full disk, a quota, a file-size limit while bench writes
         return _cannot_write(plan, record, exc)
     finally:
@@ -312,17 +309,24 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
 
 
 def _cannot_write(plan: RunPlan, record: RunRecord | None, exc: OSError) -> int:
-    """One line instead of a traceback, and the record closed as failed if it still can be
-    (with the disk full it may not: its owner is then gone and the report says so)."""
     reason = f"cannot write files ({exc.strerror or exc})"
+    return _end_early(plan, record, "failed", reason,
+                      f"bench: run failed: {reason}; free some space or choose another "
+                      f"--output (record {plan.record_path})", EXIT_FAILED)
+
+
+def _end_early(plan: RunPlan, record: RunRecord | None, status: str, reason: str,
+               line: str, code: int) -> int:
+    """A run ended outside close_record: one line instead of a traceback, the record closed
+    if it still can be (a full disk may forbid it: its owner is then gone, and the report
+    says so), or, with no record yet, the folders this run made removed."""
     if record is not None and plan.writes_record and record.status == "running":
         with contextlib.suppress(OSError):
-            record.fail("failed", reason)
+            record.fail(status, reason)
     elif record is None:
         remove_created(plan.created_dirs)
-    print(f"bench: run failed: {reason}; free some space or choose another --output "
-          f"(record {plan.record_path})", file=sys.stderr)
-    return EXIT_FAILED
+    print(line, file=sys.stderr)
+    return code
 
 
 def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
