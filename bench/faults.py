@@ -5,6 +5,7 @@ that the checks meant to catch such mistakes can show that they do."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -13,31 +14,35 @@ import torch
 
 @dataclass(frozen=True)
 class Fault:
-    """``raise:RANK:STEP`` (that rank raises) or ``hang:RANK:STEP`` (it stops taking part),
-    before global optimizer step STEP (counted from 1)."""
+    """``KIND:RANK:STEP``, or several joined by commas, each before global optimizer step
+    STEP (counted from 1) of that rank: ``raise`` (it raises), ``hang`` (it stops taking
+    part) or ``stop`` (it sends itself SIGSTOP, as a suspended or debugged process is)."""
 
-    kind: str
-    rank: int
-    step: int
+    events: tuple[tuple[str, int, int], ...]
 
     @classmethod
     def from_env(cls) -> Fault | None:
         text = os.environ.get("BENCH_FAULT")
         if not text:
             return None
-        kind, rank, step = text.split(":")
-        if kind not in ("raise", "hang"):
-            raise ValueError(f"BENCH_FAULT kind must be raise or hang, got {kind!r}")
-        return cls(kind, int(rank), int(step))
+        events = []
+        for part in text.split(","):
+            kind, rank, step = part.split(":")
+            if kind not in ("raise", "hang", "stop"):
+                raise ValueError(f"BENCH_FAULT kind must be raise, hang or stop, got {kind!r}")
+            events.append((kind, int(rank), int(step)))
+        return cls(tuple(events))
 
     def maybe_fire(self, rank: int, step: int) -> None:
-        if rank != self.rank or step != self.step:
-            return
-        if self.kind == "raise":
-            raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
-        while True:  # hang: never reach the next collective
-            time.sleep(60)
-
+        for kind, fault_rank, fault_step in self.events:
+            if (rank, step) != (fault_rank, fault_step):
+                continue
+            if kind == "raise":
+                raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
+            if kind == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            while kind == "hang":  # never reach the next collective
+                time.sleep(60)
 
 
 DEFECT_ENV = "BENCH_INJECT_DEFECT"

@@ -23,13 +23,15 @@ from pathlib import Path
 
 from bench import worker
 from bench.cluster import SlurmTask
-from bench.lifetime import die_with_parent, dies_with_me
+from bench.lifetime import die_with_parent, start_dying_with_me
 from bench.scratch import Scratch
 
 MASTER_ADDR = "127.0.0.1"
-_GRACE_S = 10.0
-_SPAWN_GRACE_S = 3.0
+# SIGTERM, then this long, then SIGKILL: ranks act on SIGTERM at once (no handler), and
+# a stopped or hung one never will; torch's own 30 s would only be waited out.
+_GRACE_S = 3.0
 _POLL_S = 0.5
+_AFTER_FAILURE_S = 5.0  # a rank failed: this long for its launcher to stop the others
 
 
 class RunTimeout(Exception):
@@ -86,13 +88,30 @@ class Launch:
                     f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
                 )
 
+    def failed_long_ago(self) -> bool:
+        """A rank failed more than a few seconds ago and no restart can follow: a launcher
+        still running then waits on a rank that cannot stop (torchrun gives a SIGTERMed rank
+        30 s; a stopped one never acts on it)."""
+        if self.max_restarts:
+            return False
+        try:
+            errors = self.scratch.errors()
+            return bool(errors) and time.time() - errors[0][1].stat().st_mtime > _AFTER_FAILURE_S
+        except OSError:  # a file went away while it was read
+            return False
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the launcher's process group (it forwards to its ranks), SIGKILL what lingers."""
+
+def _stop_group(proc: subprocess.Popen, scratch: Scratch, echo: threading.Event) -> None:
+    """SIGTERM the launcher's process group (it forwards to its ranks), SIGCONT the ranks (a
+    stopped one acts on its SIGTERM only once it runs again), SIGKILL what lingers. What the
+    launcher and its ranks print while they die (torchrun's traceback of the SIGTERM) is not
+    passed on: bench says in one line why the run ended."""
+    echo.clear()
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
+    _resume_ranks(scratch)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_GRACE_S)
     with contextlib.suppress(ProcessLookupError):
@@ -100,11 +119,19 @@ def _stop_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _resume_ranks(scratch: Scratch) -> None:
+    for path in scratch.pids():
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(path.read_text()), signal.SIGCONT)
+
+
 def _run_child(cmd: list[str], launch: Launch) -> int:
-    proc = subprocess.Popen(cmd, env=_child_env(launch.threads), start_new_session=True,
-                            preexec_fn=dies_with_me(), stderr=subprocess.PIPE)
+    proc = start_dying_with_me(cmd, env=_child_env(launch.threads), start_new_session=True,
+                               stderr=subprocess.PIPE)
     tail: collections.deque[str] = collections.deque(maxlen=4000)
-    pump = threading.Thread(target=_tee, args=(proc.stderr, tail), daemon=True)
+    echo = threading.Event()
+    echo.set()
+    pump = threading.Thread(target=_tee, args=(proc.stderr, tail, echo), daemon=True)
     pump.start()
     try:
         while True:
@@ -113,8 +140,13 @@ def _run_child(cmd: list[str], launch: Launch) -> int:
                 break
             except subprocess.TimeoutExpired:
                 launch.check_progress()
+                if launch.failed_long_ago():
+                    print(f"bench: a rank failed {_AFTER_FAILURE_S:g} s ago and the launcher "
+                          "still waits on the others; stopping them", file=sys.stderr)
+                    _stop_group(proc, launch.scratch, echo)
+                    return 1
     except BaseException:
-        _stop_group(proc)
+        _stop_group(proc, launch.scratch, echo)
         raise
     finally:
         if proc.poll() is not None:  # nothing of this run may outlive it
@@ -127,16 +159,18 @@ def _run_child(cmd: list[str], launch: Launch) -> int:
     return rc
 
 
-def _tee(stream, tail: collections.deque[str]) -> None:
+def _tee(stream, tail: collections.deque[str], echo: threading.Event) -> None:
     """Pass the launcher's stderr (and its ranks') on as it comes, not line by line (a
-    progress bar redraws its line with carriage returns), keeping the end of it."""
+    progress bar redraws its line with carriage returns), while ``echo`` is set; keep the end
+    of it."""
     while True:
         chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
         if not chunk:
             return
         text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        if echo.is_set():
+            sys.stderr.write(text)
+            sys.stderr.flush()
         tail.append(text)
 
 
@@ -220,8 +254,8 @@ def launch_spawn(launch: Launch) -> int:
         join=False, start_method="spawn",
     )
     # A rank that fails makes torch stop the others; by default it waits 30 s before
-    # SIGKILL, which a stopped (SIGSTOP) rank always uses up. Three seconds a step instead.
-    grace = ({"grace_period": _SPAWN_GRACE_S}
+    # SIGKILL, which a stopped (SIGSTOP) rank always uses up.
+    grace = ({"grace_period": _GRACE_S}
              if "grace_period" in inspect.signature(context.join).parameters else {})
     try:
         while not context.join(timeout=_POLL_S, **grace):

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
+import signal
+import subprocess
 
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
 
-try:  # resolved here, not in a freshly forked child (see dies_with_me)
+try:  # resolved here, not in a freshly forked child (see start_dying_with_me)
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux: no death signal
     _prctl = None
@@ -28,7 +29,25 @@ def die_with_parent(parent: int | None = None) -> None:
         os._exit(1)
 
 
-def dies_with_me() -> Callable[[], None]:
-    """A ``preexec_fn`` for ``subprocess.Popen``: the child dies with this process."""
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def start_dying_with_me(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
+    """``subprocess.Popen`` whose child dies with this process, without losing a Ctrl-C.
+
+    A ``preexec_fn`` makes Popen run the interpreter's at-fork hooks in this process, and a
+    signal landing in one (logging's ``_releaseLock``) raised KeyboardInterrupt where Python
+    can only print "Exception ignored": the Ctrl-C vanished and the run went on. So SIGINT and
+    SIGTERM are held back across the fork and delivered after it; the child unblocks them
+    before it runs anything (a blocked mask would survive its exec)."""
     parent = os.getpid()
-    return lambda: die_with_parent(parent)
+
+    def in_child() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        die_with_parent(parent)
+
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return subprocess.Popen(cmd, preexec_fn=in_child, **popen_kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)

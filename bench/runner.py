@@ -42,7 +42,13 @@ def watchdog_timeout(timeout: float) -> float:
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception
-    """SIGTERM turned into an exception so the run can close its record."""
+    """SIGTERM turned into an exception so the run can close its record; its text is the
+    signal's name."""
+
+
+def _interruption(exc: BaseException) -> str:
+    """What stopped the run, for its record and the terminal."""
+    return str(exc) if isinstance(exc, Interrupted) else "Ctrl-C (SIGINT)"
 
 
 def shared_run_id(strategy: str, world: int, device_type: str, run_tag: str) -> str:
@@ -294,9 +300,8 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     except (KeyboardInterrupt, Interrupted) as exc:
         # Before the ranks started (launch_ranks handles what comes later): no record may
         # stay `running` with nobody left to close it.
-        why = str(exc) or "SIGINT"
-        return _end_early(plan, record, "interrupted", f"{why} before the ranks started",
-                          f"bench: interrupted ({why}) before the ranks started",
+        why = f"{_interruption(exc)} before the ranks started"
+        return _end_early(plan, record, "interrupted", why, f"bench: interrupted: {why}",
                           EXIT_INTERRUPTED)
     except OSError as exc:  # a full disk, a quota, a file-size limit while bench writes
         return _cannot_write(plan, record, exc)
@@ -398,8 +403,7 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     except launch.RunTimeout as exc:
         error, rc = str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
-        status, rc = "interrupted", -1
-        error = f"interrupted ({type(exc).__name__} {exc})".strip()
+        status, rc, error = "interrupted", -1, _interruption(exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
         reap_ranks(scratch)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.config import RunConfig
 from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
-from bench.lifetime import dies_with_me
+from bench.lifetime import start_dying_with_me
 from bench.record import current_status, owner_alive, this_process
 from bench.results import read_record, runs_dir, utc_now, write_atomic
 from bench.runner import RunPlan
@@ -180,7 +180,7 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
            "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args,
            "--seed", str(base.seed + combo.repeat)]
-    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=dies_with_me())
+    proc = start_dying_with_me(cmd, start_new_session=True)
     started = time.monotonic()
     try:
         rc = proc.wait(timeout=run_timeout)

@@ -152,3 +152,31 @@ def test_kill_9_during_start_up_leaves_nothing_running(strategy, delay, tmp_path
     left = sorted(p for p in tree if Path(f"/proc/{p}").exists()
                   and "zombie" not in Path(f"/proc/{p}/status").read_text().lower())
     assert not left, f"{len(left)} of {len(tree)} processes still running 10 s later: {left}"
+
+
+_SIGNAL_DURING_FORK = """
+import os, signal, subprocess, sys, time
+from bench.lifetime import start_dying_with_me
+child = start_dying_with_me(["grep", "SigBlk", "/proc/self/status"], stdout=subprocess.PIPE)
+print(child.communicate()[0].decode(), flush=True)
+# The moment a Ctrl-C was lost: a signal landing in an at-fork hook run by Popen.
+os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), signal.SIGINT))
+try:
+    start_dying_with_me(["true"])
+    time.sleep(2)
+    print("the Ctrl-C was lost")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_ctrl_c_while_a_child_starts_is_not_lost_and_the_child_can_be_signalled():
+    """Ctrl-C right as bench started its launcher was swallowed ("Exception ignored in
+    _releaseLock") and the run trained on; the child must not inherit the held signals."""
+    proc = subprocess.run([sys.executable, "-c", _SIGNAL_DURING_FORK], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    words = proc.stdout.split()
+    assert words[-1] == "interrupted", proc.stdout + proc.stderr
+    blocked = int(words[words.index("SigBlk:") + 1], 16)
+    assert blocked & (1 << (signal.SIGINT - 1)) == 0, proc.stdout
+    assert blocked & (1 << (signal.SIGTERM - 1)) == 0, proc.stdout
