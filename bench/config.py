@@ -12,6 +12,10 @@ from typing import Any
 
 from bench.errors import ConfigError
 
+# The strategies, in the order `bench list` and the report show them (the registry in
+# strategies/__init__.py holds them in this order; kept here so reading records needs no torch).
+STRATEGY_ORDER = ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "ddp-apex", "horovod",
+                  "fsdp")
 DATASETS = ("cifar100", "synthetic")
 PRECISIONS = ("fp32", "fp16", "bf16")
 APEX_OPT_LEVELS = ("O0", "O1", "O2", "O3")

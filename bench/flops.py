@@ -8,10 +8,7 @@ import json
 import os
 import tempfile
 
-import torch
-
 from bench.config import default_data_dir
-from bench.model import resnet18_cifar
 
 # Dense (no sparsity) peak TFLOP/s by precision, from the vendors' datasheets and
 # architecture whitepapers (tensor-core rates with FP32 accumulation, as autocast uses):
@@ -43,7 +40,10 @@ COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
 def train_flops_per_image(width: float) -> int:
     """Forward + backward FLOPs of one 32x32 image through ResNet-18 (CIFAR) at ``width``
     (multiply-add = 2 FLOPs; the optimizer step is not counted)."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
+
+    from bench.model import resnet18_cifar
 
     batch = 2  # training-mode BatchNorm wants more than one value per channel
     # Built on CPU then moved: building under torch.device("meta") takes seconds.
@@ -58,6 +58,8 @@ def cached_train_flops_per_image(width: float) -> int:
     """``train_flops_per_image``, kept per width and torch version beside the dataset cache:
     the count itself is instant, but FlopCounterMode's first use costs ~2 s of imports,
     which every run would otherwise pay."""
+    import torch
+
     path = default_data_dir().parent / "flops.json"
     key = f"resnet18-cifar width={width:g} torch={torch.__version__}"
     try:

@@ -88,6 +88,8 @@ def params_sha1(params: Iterable[torch.Tensor]) -> str:
 
 def initial_params_sha1(seed: int, width: float) -> str:
     """What every run of this seed and width must start from (the reference for 'same
-    start'): the weights ``resnet18_cifar`` draws after ``torch.manual_seed(seed)``."""
-    torch.manual_seed(seed)
-    return params_sha1(resnet18_cifar(width=width).parameters())
+    start'): the weights ``resnet18_cifar`` draws after ``torch.manual_seed(seed)``. The
+    caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return params_sha1(resnet18_cifar(width=width).parameters())

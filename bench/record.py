@@ -267,8 +267,8 @@ class RunRecord:
               workers_per_process: int, threads_per_process: int, train_size: int,
               test_size: int, steps_per_epoch: int, warmup_steps: int, width: float,
               parameters: int, notes: list[str], compile_time_s: float | None,
-              initial_param_fingerprint: str, initial_replicas_identical: bool | None,
-              allow_tf32: bool | None) -> None:
+              initial_param_fingerprint: str, initial_reference_fingerprint: str,
+              initial_replicas_identical: bool | None, allow_tf32: bool | None) -> None:
         """What the ranks found out while building the run; the epochs follow."""
         micro_batch = per_replica_batch // grad_accum
         self.data["compile_time_s"] = compile_time_s
@@ -294,6 +294,8 @@ class RunRecord:
             "notes": self.data.get("notes", []) + notes,
             # SHA-1 of the parameters before step 1: same seed and width, same value
             "initial_param_fingerprint": initial_param_fingerprint,
+            # the plain model's for this seed and width, drawn here (the torch that ran)
+            "initial_reference_fingerprint": initial_reference_fingerprint,
             "initial_replicas_identical": initial_replicas_identical,
             "allow_tf32": allow_tf32,  # cuDNN's TF32 switch on GPU; null on CPU
             "per_epoch": [],

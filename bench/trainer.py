@@ -24,7 +24,7 @@ from bench.errors import Diverged
 from bench.extra_steps import compute_only_steps, profile_steps
 from bench.faults import Fault
 from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
-from bench.model import params_sha1
+from bench.model import initial_params_sha1, params_sha1
 from bench.parts import ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
 from bench.scratch import Heartbeat
@@ -173,6 +173,7 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch, warmup_steps=self.warmup_steps,
             width=self.cfg.width, parameters=self.parts.parameters, notes=s.notes,
             compile_time_s=compile_time, initial_param_fingerprint=initial_sha1,
+            initial_reference_fingerprint=initial_params_sha1(self.cfg.seed, self.cfg.width),
             initial_replicas_identical=initial_identical, allow_tf32=self.parts.allow_tf32,
         )
 

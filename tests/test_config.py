@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 import strategies
-from bench.config import RunConfig, Topology
+from bench.config import STRATEGY_ORDER, RunConfig, Topology
 from bench.errors import ConfigError
 from bench.runner import RunPlan
 from bench.scratch import Scratch
@@ -103,3 +103,7 @@ def test_fsdp_refuses_gloo_with_cuda_tensors():
         fsdp.check(shared, Features("fp32"))
     fsdp.check(Topology("cuda", gpus=2, backend="nccl"), Features("fp32"))  # what it names works
     fsdp.check(Topology("cpu", gpus=2, backend="gloo"), Features("fp32"))
+
+
+def test_the_torch_free_strategy_order_is_the_registrys():
+    assert tuple(strategies.names()) == STRATEGY_ORDER

@@ -337,7 +337,41 @@ def test_impossible_figures_are_named_not_passed_silently(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "ddp N=2 (synthetic 1000 img, batch 100, resnet18): scaling efficiency 600 %" in (
         proc.stderr)
-    assert "ran 2 CPU processes on 1 cores" in proc.stderr
+    assert "ran 2 CPU processes on 1 core:" in proc.stderr
+    # ...and flags the row (terminal and CSV) and draws it as such.
+    row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == ["ddp", "2"])
+    assert row.endswith("ok ⚠ efficiency > 100 %, CPU oversubscribed"), row
+    csv = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
+    assert ",efficiency > 100 %, CPU oversubscribed," in csv.stdout.replace('"', "")
+    from bench.report import figures_per_workload
+
+    figures = next(iter(figures_per_workload([slow_base, fast_two]).values()))
+    hatched = [bar.get_hatch() for bar in figures["epoch_time"].axes[0].patches]
+    assert hatched == [None, "//"]  # N=1 plain, N=2 flagged
+    for name in ("scaling", "scaling_efficiency"):
+        axes = figures[name].axes[0]
+        rings = [c for c in axes.collections if c.get_label().startswith("⚠ flagged")]
+        assert len(rings) == 1 and list(rings[0].get_offsets()[:, 0]) == [2]
+        assert [t.get_text() for t in axes.get_legend().get_texts()].count(
+            "⚠ flagged: suspect (see `bench report`)") == 1
+
+
+def test_a_repeat_much_slower_than_its_row_is_named(tmp_path):
+    """Three repeats of one row, one 2.5x slower (a loaded machine): the row is flagged and
+    the run named; two repeats cannot say which one is slow, so nothing is flagged."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    recs = [_record(f"r{i}", "ddp", 1, [5.0, t, t], [0.1, 0.2, 0.3], started=str(i))
+            for i, t in enumerate([4.0, 4.2, 10.0])]
+    for rec in recs:
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    assert ("run r2 took 2.4× the row's median epoch time (10.00 s vs 4.20 s" in proc.stderr)
+    assert "ok ⚠ 1 slow run" in proc.stdout
+    (runs / "r0.json").unlink()
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert "slow" not in proc.stderr + proc.stdout
 
 
 @pytest.mark.skipif((__import__("os").cpu_count() or 1) > 3,
@@ -354,3 +388,28 @@ def test_more_cpu_processes_than_cores_is_said_and_recorded(tmp_path):
     assert f"{n} CPU processes on {n - 1} cores compete" in proc.stderr
     (rec,) = load_records(tmp_path)[0]
     assert rec["oversubscribed"] == {"processes": n, "cores": n - 1}
+
+
+_NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+from bench.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_the_report_reads_records_tables_and_plots_without_torch(tmp_path):
+    """Importing torch cost the report ~550 MB and 1 s (3,000 records: 720 MB, 2.5 s for the
+    table); records that carry their reference start need none."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from report_cost import make_records
+
+    make_records(tmp_path, 40)
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, "report", "--results",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fsdp        8" in proc.stdout
+    assert len(list((tmp_path / "plots").rglob("*.png"))) >= 5

@@ -93,7 +93,7 @@ def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
     # Same start: every rank's weights before step 1 are the seed's plain model's.
     assert {r["initial_param_fingerprint"] for r in by.values()} == {
         initial_params_sha1(11, 0.125)
-    }
+    } == {r["initial_reference_fingerprint"] for r in by.values()}
     # ...and the fingerprint sees the weights: another seed's plain model differs.
     assert initial_params_sha1(12, 0.125) != initial_params_sha1(11, 0.125)
     assert all(r["initial_replicas_identical"] is True for r in by.values())
@@ -101,6 +101,10 @@ def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
     assert list(table["same_start"]) == ["✓", "✓", "✓"]
     moved = {**by["ddp"], "initial_param_fingerprint": "0" * 40}  # e.g. a step before step 1
     assert list(summary_table([moved])["same_start"]) == ["✗"]
+    # A record from before the reference was kept is checked against one drawn here.
+    older = {k: v for k, v in by["ddp"].items() if k != "initial_reference_fingerprint"}
+    assert list(summary_table([older])["same_start"]) == ["✓"]
+    assert list(summary_table([{**older, "seed": 12}])["same_start"]) == ["✗"]
     ddp_losses = [e["train_loss"] for e in by["ddp"]["per_epoch"]]
     spawn_losses = [e["train_loss"] for e in by["ddp-spawn"]["per_epoch"]]
     assert ddp_losses == pytest.approx(spawn_losses, rel=1e-6)

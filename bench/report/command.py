@@ -42,8 +42,6 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     from bench.probe import load_probes
 
     table = summary_table(records, reference, load_probes(results))
-    for line in plausibility_warnings(table, records):
-        print(f"bench report: {line}", file=sys.stderr)
     if fmt == "json":
         print(to_json(table), end="")
     elif fmt == "wide":
@@ -59,6 +57,9 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     traced = trace_rows(records, Path(results))
     if traced and fmt == "text":
         print("\n" + format_rows(traced), end="")
+    sys.stdout.flush()  # the warnings follow the table they are about, on a terminal too
+    for line in plausibility_warnings(table, records):
+        print(f"bench report: {line}", file=sys.stderr)
     if write:
         root = Path(results)
         root.mkdir(parents=True, exist_ok=True)

@@ -19,22 +19,50 @@ def row_label(r) -> str:
     extra = [] if options == "—" else [options]
     if r.grad_accum > 1:
         extra.append(f"accum {r.grad_accum}")
+    if getattr(r, "flags", ""):
+        extra.append(_FLAG)
     return " ".join([r.strategy, f"N={r.world_size}", r.precision, *extra])
 
 
+_FLAG = "⚠"
+_FLAGGED = "⚠ flagged: suspect (see `bench report`)"
+
+
+def _legend(ax, **kwargs) -> None:
+    """A legend with each label once (every line's flagged points share one entry)."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), **kwargs)
+
+
+def _ring_flagged(ax, rows, xs, ys) -> None:
+    """A red ring around each point whose row is flagged."""
+    points = [(x, y) for r, x, y in zip(rows, xs, ys) if r.flags]
+    if points:
+        ax.scatter(*zip(*points), s=160, facecolors="none", edgecolors="tab:red",
+                   linewidths=1.5, zorder=5, label=_FLAGGED)
+
+
 def make_figures(records: list[dict[str, Any]],
-                 probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 probes: list[dict[str, Any]] | None = None, table=None) -> dict[str, Any]:
     """Matplotlib figures by name: epoch_time, scaling, top1, time_to_target,
-    time_vs_accuracy, where_time_goes, scaling_efficiency, and busbw (with probes)."""
+    time_vs_accuracy, where_time_goes, scaling_efficiency, and busbw (with probes).
+    ``table``: these records' summary_table, when the caller has it already."""
     import matplotlib.pyplot as plt
 
-    table = summary_table(records, probes=probes)
+    if table is None:
+        table = summary_table(records, probes=probes)
     ok = table[table["status"] == "ok"]
     figures: dict[str, Any] = {}
 
     fig, ax = plt.subplots(figsize=(8, 5))
     labels = [row_label(r) for r in ok.itertuples()]
-    ax.bar(range(len(ok)), ok["epoch_time_s"], color="tab:blue")
+    bars = ax.bar(range(len(ok)), ok["epoch_time_s"], color="tab:blue")
+    for bar, flags in zip(bars, ok["flags"]):
+        if flags:
+            bar.set(hatch="//", edgecolor="tab:red", label=_FLAGGED)
+    if ok["flags"].astype(bool).any():
+        _legend(ax, fontsize=8)
     ax.set_xticks(range(len(ok)), labels, fontsize=8, rotation=30, ha="right")
     ax.set_ylabel("epoch time (s)")
     ax.set_title("Epoch time per strategy and world size (median, warm-up excluded)")
@@ -46,6 +74,7 @@ def make_figures(records: list[dict[str, Any]],
         grp = grp.sort_values("world_size")
         ax.plot(grp["world_size"], grp["images_per_s"], "o-",
                 label=f"{strategy} ({device}, {precision})")
+        _ring_flagged(ax, list(grp.itertuples()), grp["world_size"], grp["images_per_s"])
         one = grp[grp["world_size"] == 1]
         if len(one):
             ns = sorted(set(grp["world_size"]))
@@ -57,7 +86,7 @@ def make_figures(records: list[dict[str, Any]],
         ax.set_xticks(sorted({int(n) for n in ok["world_size"]}))
     ax.set_title("Scaling (dotted: ideal linear from N=1)")
     if len(ok):
-        ax.legend(fontsize=8)
+        _legend(ax, fontsize=8)
     figures["scaling"] = fig
 
     # One curve per table row (the mean over its repeats), legend outside the axes.
@@ -110,7 +139,8 @@ def make_figures(records: list[dict[str, Any]],
 def _row_label(r) -> str:
     shared = ", shared GPU" if r.gpu_shared else ""
     accum = f", accum {r.grad_accum}" if r.grad_accum != 1 else ""
-    return f"{r.strategy} N={r.world_size} {r.device} {r.precision}{accum}{shared}"
+    flag = f" {_FLAG}" if r.flags else ""
+    return f"{r.strategy} N={r.world_size} {r.device} {r.precision}{accum}{shared}{flag}"
 
 
 def _time_to_target_figure(ok):
@@ -127,6 +157,7 @@ def _time_to_target_figure(ok):
         lines = [r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}"]
         lines += [f"accum {r.grad_accum}"] * (r.grad_accum != 1) + ["shared GPU"] * r.gpu_shared
         lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
+        lines += [f"{_FLAG} flagged"] * bool(r.flags)
         labels.append("\n".join(lines))
         heights.append(score)
         low.append(score - min(reached) if reached and score else 0.0)
@@ -172,12 +203,14 @@ def _efficiency_figure(ok):
         if len(grp):
             ax.plot(grp["world_size"], 100 * grp["efficiency"], "o-",
                     label=f"{strategy} ({device}, {precision})")
+            _ring_flagged(ax, list(grp.itertuples()), grp["world_size"],
+                          100 * grp["efficiency"])
     ax.set_xlabel("world size N")
     ax.set_ylabel("scaling efficiency (%): speed-up / N")
     ax.set_xticks(worlds)
     ax.set_ylim(bottom=0)
     ax.set_title("Scaling efficiency")
-    ax.legend(fontsize=7)
+    _legend(ax, fontsize=7)
     return fig
 
 
@@ -219,14 +252,14 @@ def figures_per_workload(records: list[dict[str, Any]],
     out = {}
     for name, recs in by_workload.items():
         figures = {}
-        table = summary_table(recs)
+        table = summary_table(recs, probes=probes)
         shows = {  # what a figure needs to say anything
             "time_to_target": bool(table["time_to_target_s"].notna().any()
                                    and (table["time_to_target_s"] < math.inf).any()),
             "scaling": table["world_size"].nunique() > 1,
             "scaling_efficiency": table["world_size"].nunique() > 1,
         }
-        for key, fig in make_figures(recs, probes).items():
+        for key, fig in make_figures(recs, probes, table).items():
             if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
                 fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
                 figures[key] = fig
@@ -246,6 +279,7 @@ def write_plots(records: list[dict[str, Any]], folder: Path,
     import matplotlib.pyplot as plt
 
     matplotlib.rcParams["figure.max_open_warning"] = 0  # closed once written
+    matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"  # same figure, same file
     folder.mkdir(parents=True, exist_ok=True)
     for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
                 *folder.glob("*/*.svg")]:

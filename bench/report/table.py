@@ -9,6 +9,7 @@ import math
 import statistics
 from typing import Any
 
+from bench.config import STRATEGY_ORDER
 from bench.errors import ConfigError
 from bench.record import current_status
 from bench.results import summarise_epochs
@@ -48,8 +49,14 @@ COLUMNS = [
     ("exposed_comm", "exposed comm (%)"),
     ("mfu", "MFU (%)"),
     ("comm_ceiling", "ideal all-reduce / step (ms)"),
+    ("flags", "flags"),
     ("status", "status"),
 ]
+
+# Plausibility: what makes a row's figures suspect (flagged in the row, warned, drawn).
+EFFICIENCY_NOISE = 0.05  # efficiency above 1 + this cannot be scaling: the N=1 run was slowed
+SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
+SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
 
 
 def _number(value: float | None) -> float:
@@ -127,13 +134,17 @@ def _reference_start(seed: int, width: float) -> str:
 
 def same_start(rec: dict[str, Any]) -> bool | None:
     """Whether the run started from the weights its seed and width define (rank 0's
-    parameters before step 1, every rank alike); None for records without the fingerprint."""
+    parameters before step 1, every rank alike); None for records without the fingerprint.
+    The reference is the record's own (drawn by the torch that ran); records from before
+    bench kept it are checked against one drawn here, which needs torch."""
     sha1 = rec.get("initial_param_fingerprint")
     if not sha1:
         return None
-    width = (rec.get("model") or {}).get("width", 1.0)
-    agreed = rec.get("initial_replicas_identical") is not False
-    return agreed and sha1 == _reference_start(int(rec.get("seed", 0)), float(width))
+    reference = rec.get("initial_reference_fingerprint")
+    if not reference:
+        width = (rec.get("model") or {}).get("width", 1.0)
+        reference = _reference_start(int(rec.get("seed", 0)), float(width))
+    return rec.get("initial_replicas_identical") is not False and sha1 == reference
 
 
 def _all_same_start(values) -> str | None:
@@ -188,9 +199,34 @@ def run_rows(records: list[dict[str, Any]]):
                                         for e in epochs[1:] or epochs]),
                 "gradient_bytes": 4 * ((rec.get("model") or {}).get("parameters") or 0),
                 "backend": rec.get("backend"),
+                "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
             }
         )
     return pd.DataFrame(rows)
+
+
+def slow_runs(ok) -> list[tuple[str, float, float]]:
+    """(run id, its epoch time, the row's median) for each repeat more than SLOW_RUN_FACTOR
+    slower than the median of its row's ok runs."""
+    times = [(i, t) for i, t in zip(ok["run_id"], ok["epoch_time_s"]) if not math.isnan(t)]
+    if len(times) < SLOW_RUN_MIN_RUNS:
+        return []
+    median = statistics.median(t for _, t in times)
+    return [(i, t, median) for i, t in times if t > SLOW_RUN_FACTOR * median]
+
+
+def row_flags(r) -> str:
+    """Why a row's figures are suspect, in a few words each ('' when nothing is)."""
+    flags = []
+    if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE:
+        flags.append("efficiency > 100 %")
+    if r.oversubscribed:
+        flags.append("CPU oversubscribed")
+    if r.gpu_shared:
+        flags.append("shared GPUs")
+    if r.slow_runs:
+        flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
+    return ", ".join(flags)
 
 
 def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
@@ -237,6 +273,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             mfu=_median(list(ok["mfu"])),
             step_time_s=_median(list(ok["step_time_s"])),
             comm_ceiling=comm_ceiling(probes or [], use.iloc[-1]),
+            oversubscribed=bool(ok["oversubscribed"].any()),
+            slow_runs=slow_runs(ok),
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
@@ -256,10 +294,9 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
+    table["flags"] = [row_flags(r) for r in table.itertuples()]
     table = add_parity(table, reference)
-    import strategies
-
-    order = {name: i for i, name in enumerate(strategies.names())}
+    order = {name: i for i, name in enumerate(STRATEGY_ORDER)}
     table["_order"] = [order.get(name, len(order)) for name in table["strategy"]]
     table["_cpu"] = table["device"] != "cuda"  # GPU rows first
     table = table.sort_values(["_cpu", "workload", "_order", "world_size", "precision",

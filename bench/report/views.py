@@ -61,7 +61,7 @@ def _fmt(value: Any, column: str) -> str:
         return f"{100 * value:.1f}"
     if column in ("final_top1", "best_top1"):
         return f"{value:.2f}"
-    return str(value)
+    return str(value) or "—"
 
 
 def _cells(table) -> list[list[str]]:
@@ -96,13 +96,23 @@ def to_markdown(table) -> str:
 
 
 def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
-    """Figures that cannot be right as measured, each named with the likely cause."""
+    """Figures that cannot be right as measured (the rows' flags), each with its likely
+    cause."""
     lines = []
     for r in table.itertuples():
-        if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1.05:
-            lines.append(f"{r.strategy} N={r.world_size} ({r.workload}): scaling efficiency "
-                         f"{100 * r.efficiency:.0f} % is above 100 %, which no data-parallel "
-                         "run reaches: the N=1 run was slowed (a loaded machine?); rerun both")
+        row = f"{r.strategy} N={r.world_size} ({r.workload})"
+        if "efficiency > 100 %" in r.flags:
+            lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %, "
+                         "which no data-parallel run reaches: the N=1 run was slowed (a loaded "
+                         "machine?); rerun both")
+        if r.gpu_shared:
+            lines.append(f"{row}: ranks shared GPUs (--backend gloo): its times are not "
+                         "comparable with any other row")
+        for run_id, seconds, median in r.slow_runs:
+            lines.append(f"{row}: run {run_id} took {seconds / median:.1f}× the row's median "
+                         f"epoch time ({seconds:.2f} s vs {median:.2f} s; a loaded machine, a "
+                         "throttled GPU?); the row's medians hold, its mean top-1 and spread "
+                         "include it: rerun it, or move its record aside")
     crowded = set()
     for rec in records:
         over = rec.get("oversubscribed")
@@ -112,7 +122,7 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
                          over["processes"], over["cores"]))
     for strategy, world, name, procs, cores in sorted(crowded):
         lines.append(f"{strategy} N={world} ({name}) ran {procs} CPU processes on {cores} "
-                     "cores: its times say little about scaling")
+                     f"core{'s' * (cores != 1)}: its times say little about scaling")
     return lines
 
 
@@ -142,6 +152,8 @@ def to_text(table, width: int = 120) -> str:
         row[10] = row[10].replace(" ± ", "±")
         row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
         row[9] = row[9].replace(" %", "%")
+        if record.get("flags"):
+            row[-1] += f" ⚠ {record['flags']}"
         blocks.setdefault(record["workload"], []).append(row)
     out = []
     for block, rows in blocks.items():
