@@ -22,7 +22,7 @@ from bench.config import (
     RunConfig,
     default_data_dir,
 )
-from bench.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BenchError, ConfigError
+from bench.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BenchError, ConfigError, Interrupted
 
 
 class _Parser(argparse.ArgumentParser):
@@ -106,6 +106,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                              "first evaluation with top-1 >= P %%")
     target.add_argument("--stop-at-target", action="store_true",
                         help="end the run at that evaluation (MLPerf style)")
+    target.add_argument("--mllog", default=None, metavar="FILE",
+                        help="also write the run's events as an MLPerf log (mlperf-logging's "
+                             "mllog; {run_id} in FILE is replaced by the run id)")
 
     why = p.add_argument_group("where the time goes")
     why.add_argument("--comm-probe-steps", type=int, default=20,
@@ -317,6 +320,9 @@ def cmd_sweep(args: argparse.Namespace, run_args: list[str]) -> int:
             raise ConfigError(f"bench sweep sets {flag} itself; use --strategies")
     run = build_parser().parse_args(["run", "--strategy", "ddp", *run_args])
     base = config_from_args(run)
+    if base.mllog and "{run_id}" not in base.mllog:
+        raise ConfigError("in a sweep, --mllog needs {run_id} in its name (one log per run), "
+                          "e.g. --mllog 'logs/{run_id}.log'")
     strategies = parse_list(args.strategies, "--strategies")
     gpus = parse_list(args.gpus, "--gpus", int)
     return run_sweep(base, run_args, strategies, gpus, repeats=args.repeats, force=args.force,
@@ -380,7 +386,7 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
 
 
 def _terminate(signum, frame) -> None:
-    raise KeyboardInterrupt  # SIGTERM ends bench like Ctrl-C: exit 130, no traceback
+    raise Interrupted("SIGTERM")  # ends bench like Ctrl-C: exit 130, no traceback
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
     try:
         return _dispatch(argv)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         print("bench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 

@@ -150,6 +150,7 @@ class RunConfig:
     grad_accum: int = 1  # micro-steps per optimizer step; batch_size stays the effective batch
     target_top1: float | None = None  # percent: record the time to the first eval at/above it
     stop_at_target: bool = False  # end the run there (MLPerf style)
+    mllog: str | None = None  # MLPerf-format event log (rank 0; {run_id} in the name)
     comm_probe_steps: int = 20  # compute-only steps after the epochs (multi-rank; 0: none)
     profile_steps: int = 0  # torch.profiler trace of this many steps after the epochs
     # DDP's knobs (torch defaults)

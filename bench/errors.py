@@ -9,6 +9,13 @@ EXIT_UNAVAILABLE = 3  # the strategy cannot run here; an `unavailable` record wa
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; finished epochs kept, status `interrupted`
 
 
+class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception
+    """SIGTERM turned into an exception so a run can close its record; its text is the
+    signal's name. Not KeyboardInterrupt: CPython marks a KeyboardInterrupt that passed
+    through interpreter-run code (importing torch does) as unhandled, and then ends the
+    process by SIGINT even after bench caught it and returned 130."""
+
+
 class BenchError(Exception):
     """Base class; ``exit_code`` is what ``bench`` exits with."""
 

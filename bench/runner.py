@@ -24,9 +24,11 @@ from bench.errors import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     ConfigError,
+    Interrupted,
 )
 from bench.flops import cached_train_flops_per_image
 from bench.folders import missing_folders, remove_created
+from bench.mlperf_log import check_mllog_path
 from bench.parts import tf32_label
 from bench.record import RunRecord
 from bench.results import new_run_id, runs_dir
@@ -39,11 +41,6 @@ def watchdog_timeout(timeout: float) -> float:
     """The watchdog ends a run whose ranks stopped beating a little after the collectives'
     own timeout (which, when it fires first, names the waiting rank and the phase)."""
     return timeout + max(5.0, 0.1 * timeout)
-
-
-class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception
-    """SIGTERM turned into an exception so the run can close its record; its text is the
-    signal's name."""
 
 
 def _interruption(exc: BaseException) -> str:
@@ -197,6 +194,8 @@ class RunPlan:
                                                                         self.replicas)
         )
         self.workers_per_process = self.workers_per_replica * self.replicas // self.processes
+        if cfg.mllog:  # checked before anything is written
+            check_mllog_path(cfg.mllog, "run-id")
         if not probe_output:  # a dry check (bench sweep validates every combination first)
             return
         self.runs, self.created_dirs = check_output_writable(cfg.output)
@@ -215,6 +214,8 @@ class RunPlan:
         else:
             self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
         self.record_path = self.runs / f"{self.run_id}.json"
+        if cfg.mllog:
+            self.cfg = cfg.derive(mllog=check_mllog_path(cfg.mllog, self.run_id))
 
     @property
     def precision_label(self) -> str:

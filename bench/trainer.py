@@ -24,6 +24,7 @@ from bench.errors import Diverged
 from bench.extra_steps import compute_only_steps, profile_steps
 from bench.faults import Fault
 from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
+from bench.mlperf_log import MLPerfLog, NoLog
 from bench.model import initial_params_sha1, params_sha1
 from bench.parts import ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
@@ -119,15 +120,17 @@ def initial_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[str, bool
 class Trainer:
     """Runs the epochs of one rank. Its parts: the run's ``cfg``, the ``strategy`` (what
     happens inside a rank), ``parts`` (model, optimizer, precision), ``loaders``, the batch
-    ``split``, the ``record`` (global rank 0 only, else None), the ``heartbeat`` and an
-    optional injected ``fault``."""
+    ``split``, the ``record`` (global rank 0 only, else None), the ``heartbeat``, an
+    optional injected ``fault`` and the ``mllog`` (MLPerf events: rank 0 with --mllog)."""
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, parts: ModelParts, loaders: Loaders,
                  split: BatchSplit, record: RunRecord | None, heartbeat: Heartbeat,
-                 fault: Fault | None, threads: int, workers: int) -> None:
+                 fault: Fault | None, threads: int, workers: int,
+                 mllog: MLPerfLog | NoLog | None = None) -> None:
         self.cfg, self.strategy, self.parts, self.loaders = cfg, strategy, parts, loaders
         self.split, self.record, self.beat, self.fault = split, record, heartbeat, fault
         self.threads, self.workers = threads, workers
+        self.mllog = mllog or NoLog()
         self.criterion = nn.CrossEntropyLoss()
         self.steps_per_epoch = len(loaders.train) // cfg.grad_accum  # optimizer steps
         self.total_steps = self.steps_per_epoch * cfg.epochs
@@ -140,16 +143,34 @@ class Trainer:
         start = initial_fingerprint(self.strategy, self.parts.model)
         compile_time = self.compile_warm_up()
         self.start_record(compile_time, *start)
-        cfg = self.cfg
+        self.mllog.run_start()
+        try:
+            self.train_epochs()
+            # MLPerf's success is reaching the target (its run_stop came there already);
+            # a run without a target succeeds by finishing its epochs
+            self.mllog.run_stop(success=self.cfg.target_top1 is None)
+        except BaseException:
+            self.mllog.run_stop(success=False)
+            raise
+        finally:
+            self.mllog.close()
+        finish_run(self)
+
+    def train_epochs(self) -> None:
+        cfg, log = self.cfg, self.mllog
         for epoch in range(cfg.epochs):
+            log.epoch_start(epoch + 1)
             train = self.train_epoch(epoch)
+            log.epoch_stop(epoch + 1)
             if train.diverged:  # every rank sees the same reduced loss: all stop here
                 reason = self.record.diverged(epoch, train) if self.record is not None else ""
                 raise Diverged(reason or "training loss became non-finite")
+            log.eval_start(epoch + 1)
             train, evaluation, memory = slowest_rank(self.strategy, train, self.evaluate())
             evaluated_at = time.perf_counter()  # the time-to-target clock stops here
             # top-1 is reduced over ranks: every rank takes the same decision
             reached = cfg.target_top1 is not None and 100 * evaluation.top1 >= cfg.target_top1
+            log.eval_stop(epoch + 1, evaluation.top1, reached)
             if self.record is not None:
                 entry = self.record.add_epoch(epoch, train, evaluation, memory)
                 print(epoch_line(cfg.strategy, cfg.epochs, entry), flush=True)
@@ -157,7 +178,6 @@ class Trainer:
                     self.record.reached_target(epoch + 1, evaluated_at - self.clock)
             if reached and cfg.stop_at_target:
                 break
-        finish_run(self)
 
     def start_record(self, compile_time: float | None, initial_sha1: str,
                      initial_identical: bool | None) -> None:

@@ -27,6 +27,7 @@ import torch
 import strategies
 from bench.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
 from bench.loaders import build_loaders
+from bench.mlperf_log import MLPerfLog
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
 from bench.scratch import Heartbeat
@@ -50,14 +51,34 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     if defect:
         inject_defect(defect, parts, loaders.sampler, strategy)
     slow_communication_from_env(parts, strategy)
-    record = None
+    record, mllog = None, None
     if strategy.is_main:
         record = (RunRecord.load(spec.record_path) if spec.record_path.exists()
                   else RunRecord(spec.record_path, dict(spec.record)))
         if spec.scratch.exists():  # tells this machine's launcher that global rank 0 ran here
             spec.scratch.rank0_here.touch()
+        if cfg.mllog and cfg.verify_steps is None:
+            mllog = open_mllog(cfg, strategy, loaders)
     return Trainer(cfg, strategy, parts, loaders, split, record, heartbeat, Fault.from_env(),
-                   threads=threads, workers=spec.workers_per_process)
+                   threads=threads, workers=spec.workers_per_process, mllog=mllog)
+
+
+def open_mllog(cfg, strategy: Strategy, loaders) -> MLPerfLog:
+    """The run's MLPerf log, opened with what MLPerf logs before init ends."""
+    device = (torch.cuda.get_device_name(strategy.device) if strategy.device.type == "cuda"
+              else "cpu")
+    c = MLPerfLog.constants_module()
+    return MLPerfLog.open(
+        cfg.mllog, benchmark=f"resnet18-cifar-{cfg.data}",
+        platform=f"{strategy.replicas}x{device} ({cfg.strategy})",
+        hyperparameters={
+            c.GLOBAL_BATCH_SIZE: cfg.batch_size, c.GRADIENT_ACCUMULATION_STEPS: cfg.grad_accum,
+            c.OPT_NAME: c.SGD, c.OPT_BASE_LR: cfg.peak_lr, c.OPT_WEIGHT_DECAY: cfg.weight_decay,
+            c.OPT_LR_WARMUP_EPOCHS: cfg.warmup_epochs, c.EPOCH_COUNT: cfg.epochs,
+            c.SEED: cfg.seed, c.TRAIN_SAMPLES: loaders.train_size,
+            c.EVAL_SAMPLES: loaders.test_size,
+        },
+        target_top1=cfg.target_top1)
 
 
 def _error_line(exc: BaseException) -> str:

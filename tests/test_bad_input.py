@@ -76,6 +76,12 @@ CASES = {
                                  "2"], "--synthetic-difficulty must lie in [0, 1]"),
     "negative probe steps": (["run", "--strategy", "dp", *BASE, "--comm-probe-steps", "-1"],
                              "--comm-probe-steps"),
+    "mllog in a missing folder": (["run", "--strategy", "dp", *BASE, "--mllog",
+                                   "{empty}/run.log"], "--mllog"),
+    "mllog names a folder": (["run", "--strategy", "dp", *BASE, "--mllog", "{here}"],
+                             "is a folder; name a file"),
+    "sweep mllog without run id": (["sweep", "--strategies", "dp", "--gpus", "1", *BASE,
+                                    "--mllog", "{here}/run.log"], "needs {run_id} in its name"),
     "compare: bad threshold": (["compare", "{empty}", "{empty}", "--threshold", "0"],
                                "--threshold"),
     "verify: every strategy refuses": (
@@ -119,6 +125,7 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path, capsys, monk
         "corrupt": str(_corrupt_copy(cifar_dir, tmp_path)) if case == "corrupt dataset" else "",
         "file": str(tmp_path / "a-file"),
         "port": str(blocker.getsockname()[1]),
+        "here": str(tmp_path),
     }
     args = [a.format(**values) for a in args]
     if "--output" not in args and args[0] != "compare":

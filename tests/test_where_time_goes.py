@@ -101,7 +101,8 @@ def test_mfu_uses_the_gpus_dense_peak_for_the_runs_precision(tmp_path):
                  workers_per_process=4, threads_per_process=8, train_size=50000,
                  test_size=10000, steps_per_epoch=97, warmup_steps=97, width=1.0,
                  parameters=11_220_132, notes=[], compile_time_s=None,
-                 initial_param_fingerprint="x", initial_replicas_identical=True,
+                 initial_param_fingerprint="x", initial_reference_fingerprint="x",
+                 initial_replicas_identical=True,
                  allow_tf32=True)
     from bench.record import EvalStats, TrainStats
 

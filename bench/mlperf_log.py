@@ -1,0 +1,129 @@
+"""``--mllog FILE``: the run's events in MLPerf's log format, written by global rank 0 with the
+``mlperf-logging`` package's own ``mllog``, so MLPerf's tools (its parser, compliance checker
+and result summarizer) read a bench run like a submission's log.
+
+The log is MLPerf's view of the run: it stops (``run_stop``, status ``success``) at the first
+evaluation that reaches ``--target-top1``, as an MLPerf run does, even when bench trains on
+(without ``--stop-at-target``; the record keeps every epoch). Without a target, ``run_stop``
+comes after the last epoch with status ``success``; a run that fails, diverges or is
+interrupted ends with status ``aborted``. Accuracy is a fraction (0.72), as MLPerf logs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+from bench.errors import ConfigError
+
+PACKAGE_HINT = "pip install mlperf-logging (or pip install -e '.[mllog]')"
+
+
+def check_mllog_path(path: str, run_id: str) -> str:
+    """The absolute log path for this run (``{run_id}`` in the name is replaced), once the
+    package is importable and the folder writable; otherwise a ConfigError naming the fix."""
+    if importlib.util.find_spec("mlperf_logging") is None:
+        raise ConfigError(f"--mllog needs the mlperf-logging package: {PACKAGE_HINT}")
+    resolved = Path(path.replace("{run_id}", run_id)).expanduser().absolute()
+    if resolved.is_dir():
+        raise ConfigError(f"--mllog {path} is a folder; name a file, e.g. {path}/run.log")
+    if not resolved.parent.is_dir():
+        raise ConfigError(f"--mllog {path}: folder {resolved.parent} does not exist; "
+                          "create it or choose another path")
+    if not os.access(resolved.parent, os.W_OK):
+        raise ConfigError(f"--mllog {path}: cannot write in {resolved.parent}; choose "
+                          "another path")
+    return str(resolved)
+
+
+class MLPerfLog:
+    """One run's MLPerf events. ``open`` writes the submission fields and hyper-parameters
+    and ``init_start``; the trainer calls the rest in order. After ``run_stop`` nothing more
+    is written."""
+
+    def __init__(self, path: str) -> None:
+        from mlperf_logging.mllog import constants, mllog
+
+        self.constants = constants
+        self._logger = logging.getLogger(f"parallel-bench.mllog.{os.getpid()}")
+        self._logger.propagate = False
+        self._logger.setLevel(logging.INFO)
+        self._handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+        self._logger.addHandler(self._handler)
+        # call sites as the trainer's lines, relative to the checkout
+        self._log = mllog.MLLogger(logger=self._logger, default_stack_offset=2,
+                                   root_dir=str(Path(__file__).resolve().parents[1]))
+        self.stopped = False
+
+    @staticmethod
+    def constants_module():
+        """``mlperf_logging.mllog.constants``: MLPerf's names for events and fields."""
+        from mlperf_logging.mllog import constants
+
+        return constants
+
+    @classmethod
+    def open(cls, path: str, *, benchmark: str, platform: str, hyperparameters: dict,
+             target_top1: float | None) -> MLPerfLog:
+        log = cls(path)
+        c = log.constants
+        log._log.event(key=c.CACHE_CLEAR, value=True)
+        log._log.start(key=c.INIT_START)
+        for key, value in ((c.SUBMISSION_BENCHMARK, benchmark),
+                           (c.SUBMISSION_ORG, "parallel-bench"),
+                           (c.SUBMISSION_DIVISION, c.OPEN),
+                           (c.SUBMISSION_STATUS, c.RESEARCH),
+                           (c.SUBMISSION_PLATFORM, platform), *hyperparameters.items()):
+            log._log.event(key=key, value=value)
+        if target_top1 is not None:
+            log._log.event(key="target_accuracy", value=target_top1 / 100)
+        return log
+
+    def run_start(self) -> None:
+        self._log.end(key=self.constants.INIT_STOP)
+        self._log.start(key=self.constants.RUN_START)
+
+    def epoch_start(self, epoch: int) -> None:
+        self._event("start", self.constants.EPOCH_START, epoch)
+
+    def epoch_stop(self, epoch: int) -> None:
+        self._event("end", self.constants.EPOCH_STOP, epoch)
+
+    def eval_start(self, epoch: int) -> None:
+        self._event("start", self.constants.EVAL_START, epoch)
+
+    def eval_stop(self, epoch: int, top1: float, reached: bool) -> None:
+        """The evaluation's end and its accuracy; at the target, the run's end too."""
+        self._event("end", self.constants.EVAL_STOP, epoch, depth=1)
+        self._event("event", self.constants.EVAL_ACCURACY, epoch, value=top1, depth=1)
+        if reached:
+            self.run_stop(success=True)
+
+    def run_stop(self, success: bool) -> None:
+        if self.stopped:
+            return
+        c = self.constants
+        self._log.end(key=c.RUN_STOP,
+                      metadata={c.STATUS: c.SUCCESS if success else c.ABORTED})
+        self.stopped = True
+        self._handler.flush()
+
+    def close(self) -> None:
+        self._logger.removeHandler(self._handler)
+        self._handler.close()
+
+    def _event(self, kind: str, key: str, epoch: int, value=None, depth: int = 0) -> None:
+        """``depth``: frames between the trainer's call and this one."""
+        if self.stopped:
+            return
+        getattr(self._log, kind)(key=key, value=value, stack_offset=3 + depth,
+                                 metadata={self.constants.EPOCH_NUM: epoch})
+
+
+class NoLog:
+    """Stands in for MLPerfLog when the run has no --mllog (and on every rank but 0)."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
