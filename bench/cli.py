@@ -1,5 +1,5 @@
 """bench: which PyTorch data-parallel strategy is fastest on your hardware, and does it cost
-accuracy? Commands: list, run, sweep, verify, report, compare, probe, slurm."""
+accuracy? Commands: list, run, sweep, verify, report, compare, probe, project, slurm."""
 
 from __future__ import annotations
 
@@ -252,6 +252,24 @@ def build_parser() -> argparse.ArgumentParser:
                             "probed)")
     probe.add_argument("--output", default="results",
                        help="results folder; the record goes to OUTPUT/probes/")
+    proj = sub.add_parser(
+        "project", help="each measured strategy at 8 to 4,096 GPUs on paper (a model; "
+                        "--validate shows its error on measured runs)")
+    proj.add_argument("source", nargs="?", default="results",
+                      help="results folder or one record (default results)")
+    proj.add_argument("--gpus", default="8,64,512,4096", help="GPU counts, comma-separated")
+    proj.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
+    proj.add_argument("--network", default="h100-nvlink-ndr",
+                      help="h100-nvlink-ndr (default), a100-nvlink-hdr, pcie-ethernet-100g, "
+                           "or probe (the newest `bench probe` in the results)")
+    proj.add_argument("--intra-busbw", type=float, default=None, metavar="GB/s",
+                      help="all-reduce busbw inside a node (with --inter-busbw)")
+    proj.add_argument("--inter-busbw", type=float, default=None, metavar="GB/s",
+                      help="network bandwidth per node (with --intra-busbw)")
+    proj.add_argument("--format", choices=("text", "csv", "json"), default="text",
+                      help="text (a block per workload; default), csv or json")
+    proj.add_argument("--validate", action="store_true",
+                      help="predict the measured multi-rank runs instead and print the error")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
     report.add_argument("--reference", default="ddp:1",
@@ -430,6 +448,13 @@ def _dispatch(argv: list[str]) -> int:
             from bench.compare import cmd_compare
 
             return cmd_compare(args.a, args.b, args.threshold, args.format)
+        if args.command == "project":
+            from bench.project import cmd_project
+            from bench.sweep import parse_list
+
+            return cmd_project(args.source, parse_list(args.gpus, "--gpus", int),
+                               args.gpus_per_node, args.network, args.intra_busbw,
+                               args.inter_busbw, args.format, args.validate)
         if args.command == "report":
             from bench.report import cmd_report
 

@@ -82,6 +82,8 @@ CASES = {
                              "is a folder; name a file"),
     "sweep mllog without run id": (["sweep", "--strategies", "dp", "--gpus", "1", *BASE,
                                     "--mllog", "{here}/run.log"], "needs {run_id} in its name"),
+    "project: unknown network": (["project", "{here}", "--network", "nope"],
+                                 "--network must be one of"),
     "compare: bad threshold": (["compare", "{empty}", "{empty}", "--threshold", "0"],
                                "--threshold"),
     "verify: every strategy refuses": (
@@ -128,7 +130,7 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path, capsys, monk
         "here": str(tmp_path),
     }
     args = [a.format(**values) for a in args]
-    if "--output" not in args and args[0] != "compare":
+    if "--output" not in args and args[0] not in ("compare", "project"):
         args += ["--output", str(out)]
     monkeypatch.setenv("BENCH_CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
     monkeypatch.chdir(ROOT)

@@ -1,0 +1,234 @@
+"""`bench project`: each measured strategy at 8 to 4,096 GPUs on paper (bench.projection),
+and `--validate`: the same model's prediction of runs that were measured, with its error."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+import statistics
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from bench.errors import ConfigError
+from bench.projection import (
+    LEFT_OUT,
+    NETWORKS,
+    Network,
+    Projection,
+    Workload,
+    network_from_probe,
+    project,
+)
+
+VALIDATION_FILE = "projection-validation.json"
+_SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
+_HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gradients
+
+
+def _median_step(rec: dict[str, Any]) -> float:
+    epochs = rec.get("per_epoch") or []
+    steps = [e["step_time_p50_s"] for e in (epochs[1:] or epochs)
+             if isinstance(e.get("step_time_p50_s"), int | float)]
+    return statistics.median(steps) if steps else math.nan
+
+
+def workload_of(rec: dict[str, Any]) -> Workload | None:
+    """What the model needs from a record; None when it lacks the compute step."""
+    compute = rec.get("compute_step_s")
+    if not isinstance(compute, int | float):
+        compute = _median_step(rec) if rec.get("world_size") == 1 else math.nan
+    parameters = (rec.get("model") or {}).get("parameters")
+    if math.isnan(compute) or not parameters:
+        return None
+    half = rec.get("precision") in _HALF_BYTES or (
+        rec.get("strategy") == "horovod" and (rec.get("config") or {}).get(
+            "hvd_compression") == "fp16")
+    delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
+                  for m in [_SLOW_COMM.search(note)] if m), 0.0)
+    return Workload(
+        strategy=rec["strategy"], compute_step_s=float(compute),
+        gradient_bytes=parameters * (2 if half else 4),
+        bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
+        grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
+        images_per_step=rec.get("per_rank_batch") or 0, hook_delay_s=delay)
+
+
+def resolve_network(name: str | None, intra: float | None, inter: float | None,
+                    probes: list[dict[str, Any]]) -> Network:
+    if intra is not None or inter is not None:
+        if intra is None or inter is None or intra <= 0 or inter <= 0:
+            raise ConfigError("--intra-busbw and --inter-busbw go together, in GB/s > 0")
+        return Network("custom", intra, inter, "nvlink", "given on the command line")
+    if name == "probe":
+        if not probes:
+            raise ConfigError("--network probe needs a `bench probe` record in RESULTS/probes")
+        return network_from_probe(probes[-1])
+    if name not in NETWORKS:
+        raise ConfigError(f"--network must be one of {', '.join([*NETWORKS, 'probe'])}")
+    return NETWORKS[name]
+
+
+def _records(source: str) -> tuple[list[dict[str, Any]], Path]:
+    from bench.results import load_records
+
+    path = Path(source)
+    if path.is_file():
+        try:
+            return [json.loads(path.read_text())], path.parent.parent
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{source} is not a run record ({exc})") from None
+    if not path.is_dir():
+        raise ConfigError(f"{source} is neither a results folder nor a record file")
+    records, _ = load_records(source)
+    return records, path
+
+
+def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Workload]]:
+    """One measured run per workload, strategy, precision and speed options: the newest ok
+    one with most ranks (its compute step was measured with gradient sync off)."""
+    from bench.report.table import speed_options, workload
+
+    chosen: dict[tuple, tuple[dict, Workload]] = {}
+    for rec in sorted(records, key=lambda r: (r.get("world_size") or 0,
+                                              r.get("started_at") or "")):
+        work = workload_of(rec) if rec.get("status") == "ok" else None
+        if work is not None:
+            key = (workload(rec), rec.get("device"), rec["strategy"], rec.get("precision"),
+                   rec.get("grad_accum"), speed_options(rec))
+            chosen[key] = (rec, work)
+    return [chosen[k] for k in sorted(chosen, key=lambda k: tuple(map(str, k)))]
+
+
+def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str | None,
+                intra: float | None, inter: float | None, fmt: str, validate: bool) -> int:
+    from bench.probe import load_probes
+
+    if gpus_per_node < 1 or any(n < 1 for n in gpus):
+        raise ConfigError("--gpus and --gpus-per-node must be positive")
+    records, root = _records(source)
+    probes = load_probes(root)
+    if validate:
+        return _validate(records, probes, root)
+    net = resolve_network(network, intra, inter, probes)
+    # A GPU network preset projects GPU runs; CPU runs go with a probe or given figures.
+    device = None if network == "probe" or intra is not None else "cuda"
+    measured = [(rec, work) for rec, work in _newest_per_strategy(records)
+                if device is None or rec.get("device") == device]
+    rows = [(rec, project(work, n, gpus_per_node, net)) for rec, work in measured for n in gpus]
+    if not rows:
+        raise ConfigError(f"no ok {device or ''} run in {source} has what a projection needs "
+                          "(a multi-rank run's compute_step_s, or a 1-rank run's step time)"
+                          + ("; CPU runs project with --network probe" if device else ""))
+    table = [_row(rec, p) for rec, p in rows]
+    if fmt == "json":
+        print(json.dumps({"network": net.name, "source": net.source, "left_out": LEFT_OUT,
+                          "rows": table}, indent=1, allow_nan=False, default=str))
+        return 0
+    if fmt == "csv":
+        print(",".join(table[0]))
+        for row in table:
+            print(",".join("" if v is None else str(v) for v in row.values()))
+        return 0
+    print(_text(table))
+    for line in (f"network: {net.name} — {net.source}", f"projection leaves out: {LEFT_OUT}",
+                 _calibration(root)):
+        print(textwrap.fill(line, width=120, subsequent_indent="  "))
+    return 0
+
+
+def _row(rec: dict[str, Any], p: Projection) -> dict[str, Any]:
+    finite = math.isfinite(p.step_s)
+    speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
+    from bench.report.table import speed_options, workload
+    from bench.report.views import short_options
+
+    return {"workload": f"{workload(rec)} — {rec.get('device')}",
+            "strategy": p.strategy, "precision": rec.get("precision"),
+            "options": short_options(speed_options(rec)), "gpus": p.gpus,
+            "nodes": p.nodes, "measured_run": rec.get("run_id"),
+            "step_ms": round(1000 * p.step_s, 2) if finite else None,
+            "images_per_s": round(speed) if speed else None,
+            "efficiency": round(p.efficiency, 3) if finite else None,
+            "exposed_comm": round(p.exposed_fraction, 3) if finite else None,
+            "bottleneck": p.bottleneck}
+
+
+def _text(table: list[dict[str, Any]]) -> str:
+    header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
+              "exposed", "bottleneck"]
+    blocks: dict[str, list[list[str]]] = {}
+    for r in table:
+        blocks.setdefault(r["workload"], [header]).append(
+                     [r["strategy"], str(r["precision"]), r["options"], str(r["gpus"]),
+                      str(r["nodes"]),
+                      "—" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
+                      "—" if r["images_per_s"] is None else f"{r['images_per_s']:,}",
+                      "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
+                      "—" if r["exposed_comm"] is None else f"{100 * r['exposed_comm']:.0f}%",
+                      r["bottleneck"]])
+    out = []
+    for name, lines in blocks.items():
+        widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+        out += ["", f"{name} (projected from its runs, not measured)"]
+        out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+    return "\n".join(out[1:])
+
+
+def _calibration(root: Path) -> str:
+    try:
+        data = json.loads((root / VALIDATION_FILE).read_text())
+        return (f"last validated {data['date']}: median error {data['median_error_pct']:.1f} "
+                f"%, worst {data['worst_error_pct']:.1f} % over {len(data['points'])} "
+                "measured runs (`bench project --validate`)")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "not yet validated on these results: run `bench project RESULTS --validate`"
+
+
+def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root: Path) -> int:
+    """Predict every measured multi-rank run from its own compute-only step and the probe of
+    the same device, backend and world size; print and keep the errors."""
+    from bench.probe import ideal_allreduce_s
+
+    points = []
+    for rec in records:
+        work = workload_of(rec) if rec.get("status") == "ok" else None
+        if work is None or (rec.get("world_size") or 1) < 2 or rec.get("nodes", 1) != 1:
+            continue
+        match = [p for p in probes if (p.get("device"), p.get("backend"), p.get("world_size"))
+                 == (rec.get("device"), rec.get("backend"), rec.get("world_size"))]
+        measured = _median_step(rec)
+        if not match or math.isnan(measured):
+            continue
+        probe = match[-1]
+        n = rec["world_size"]
+        predicted = project(work, n, n, network_from_probe(probe),
+                            measured_allreduce=lambda size, p=probe: ideal_allreduce_s(p, size))
+        error = 100 * (predicted.step_s - measured) / measured
+        points.append({"run_id": rec["run_id"], "strategy": rec["strategy"], "world_size": n,
+                       "bucket_cap_mb": work.bucket_bytes / 2**20,
+                       "injected_delay_ms": 1000 * work.hook_delay_s,
+                       "compute_ms": 1000 * work.compute_step_s,
+                       "predicted_ms": 1000 * predicted.step_s, "measured_ms": 1000 * measured,
+                       "error_pct": error})
+    if not points:
+        raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
+                          "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
+                          "same device, backend and world size in RESULTS/probes")
+    print("run                                      N  bucket MB  delay ms  compute ms  "
+          "predicted ms  measured ms  error")
+    for p in points:
+        print(f"{p['run_id']:<40} {p['world_size']:<2} {p['bucket_cap_mb']:>9g} "
+              f"{p['injected_delay_ms']:>9g} {p['compute_ms']:>11.1f} {p['predicted_ms']:>13.1f} "
+              f"{p['measured_ms']:>12.1f} {p['error_pct']:>+6.1f}%")
+    errors = [abs(p["error_pct"]) for p in points]
+    summary = {"date": _dt.date.today().isoformat(), "points": points,
+               "median_error_pct": statistics.median(errors), "worst_error_pct": max(errors)}
+    (root / VALIDATION_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"median |error| {summary['median_error_pct']:.1f} %, worst "
+          f"{summary['worst_error_pct']:.1f} % over {len(points)} runs (goal: within 15 %); "
+          f"kept in {root / VALIDATION_FILE}", file=sys.stderr)
+    return 0
