@@ -166,7 +166,7 @@ def _text(table: list[dict[str, Any]]) -> str:
                      [r["strategy"], str(r["precision"]), r["options"], str(r["gpus"]),
                       str(r["nodes"]),
                       "—" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
-                      "—" if r["images_per_s"] is None else f"{r['images_per_s']:,}",
+                      _count(r["images_per_s"]),
                       "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
                       "—" if r["exposed_comm"] is None else f"{100 * r['exposed_comm']:.0f}%",
                       r["bottleneck"]])
@@ -176,6 +176,12 @@ def _text(table: list[dict[str, Any]]) -> str:
         out += ["", f"{name} (projected from its runs, not measured)"]
         out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
     return "\n".join(out[1:])
+
+
+def _count(value: int | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value / 1e6:.1f} M" if value >= 1e6 else f"{value:,}"
 
 
 def _calibration(root: Path) -> str:

@@ -167,9 +167,9 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
     if w.strategy == "dp":
         if gpus > gpus_per_node:
             return Projection("dp", gpus, nodes, math.inf, c, math.inf,
-                              "one process: one node at most")
+                              "1 process, 1 node max")
         return Projection("dp", gpus, nodes, math.nan, c, math.nan,
-                          "one process: measure it")
+                          "1 process: measure it")
 
     def comm(size: int) -> float:
         if measured_allreduce is not None:

@@ -36,7 +36,7 @@ def test_ddp_buckets_overlap_backward_and_a_blocking_hook_delays_it():
     assert project(slow, 2, 2, NET, measured_allreduce=lambda size: size / 1e9).step_s == (
         pytest.approx(0.120 + 2**20 / 1e9))
     assert project(Workload("dp", 0.09, 1, 1), 16, 8, NET).bottleneck == (
-        "one process: one node at most")
+        "1 process, 1 node max")
 
 
 def test_the_model_predicts_measured_two_rank_runs(tmp_path):
