@@ -96,8 +96,8 @@ class MLPerfLog:
 
     def eval_stop(self, epoch: int, top1: float, reached: bool) -> None:
         """The evaluation's end and its accuracy; at the target, the run's end too."""
-        self._event("end", self.constants.EVAL_STOP, epoch, depth=1)
-        self._event("event", self.constants.EVAL_ACCURACY, epoch, value=top1, depth=1)
+        self._event("end", self.constants.EVAL_STOP, epoch)
+        self._event("event", self.constants.EVAL_ACCURACY, epoch, value=top1)
         if reached:
             self.run_stop(success=True)
 
@@ -114,11 +114,11 @@ class MLPerfLog:
         self._logger.removeHandler(self._handler)
         self._handler.close()
 
-    def _event(self, kind: str, key: str, epoch: int, value=None, depth: int = 0) -> None:
-        """``depth``: frames between the trainer's call and this one."""
+    def _event(self, kind: str, key: str, epoch: int, value=None) -> None:
+        """Called from the method the trainer called: the call site is 3 frames up."""
         if self.stopped:
             return
-        getattr(self._log, kind)(key=key, value=value, stack_offset=3 + depth,
+        getattr(self._log, kind)(key=key, value=value, stack_offset=3,
                                  metadata={self.constants.EPOCH_NUM: epoch})
 
 
