@@ -4,6 +4,7 @@ launcher agent, each rank, each run of a sweep) gets SIGKILL when its parent die
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -48,6 +49,18 @@ def start_dying_with_me(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
 
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        return subprocess.Popen(cmd, preexec_fn=in_child, **popen_kwargs)
-    finally:
+        proc = subprocess.Popen(cmd, preexec_fn=in_child, **popen_kwargs)
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal held meanwhile lands here
+    except BaseException:  # ... and the caller never gets the child: end it here
+        with contextlib.suppress(OSError):
+            if popen_kwargs.get("start_new_session"):
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        proc.wait()
+        raise
+    return proc

@@ -326,6 +326,10 @@ def _end_early(plan: RunPlan, record: RunRecord | None, status: str, reason: str
     """A run ended outside close_record: one line instead of a traceback, the record closed
     if it still can be (a full disk may forbid it: its owner is then gone, and the report
     says so), or, with no record yet, the folders this run made removed."""
+    if record is None and plan.writes_record and plan.record_path.exists():
+        # written, but the signal came before open_record returned it (preparing the data)
+        with contextlib.suppress(OSError, ValueError):
+            record = RunRecord.load(plan.record_path)
     if record is not None and plan.writes_record and record.status == "running":
         with contextlib.suppress(OSError):
             record.fail(status, reason)
