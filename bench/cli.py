@@ -4,6 +4,7 @@ accuracy? Commands: list, run, sweep, verify, report, compare, probe, project, s
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -22,7 +23,14 @@ from bench.config import (
     RunConfig,
     default_data_dir,
 )
-from bench.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, BenchError, ConfigError, Interrupted
+from bench.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    BenchError,
+    ConfigError,
+    Interrupted,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -416,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted):
         print("bench: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `bench report | head`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -3,6 +3,7 @@ and `--validate`: the same model's prediction of runs that were measured, with i
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import json
 import math
@@ -129,9 +130,9 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                           "rows": table}, indent=1, allow_nan=False, default=str))
         return 0
     if fmt == "csv":
-        print(",".join(table[0]))
-        for row in table:
-            print(",".join("" if v is None else str(v) for v in row.values()))
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(table[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
         return 0
     print(_text(table))
     for line in (f"network: {net.name} — {net.source}", f"projection leaves out: {LEFT_OUT}",

@@ -59,3 +59,20 @@ def test_the_model_predicts_measured_two_rank_runs(tmp_path):
     shown = run_bench("project", str(tmp_path), "--network", "probe", "--gpus", "2,16")
     assert shown.returncode == 0, shown.stderr
     assert "last validated" in shown.stdout and "(projected from its runs" in shown.stdout
+
+
+def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet():
+    import csv
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = run_bench("project", str(ROOT / "results"), "--gpus", "8,4096", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(proc.stdout.splitlines()))
+    assert {r["options"] for r in rows} >= {"gpu-data,NHWC,compile,fused", "—"}
+    assert {r["gpus"] for r in rows} == {"8", "4096"}
+    head = subprocess.run(f"{sys.executable} -m bench project results --format csv | head -1",
+                          shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in head.stderr and head.stdout.startswith("workload,"), head.stderr
