@@ -30,6 +30,7 @@ from bench.errors import (
     BenchError,
     ConfigError,
     Interrupted,
+    raise_interrupted,
 )
 
 
@@ -411,14 +412,10 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     return run_verify(config_from_args(run), names or default_strategies(), args.steps)
 
 
-def _terminate(signum, frame) -> None:
-    raise Interrupted("SIGTERM")  # ends bench like Ctrl-C: exit 130, no traceback
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not under a test harness's own
-        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGTERM, raise_interrupted)  # like Ctrl-C: exit 130
     try:
         return _dispatch(argv)
     except (KeyboardInterrupt, Interrupted):

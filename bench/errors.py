@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run started and failed
 EXIT_BAD_INPUT = 2  # bad option, missing data, ...: nothing was written
@@ -14,6 +16,11 @@ class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Ex
     signal's name. Not KeyboardInterrupt: CPython marks a KeyboardInterrupt that passed
     through interpreter-run code (importing torch does) as unhandled, and then ends the
     process by SIGINT even after bench caught it and returned 130."""
+
+
+def raise_interrupted(signum: int, frame) -> None:
+    """A signal handler (SIGTERM) that ends what runs like Ctrl-C, with the signal's name."""
+    raise Interrupted(signal.Signals(signum).name)
 
 
 class BenchError(Exception):

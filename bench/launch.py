@@ -120,9 +120,9 @@ def _stop_group(proc: subprocess.Popen, scratch: Scratch, echo: threading.Event)
 
 
 def _resume_ranks(scratch: Scratch) -> None:
-    for path in scratch.pids():
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(path.read_text()), signal.SIGCONT)
+    for pid in scratch.rank_pids():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def _run_child(cmd: list[str], launch: Launch) -> int:

@@ -24,24 +24,18 @@ from bench.projection import (
     network_from_probe,
     project,
 )
+from bench.report.table import median_step_s
 
 VALIDATION_FILE = "projection-validation.json"
 _SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
 _HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gradients
 
 
-def _median_step(rec: dict[str, Any]) -> float:
-    epochs = rec.get("per_epoch") or []
-    steps = [e["step_time_p50_s"] for e in (epochs[1:] or epochs)
-             if isinstance(e.get("step_time_p50_s"), int | float)]
-    return statistics.median(steps) if steps else math.nan
-
-
 def workload_of(rec: dict[str, Any]) -> Workload | None:
     """What the model needs from a record; None when it lacks the compute step."""
     compute = rec.get("compute_step_s")
     if not isinstance(compute, int | float):
-        compute = _median_step(rec) if rec.get("world_size") == 1 else math.nan
+        compute = median_step_s(rec) if rec.get("world_size") == 1 else math.nan
     parameters = (rec.get("model") or {}).get("parameters")
     if math.isnan(compute) or not parameters:
         return None
@@ -207,7 +201,7 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
             continue
         match = [p for p in probes if (p.get("device"), p.get("backend"), p.get("world_size"))
                  == (rec.get("device"), rec.get("backend"), rec.get("world_size"))]
-        measured = _median_step(rec)
+        measured = median_step_s(rec)
         if not match or math.isnan(measured):
             continue
         probe = match[-1]

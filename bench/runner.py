@@ -25,6 +25,7 @@ from bench.errors import (
     EXIT_UNAVAILABLE,
     ConfigError,
     Interrupted,
+    raise_interrupted,
 )
 from bench.flops import cached_train_flops_per_image
 from bench.folders import missing_folders, remove_created
@@ -267,11 +268,10 @@ def _first_error(scratch: Scratch) -> str | None:
 
 def reap_ranks(scratch: Scratch) -> None:
     """Kill any rank of this run that outlived its launcher (found by its pid file)."""
-    for pid_file in scratch.pids():
+    for pid in scratch.rank_pids():
         try:
-            pid = int(pid_file.read_text())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError):
+        except OSError:
             continue
         if pid == os.getpid():
             continue
@@ -280,16 +280,12 @@ def reap_ranks(scratch: Scratch) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _raise_interrupted(signum, frame) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
 def execute(cfg: RunConfig, argv: list[str]) -> int:
     """Run one configuration; returns the exit code. Bad input raises ConfigError before
     anything is written."""
     plan = RunPlan(cfg)
     record: RunRecord | None = None
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
     try:
         record = open_record(plan, argv)
         if record.status == "unavailable":
@@ -393,7 +389,7 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
         if plan.writes_record:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
             record.write()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
     status, error = "failed", None
     try:
         job = launch.Launch(

@@ -3,6 +3,7 @@ them. One place names them, for the worker, the runner and the launchers alike."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -102,6 +103,14 @@ class Scratch:
 
     def pids(self) -> list[Path]:
         return list(self.root.glob("pid-rank*"))
+
+    def rank_pids(self) -> list[int]:
+        """The pids the ranks wrote (unreadable or half-written files skipped)."""
+        pids = []
+        for path in self.pids():
+            with contextlib.suppress(OSError, ValueError):
+                pids.append(int(path.read_text()))
+        return pids
 
     def beats(self) -> list[tuple[str, Path]]:
         """(rank, heartbeat file) for every rank that has beaten."""

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.config import RunConfig
-from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
+from bench.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    ConfigError,
+    Interrupted,
+    raise_interrupted,
+)
 from bench.lifetime import start_dying_with_me
 from bench.record import current_status, owner_alive, this_process
 from bench.results import read_record, runs_dir, utc_now, write_atomic
@@ -101,14 +108,6 @@ def _supersede(paths: list[Path]) -> None:
         os.replace(path, target)
 
 
-class _Stop(Exception):
-    pass
-
-
-def _on_signal(signum, frame) -> None:
-    raise _Stop(signal.Signals(signum).name)
-
-
 def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """SIGTERM the run (it stops its ranks and closes its record), SIGKILL if it lingers."""
     with contextlib.suppress(ProcessLookupError):
@@ -128,7 +127,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
         raise ConfigError(f"--run-timeout must be positive seconds (got {run_timeout})")
     outcomes: list[tuple[Combo, str]] = []
     took: list[float] = []  # seconds of the runs this sweep ran (not skipped)
-    previous = signal.signal(signal.SIGTERM, _on_signal)
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
     try:
         for i, combo in enumerate(combos, start=1):
             eta = (f", about {_duration(statistics.fmean(took) * (len(combos) - i + 1))} "
@@ -148,7 +147,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
             if not status.endswith("(skipped)"):
                 took.append(time.monotonic() - started)
             outcomes.append((combo, status))
-    except (KeyboardInterrupt, _Stop):
+    except (KeyboardInterrupt, Interrupted):
         print("bench sweep: interrupted; run it again to finish the missing combinations",
               file=sys.stderr)
         return EXIT_INTERRUPTED

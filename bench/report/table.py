@@ -99,6 +99,13 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def median_step_s(rec: dict[str, Any]) -> float:
+    """The run's step time: the median of its epochs' median steps, the warm-up epoch left
+    out when there are others (NaN when no epoch measured one)."""
+    epochs = rec.get("per_epoch") or []
+    return _median([_number(e.get("step_time_p50_s")) for e in epochs[1:] or epochs])
+
+
 def workload(rec: dict[str, Any]) -> str:
     """What was trained: only runs of the same workload are compared with each other."""
     width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
@@ -195,8 +202,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "exposed_comm": _number(rec.get("exposed_comm_fraction")),
                 "compute_step_s": _number(rec.get("compute_step_s")),
                 "mfu": _median([_number(e.get("mfu")) for e in epochs[1:] or epochs]),
-                "step_time_s": _median([_number(e.get("step_time_p50_s"))
-                                        for e in epochs[1:] or epochs]),
+                "step_time_s": median_step_s(rec),
                 "gradient_bytes": 4 * ((rec.get("model") or {}).get("parameters") or 0),
                 "backend": rec.get("backend"),
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
