@@ -49,7 +49,7 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         gradient_bytes=parameters * (2 if half else 4),
         bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
-        images_per_step=rec.get("per_rank_batch") or 0, hook_delay_s=delay)
+        hook_delay_s=delay)
 
 
 def resolve_network(name: str | None, intra: float | None, inter: float | None,

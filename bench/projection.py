@@ -107,7 +107,6 @@ class Workload:
     bucket_bytes: int  # DDP's bucket cap
     grad_accum: int = 1
     syncbn: bool = False
-    images_per_step: int = 0  # per rank
     hook_delay_s: float = 0.0  # BENCH_SLOW_COMM_MS: a blocking wait before each bucket
 
 

@@ -27,7 +27,7 @@ def test_a_large_all_reduce_takes_the_ring_a_small_one_at_scale_the_tree():
 def test_ddp_buckets_overlap_backward_and_a_blocking_hook_delays_it():
     """90 ms compute: forward 30, backward 60; three 1 MiB buckets ready at 50, 70, 90 ms;
     an all-reduce of 1 MiB takes 1.048576 ms at 1 GB/s: only the last one shows."""
-    work = Workload("ddp", 0.090, 3 * 2**20, 2**20, images_per_step=32)
+    work = Workload("ddp", 0.090, 3 * 2**20, 2**20)
     p = project(work, 2, 2, NET, measured_allreduce=lambda size: size / 1e9)
     assert p.step_s == pytest.approx(0.090 + 2**20 / 1e9)
     assert p.exposed_s == pytest.approx(2**20 / 1e9)
