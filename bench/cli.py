@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="text (a block per workload; default), csv or json")
     proj.add_argument("--validate", action="store_true",
                       help="predict the measured multi-rank runs instead and print the error")
+    proj.add_argument("--plot", default=None, metavar="FILE",
+                      help="also draw efficiency against GPUs (.png or .svg), a panel per "
+                           "workload, measured runs over the projection")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
     report.add_argument("--reference", default="ddp:1",
@@ -462,7 +465,7 @@ def _dispatch(argv: list[str]) -> int:
 
             return cmd_project(args.source, parse_list(args.gpus, "--gpus", int),
                                args.gpus_per_node, args.network, args.intra_busbw,
-                               args.inter_busbw, args.format, args.validate)
+                               args.inter_busbw, args.format, args.validate, args.plot)
         if args.command == "report":
             from bench.report import cmd_report
 

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import torch
 
+from bench.grad_timeline import GradientTimeline, TimelineProbe
 from bench.loaders import unchanged_randomness
 from bench.timing import step_intervals, step_mark
 
 PROBE_WARMUP = 2  # first steps after switching synchronisation off, not counted
+ONE_RANK_TIMELINE_STEPS = 5  # one process: steps run only for the gradient timeline
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class CommProbe:
     steps: int  # timed steps (after PROBE_WARMUP)
     compute_step_s: float | None  # slowest rank's median compute-only step
     note: str | None  # why there is no figure, or what still communicates
+    timeline: GradientTimeline | None = None  # rank 0: when each gradient was ready
 
 
 def _endless(loader):
@@ -37,18 +40,28 @@ def _endless(loader):
 
 def compute_only_steps(trainer, steps: int) -> CommProbe:
     """Run ``steps`` (+ warm-up) steps of the run's own shape without gradient sync on every
-    rank (collective: all ranks take part) and return the slowest rank's median step."""
+    rank (collective: all ranks take part) and return the slowest rank's median step, with
+    rank 0's gradient timeline. One process has nothing to switch off: a few steps measure
+    its timeline only."""
     s, parts = trainer.strategy, trainer.parts
-    if s.world_size < 2:
-        return CommProbe(0, None, "one process: no gradient communication to switch off")
-    sync_off = s.gradient_sync_off(parts.model, parts.optimizer)
-    if isinstance(sync_off, str):
-        return CommProbe(0, None, sync_off)
-    with sync_off.context:
-        times = extra_steps(trainer, steps, "comm probe")
+    probe = TimelineProbe(parts.model, s.device.type == "cuda") if s.rank == 0 else None
+    try:
+        if s.world_size < 2:
+            extra_steps(trainer, min(steps, ONE_RANK_TIMELINE_STEPS), "gradient timeline",
+                        timeline=probe)
+            return CommProbe(0, None, "one process: no gradient communication to switch off",
+                             probe and probe.result)
+        sync_off = s.gradient_sync_off(parts.model, parts.optimizer)
+        if isinstance(sync_off, str):
+            return CommProbe(0, None, sync_off)
+        with sync_off.context:
+            times = extra_steps(trainer, steps, "comm probe", timeline=probe)
+    finally:
+        if probe is not None:
+            probe.remove()
     slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
-    return CommProbe(steps, slowest.item(), sync_off.note)
+    return CommProbe(steps, slowest.item(), sync_off.note, probe and probe.result)
 
 
 def profile_steps(trainer, steps: int, trace: Path) -> None:
@@ -71,10 +84,12 @@ def profile_steps(trainer, steps: int, trace: Path) -> None:
         prof.export_chrome_trace(str(trace))
 
 
-def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP) -> list[float]:
+def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP,
+                timeline: TimelineProbe | None = None) -> list[float]:
     """``warmup`` + ``steps`` training steps of the run's shape (same micro-batches, precision
     and optimizer) after the epochs, timed between step boundaries like the epoch steps;
-    returns this rank's step times (warm-up excluded)."""
+    returns this rank's step times (warm-up excluded). ``timeline`` marks the measured
+    steps' backward and gradients; its ``result`` is set from their boundaries."""
     s, parts, cfg = trainer.strategy, trainer.parts, trainer.cfg
     cuda = s.device.type == "cuda"
     parts.model.train()
@@ -88,13 +103,19 @@ def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP) -> l
             if step == warmup:
                 marks.append(step_mark(cuda))
             parts.model.zero_grad(set_to_none=True)  # not the optimizer's (Horovod checks)
-            for _ in range(cfg.grad_accum):
+            for micro in range(cfg.grad_accum):
                 images, labels = next(batches)[:2]
                 loss = parts.training_loss(trainer.criterion, images, labels, s.device)
+                if timeline is not None and step >= warmup and micro == cfg.grad_accum - 1:
+                    timeline.last_backward_starts()
                 s.backward(loss / cfg.grad_accum, parts.optimizer, parts.precision)
+            if timeline is not None:
+                timeline.step_done()
             s.step(parts.optimizer, parts.precision)
             if step >= warmup:
                 marks.append(step_mark(cuda))  # step boundaries, as in the timed epochs
     if cuda:
         torch.cuda.synchronize()
+    if timeline is not None:
+        timeline.result = timeline.timeline(marks)
     return step_intervals(marks, cuda)

@@ -142,13 +142,13 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
           f"{len(sizes)} sizes", flush=True)
     done = subprocess.run(cmd, env=env)
+    if done.returncode == 0 and nodes > 1 and not partial.exists():
+        print("bench probe: done; rank 0 ran on another node, which writes the record")
+        return EXIT_OK
     if done.returncode != 0 or not partial.exists():
         partial.unlink(missing_ok=True)
         print(f"bench probe: failed (torchrun exit {done.returncode})", file=sys.stderr)
         return EXIT_FAILED
-    if nodes > 1 and node_rank != 0:
-        partial.unlink(missing_ok=True)  # rank 0's node writes the record
-        return EXIT_OK
     measured = json.loads(partial.read_text())
     partial.unlink()
     at_grad = next(r for r in measured["results"] if r["bytes"] == grad)

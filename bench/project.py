@@ -18,6 +18,7 @@ from bench.errors import ConfigError
 from bench.projection import (
     LEFT_OUT,
     NETWORKS,
+    GradientTimeline,
     Network,
     Projection,
     Workload,
@@ -25,6 +26,7 @@ from bench.projection import (
     project,
 )
 from bench.report.table import median_step_s
+from bench.results import write_atomic
 
 VALIDATION_FILE = "projection-validation.json"
 _SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
@@ -49,7 +51,7 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         gradient_bytes=parameters * (2 if half else 4),
         bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
-        hook_delay_s=delay)
+        hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")))
 
 
 def resolve_network(name: str | None, intra: float | None, inter: float | None,
@@ -82,28 +84,52 @@ def _records(source: str) -> tuple[list[dict[str, Any]], Path]:
     return records, path
 
 
-def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Workload]]:
-    """One measured run per workload, strategy, precision and speed options: the newest ok
-    one with most ranks (its compute step was measured with gradient sync off)."""
-    from bench.report.table import speed_options, workload
+def run_options(rec: dict[str, Any], work: Workload) -> str:
+    """What sets a measured run apart within its strategy and precision, in few characters:
+    speed options, gradient accumulation, a bucket cap other than DDP's 25 MB, an injected
+    delay (a test hook, carried into the projection)."""
+    from bench.report.table import speed_options
+    from bench.report.views import short_options
 
+    parts = [] if speed_options(rec) == "—" else [short_options(speed_options(rec))]
+    if work.grad_accum > 1:
+        parts.append(f"accum {work.grad_accum}")
+    if rec.get("strategy", "").startswith("ddp") and work.bucket_bytes != 25 * 2**20:
+        parts.append(f"buckets {work.bucket_bytes / 2**20:g} MB")
+    if work.hook_delay_s:
+        parts.append(f"slow comm {1000 * work.hook_delay_s:g} ms")
+    return ",".join(parts) or "—"
+
+
+def series_key(rec: dict[str, Any], work: Workload) -> tuple:
+    """Runs that one projection stands for: workload, device, strategy, precision, options."""
+    from bench.report.table import workload
+
+    return (workload(rec), rec.get("device"), rec["strategy"], rec.get("precision"),
+            run_options(rec, work))
+
+
+def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Workload]]:
+    """One measured run per series_key: the newest ok one with most ranks (its compute step
+    was measured with gradient sync off)."""
     chosen: dict[tuple, tuple[dict, Workload]] = {}
     for rec in sorted(records, key=lambda r: (r.get("world_size") or 0,
                                               r.get("started_at") or "")):
         work = workload_of(rec) if rec.get("status") == "ok" else None
         if work is not None:
-            key = (workload(rec), rec.get("device"), rec["strategy"], rec.get("precision"),
-                   rec.get("grad_accum"), speed_options(rec))
-            chosen[key] = (rec, work)
+            chosen[series_key(rec, work)] = (rec, work)
     return [chosen[k] for k in sorted(chosen, key=lambda k: tuple(map(str, k)))]
 
 
 def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str | None,
-                intra: float | None, inter: float | None, fmt: str, validate: bool) -> int:
+                intra: float | None, inter: float | None, fmt: str, validate: bool,
+                plot: str | None = None) -> int:
     from bench.probe import load_probes
 
     if gpus_per_node < 1 or any(n < 1 for n in gpus):
         raise ConfigError("--gpus and --gpus-per-node must be positive")
+    if plot is not None and Path(plot).suffix not in (".png", ".svg"):
+        raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
     records, root = _records(source)
     probes = load_probes(root)
     if validate:
@@ -119,6 +145,11 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                           "(a multi-rank run's compute_step_s, or a 1-rank run's step time)"
                           + ("; CPU runs project with --network probe" if device else ""))
     table = [_row(rec, p) for rec, p in rows]
+    if plot is not None:
+        from bench.project_plot import write_projection_plot
+
+        write_projection_plot(Path(plot), measured, records, gpus, gpus_per_node, net)
+        print(f"bench project: plot -> {plot}", file=sys.stderr)
     if fmt == "json":
         print(json.dumps({"network": net.name, "source": net.source, "left_out": LEFT_OUT,
                           "rows": table}, indent=1, allow_nan=False, default=str))
@@ -138,12 +169,11 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
 def _row(rec: dict[str, Any], p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
-    from bench.report.table import speed_options, workload
-    from bench.report.views import short_options
+    from bench.report.table import workload
 
     return {"workload": f"{workload(rec)} — {rec.get('device')}",
             "strategy": p.strategy, "precision": rec.get("precision"),
-            "options": short_options(speed_options(rec)), "gpus": p.gpus,
+            "options": run_options(rec, workload_of(rec)), "gpus": p.gpus,
             "nodes": p.nodes, "measured_run": rec.get("run_id"),
             "step_ms": round(1000 * p.step_s, 2) if finite else None,
             "images_per_s": round(speed) if speed else None,
@@ -189,46 +219,57 @@ def _calibration(root: Path) -> str:
         return "not yet validated on these results: run `bench project RESULTS --validate`"
 
 
+def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest probe of the run's device, backend, ranks and nodes."""
+    key = (rec.get("device"), rec.get("backend"), rec.get("world_size"), rec.get("nodes") or 1)
+    same = [p for p in probes
+            if (p.get("device"), p.get("backend"), p.get("world_size"), p.get("nodes") or 1)
+            == key]
+    return same[-1] if same else None
+
+
 def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root: Path) -> int:
-    """Predict every measured multi-rank run from its own compute-only step and the probe of
-    the same device, backend and world size; print and keep the errors."""
+    """Predict every measured multi-rank run from its own compute-only step and gradient
+    timeline and the probe of the same device, backend, ranks and nodes; print and keep the
+    errors."""
     from bench.probe import ideal_allreduce_s
 
     points = []
-    for rec in records:
+    for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
         work = workload_of(rec) if rec.get("status") == "ok" else None
-        if work is None or (rec.get("world_size") or 1) < 2 or rec.get("nodes", 1) != 1:
-            continue
-        match = [p for p in probes if (p.get("device"), p.get("backend"), p.get("world_size"))
-                 == (rec.get("device"), rec.get("backend"), rec.get("world_size"))]
+        probe = matching_probe(rec, probes)
         measured = median_step_s(rec)
-        if not match or math.isnan(measured):
+        if (work is None or (rec.get("world_size") or 1) < 2 or probe is None
+                or math.isnan(measured)):
             continue
-        probe = match[-1]
-        n = rec["world_size"]
-        predicted = project(work, n, n, network_from_probe(probe),
+        n, nodes = rec["world_size"], rec.get("nodes") or 1
+        predicted = project(work, n, n // nodes, network_from_probe(probe),
                             measured_allreduce=lambda size, p=probe: ideal_allreduce_s(p, size))
         error = 100 * (predicted.step_s - measured) / measured
         points.append({"run_id": rec["run_id"], "strategy": rec["strategy"], "world_size": n,
-                       "bucket_cap_mb": work.bucket_bytes / 2**20,
+                       "nodes": nodes, "bucket_cap_mb": work.bucket_bytes / 2**20,
+                       "buckets_ran": rec.get("gradient_buckets"),
+                       "buckets_modelled": [round(size) for size, _ in
+                                            work.buckets(work.bucket_bytes)],
                        "injected_delay_ms": 1000 * work.hook_delay_s,
+                       "gradient_timeline": work.timeline is not None,
                        "compute_ms": 1000 * work.compute_step_s,
                        "predicted_ms": 1000 * predicted.step_s, "measured_ms": 1000 * measured,
                        "error_pct": error})
     if not points:
         raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
                           "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
-                          "same device, backend and world size in RESULTS/probes")
-    print("run                                      N  bucket MB  delay ms  compute ms  "
-          "predicted ms  measured ms  error")
+                          "same device, backend, ranks and nodes in RESULTS/probes")
+    print("run                                       N  nodes  bucket MB  delay ms  compute ms"
+          "  predicted ms  measured ms   error")
     for p in points:
-        print(f"{p['run_id']:<40} {p['world_size']:<2} {p['bucket_cap_mb']:>9g} "
-              f"{p['injected_delay_ms']:>9g} {p['compute_ms']:>11.1f} {p['predicted_ms']:>13.1f} "
-              f"{p['measured_ms']:>12.1f} {p['error_pct']:>+6.1f}%")
+        print(f"{p['run_id']:<41} {p['world_size']:<2} {p['nodes']:>5} "
+              f"{p['bucket_cap_mb']:>10g} {p['injected_delay_ms']:>9g} {p['compute_ms']:>11.1f}"
+              f" {p['predicted_ms']:>13.1f} {p['measured_ms']:>12.1f} {p['error_pct']:>+6.1f}%")
     errors = [abs(p["error_pct"]) for p in points]
     summary = {"date": _dt.date.today().isoformat(), "points": points,
                "median_error_pct": statistics.median(errors), "worst_error_pct": max(errors)}
-    (root / VALIDATION_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    write_atomic(root / VALIDATION_FILE, summary)
     print(f"median |error| {summary['median_error_pct']:.1f} %, worst "
           f"{summary['worst_error_pct']:.1f} % over {len(points)} runs (goal: within 15 %); "
           f"kept in {root / VALIDATION_FILE}", file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 LEFT_OUT = ("input pipeline, stragglers, congestion and other jobs on the network; per-GPU "
             "batch held at the measured run's (global batch grows with N)")
@@ -31,7 +32,6 @@ TREE_SIMPLE_HOP_US = {"nvlink": 28.0, "pci": 28.0, "net": 50.0}
 TREE_SIMPLE_BANDWIDTH_SHARE = 0.9 * 0.5
 
 FORWARD_SHARE = 1 / 3  # of the compute step: forward ~ 1/3, backward ~ 2/3 of the FLOPs
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 HOROVOD_FUSION_BYTES = 64 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
 HOROVOD_CYCLE_S = 0.001  # HOROVOD_CYCLE_TIME default (1 ms)
 RESNET18_BN_LAYERS = 20  # 1 stem + 2 per basic block x 8 + 3 downsample
@@ -98,6 +98,73 @@ def allreduce_s(size: int, ranks: int, nodes: int, net: Network) -> float:
 
 
 @dataclass(frozen=True)
+class GradientTimeline:
+    """When each gradient became ready during backward, measured in a run's compute-only
+    steps (bench.grad_timeline): the big late layers of a CNN are ready early, a
+    transformer's embedding last, and how much communication backward hides depends on
+    exactly that. Times are fractions of the step (from its start: forward, the earlier
+    micro-steps of gradient accumulation, the last micro-step's backward, the optimizer),
+    scaled to the run's compute-only step. ``backward_start``: when the last micro-step's
+    backward starts; ``ready``: (elements, time) of each parameter (or run of parameters,
+    for models with very many) in the order backward readies them."""
+
+    steps: int
+    backward_start: float
+    ready: tuple[tuple[int, float], ...]
+
+    @property
+    def backward_end(self) -> float:
+        return self.ready[-1][1]
+
+    @property
+    def elements(self) -> int:
+        return sum(n for n, _ in self.ready)
+
+    def buckets(self, cap_bytes: float, element_bytes: float) -> list[tuple[float, float]]:
+        """DDP's buckets as its reducer rebuilds them after the first step: gradients in the
+        order they became ready, a bucket closed once it holds ``cap_bytes`` or more;
+        (bytes, time its last gradient is ready)."""
+        out, size = [], 0.0
+        for n, when in self.ready:
+            size += n * element_bytes
+            if size >= cap_bytes:
+                out.append((size, when))
+                size = 0.0
+        if size:
+            out.append((size, self.backward_end))
+        return out
+
+    def to_record(self) -> dict[str, Any]:
+        return {"steps": self.steps, "backward_start": round(self.backward_start, 5),
+                "ready": [[n, round(when, 5)] for n, when in self.ready],
+                "measured": "rank 0, median over the compute-only steps; [elements, time as "
+                            "a fraction of the step] per parameter, in ready order"}
+
+    @classmethod
+    def from_record(cls, data: Any) -> GradientTimeline | None:
+        """The record's timeline, or None (older records, 0 steps, malformed)."""
+        try:
+            ready = tuple((int(n), float(when)) for n, when in data["ready"])
+            timeline = cls(int(data["steps"]), float(data["backward_start"]), ready)
+        except (TypeError, KeyError, ValueError):
+            return None
+        ordered = all(a[1] <= b[1] for a, b in zip(ready, ready[1:]))
+        if (not ready or not ordered or min(n for n, _ in ready) < 1
+                or not 0 <= timeline.backward_start <= ready[0][1] <= ready[-1][1] <= 1):
+            return None
+        return timeline
+
+
+def even_buckets(total: int, cap: int) -> list[int]:
+    """Bucket sizes without a measured timeline: ``cap`` bytes each, the rest last."""
+    sizes, rest = [], total
+    while rest > 0:
+        sizes.append(min(cap, rest))
+        rest -= sizes[-1]
+    return sizes
+
+
+@dataclass(frozen=True)
 class Workload:
     """What the projection takes from one measured run (per rank, per optimizer step)."""
 
@@ -108,6 +175,33 @@ class Workload:
     grad_accum: int = 1
     syncbn: bool = False
     hook_delay_s: float = 0.0  # BENCH_SLOW_COMM_MS: a blocking wait before each bucket
+    timeline: GradientTimeline | None = None  # measured; None: ready evenly over backward
+
+    def forward_s(self) -> float:
+        """Seconds from the step's start to the last micro-step's backward."""
+        if self.timeline is not None:
+            return self.timeline.backward_start * self.compute_step_s
+        return self.compute_step_s - self.backward_s()
+
+    def backward_s(self) -> float:
+        """Seconds of the last micro-step's backward."""
+        if self.timeline is not None:
+            return (self.timeline.backward_end - self.timeline.backward_start
+                    ) * self.compute_step_s
+        return (1 - FORWARD_SHARE) * self.compute_step_s / self.grad_accum
+
+    def buckets(self, cap: int) -> list[tuple[float, float]]:
+        """(bytes, seconds into the step when ready) of each bucket of at most ``cap``
+        bytes: from the measured timeline, else evenly over backward."""
+        c = self.compute_step_s
+        if self.timeline is not None:
+            per_element = self.gradient_bytes / self.timeline.elements
+            return [(size, when * c) for size, when in self.timeline.buckets(cap, per_element)]
+        sizes, done, out = even_buckets(self.gradient_bytes, cap), 0, []
+        for size in sizes:
+            done += size
+            out.append((size, self.forward_s() + self.backward_s() * done / sum(sizes)))
+        return out
 
 
 @dataclass(frozen=True)
@@ -129,31 +223,18 @@ class Projection:
         return self.exposed_s / self.step_s
 
 
-def buckets(total: int, cap: int, first: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
-    """Bucket sizes in the order backward fills them: a small first bucket, then the cap."""
-    sizes = [min(first, total)]
-    rest = total - sizes[0]
-    while rest > 0:
-        sizes.append(min(cap, rest))
-        rest -= sizes[-1]
-    return sizes
-
-
-def overlapped_step(w: Workload, sizes: list[int], comm, per_bucket_extra: float = 0.0
-                    ) -> tuple[float, float]:
-    """(step seconds, seconds of it spent on communication that compute did not hide):
-    buckets become ready as the last micro-step's backward proceeds (evenly by bytes), each
-    all-reduce starts when its bucket is ready and the one before has finished."""
+def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
+                    per_bucket_extra: float = 0.0) -> tuple[float, float]:
+    """(step seconds, seconds of it spent on communication that compute did not hide): each
+    bucket's all-reduce starts when it is ready and the one before has finished; the
+    optimizer runs after backward and the last all-reduce."""
     c = w.compute_step_s
-    backward = (1 - FORWARD_SHARE) * c / w.grad_accum
-    start_backward = c - backward
-    total, done, comm_end, delay = sum(sizes), 0, 0.0, 0.0
-    for size in sizes:
-        done += size
+    backward_end = w.forward_s() + w.backward_s()
+    comm_end, delay = 0.0, 0.0
+    for size, ready in buckets:
         delay += w.hook_delay_s  # a blocking hook holds up backward itself
-        ready = start_backward + backward * done / total + delay
-        comm_end = max(comm_end, ready) + comm(size) + per_bucket_extra
-    step = max(c + delay, comm_end)
+        comm_end = max(comm_end, ready + delay) + comm(size) + per_bucket_extra
+    step = max(backward_end + delay, comm_end) + (c - backward_end)
     return step, step - c
 
 
@@ -163,6 +244,8 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
     all-reduce (validation against a probe of the same machines)."""
     nodes = max(1, math.ceil(gpus / gpus_per_node))
     c = w.compute_step_s
+    if gpus == 1:
+        return Projection(w.strategy, 1, 1, c, c, 0.0, "compute")
     if w.strategy == "dp":
         if gpus > gpus_per_node:
             return Projection("dp", gpus, nodes, math.inf, c, math.inf,
@@ -182,15 +265,17 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
         # prefetched under forward and backward; the first all-gather is never hidden
         forward_ag = comm(w.gradient_bytes) / 2
         backward = comm(w.gradient_bytes)
-        exposed = (max(0.0, forward_ag - FORWARD_SHARE * c)
-                   + max(0.0, backward - (1 - FORWARD_SHARE) * c / w.grad_accum)
-                   + forward_ag / 5)  # five units: the stem + four stages' first gather
+        exposed = (max(0.0, forward_ag - w.forward_s())
+                   + max(0.0, backward - w.backward_s())
+                   # five units (the stem + four stages): the first all-gather and the
+                   # last reduce-scatter are never hidden
+                   + forward_ag / 5 + (backward - forward_ag) / 5)
         step = c + exposed
     elif w.strategy == "horovod":
-        sizes = buckets(w.gradient_bytes, HOROVOD_FUSION_BYTES, first=HOROVOD_FUSION_BYTES)
-        step, exposed = overlapped_step(w, sizes, comm, per_bucket_extra=HOROVOD_CYCLE_S / 2)
+        step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,
+                                        per_bucket_extra=HOROVOD_CYCLE_S / 2)
     else:  # DDP and its variants
-        step, exposed = overlapped_step(w, buckets(w.gradient_bytes, w.bucket_bytes), comm)
+        step, exposed = overlapped_step(w, w.buckets(w.bucket_bytes), comm)
     step += syncbn
     exposed += syncbn
     return Projection(w.strategy, gpus, nodes, step, c, exposed,
@@ -203,6 +288,8 @@ def _bottleneck(w: Workload, step: float, exposed: float, syncbn: float, gpus: i
         return "compute"
     if syncbn > 0.5 * exposed:
         return "SyncBN collectives"
+    if w.hook_delay_s * len(w.buckets(w.bucket_bytes)) > 0.5 * exposed:
+        return "injected delay"
     bandwidth = w.gradient_bytes * 2 * (gpus - 1) / gpus / net.busbw(nodes)
     latency = allreduce_s(w.gradient_bytes, gpus, nodes, net) - bandwidth
     return "all-reduce bandwidth" if bandwidth >= latency else "collective latency"

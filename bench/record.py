@@ -215,6 +215,8 @@ class RunRecord:
             "compute_step_s": None,
             "exposed_comm_fraction": None,
             "comm_probe_note": None,
+            "gradient_timeline": None,  # when each gradient is ready (bench project)
+            "gradient_buckets": None,  # DDP: bytes of each bucket as its reducer built them
             # model FLOPs utilisation: per-image training FLOPs (FlopCounterMode) against
             # the GPU's dense peak for the run's precision (null: CPU, unknown GPU, shared)
             "train_flops_per_image": train_flops_per_image,
@@ -350,18 +352,23 @@ class RunRecord:
         self.data["profile_trace"] = str(path)
         return path
 
-    def comm_probe(self, steps: int, compute_step_s: float | None, note: str | None) -> None:
+    def comm_probe(self, steps: int, compute_step_s: float | None, note: str | None,
+                   timeline: dict | None = None) -> None:
         """The compute-only steps: their median against the timed steps' median (epochs 2..,
-        or the only one), i.e. the share of a step that communication left exposed."""
+        or the only one), i.e. the share of a step that communication left exposed; and
+        when each gradient became ready in them."""
         timed = self.data["per_epoch"][1:] or self.data["per_epoch"]
         step = statistics.median(e["step_time_p50_s"] for e in timed) if timed else None
         exposed = (1.0 - compute_step_s / step) if compute_step_s and step else None
         self.data.update(comm_probe_steps=steps, compute_step_s=compute_step_s,
-                         exposed_comm_fraction=exposed, comm_probe_note=note)
+                         exposed_comm_fraction=exposed, comm_probe_note=note,
+                         gradient_timeline=timeline)
 
     def finish(self, replicas_identical: bool | None, param_fingerprint: list[float],
-               scaler_state: dict | None = None) -> None:
+               scaler_state: dict | None = None, gradient_buckets: list[int] | None = None
+               ) -> None:
         self.data.update(scaler_state or {})
+        self.data["gradient_buckets"] = gradient_buckets
         self.data.update(replicas_identical=replicas_identical,
                          param_fingerprint=param_fingerprint, status="ok",
                          finished_at=utc_now())

@@ -32,7 +32,9 @@ RECORD_FIELDS = (
     "allow_tf32", "owner",
     "target_top1", "reached_target", "time_to_target_s", "train_time_to_target_s",
     "epochs_to_target", "backend", "gpu_shared", "comm_probe_steps", "compute_step_s",
-    "exposed_comm_fraction", "comm_probe_note", "train_flops_per_image", "peak_tflops_per_gpu",
+    "exposed_comm_fraction", "comm_probe_note", "gradient_timeline",
+    "gradient_buckets",
+    "train_flops_per_image", "peak_tflops_per_gpu",
     "profile_steps", "profile_trace",
 )
 EPOCH_FIELDS = (

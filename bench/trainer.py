@@ -375,8 +375,10 @@ def finish_run(trainer: Trainer) -> None:
     probe = compute_only_steps(trainer, steps) if steps else None
     if trainer.record is not None:
         if probe is not None:
-            trainer.record.comm_probe(probe.steps, probe.compute_step_s, probe.note)
-        trainer.record.finish(identical, fingerprint, scaler_state)
+            trainer.record.comm_probe(probe.steps, probe.compute_step_s, probe.note,
+                                      probe.timeline and probe.timeline.to_record())
+        trainer.record.finish(identical, fingerprint, scaler_state,
+                              trainer.strategy.gradient_buckets(trainer.parts.model))
 
 
 def run_verify(trainer: Trainer) -> None:

@@ -173,6 +173,11 @@ class Strategy:
         not used for the run's figures afterwards), or say why this strategy cannot."""
         return f"{self.name} cannot switch its gradient communication off"
 
+    def gradient_buckets(self, model: nn.Module) -> list[int] | None:
+        """Bytes of each gradient bucket as the strategy's reducer last built them (what
+        ran), or None where there are none to read."""
+        return None
+
     def discard_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Forget gradients of a backward that is not followed by a step (compile warm-up)."""
         optimizer.zero_grad()

@@ -132,6 +132,15 @@ class DDPStrategy(Strategy):
     def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
         return SyncOff(model.no_sync(), ddp_still_communicating(self.norm, self.ddp_options))
 
+    def gradient_buckets(self, model: nn.Module) -> list[int] | None:
+        """The reducer's buckets after it rebuilt them in gradient-ready order (torch's own
+        logging data; None before a rebuild or where torch no longer reports them)."""
+        try:
+            sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
+            return [int(x) for x in str(sizes).split(",")] if sizes else None
+        except (AttributeError, RuntimeError, ValueError):
+            return None
+
     def eval_module(self, model: nn.Module) -> nn.Module:
         # Evaluate on the bare module: ranks see different numbers of test batches, and the
         # DDP wrapper must not start collectives on some ranks only.

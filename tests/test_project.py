@@ -4,12 +4,13 @@ against what they measured."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
-from conftest import assert_ok, run_bench
+from conftest import assert_ok, only_record, run_bench
 
-from bench.projection import Network, Workload, allreduce_s, project
+from bench.projection import GradientTimeline, Network, Workload, allreduce_s, project
 
 NET = Network("test", 400.0, 400.0, "nvlink", "hand-written")
 
@@ -39,30 +40,58 @@ def test_ddp_buckets_overlap_backward_and_a_blocking_hook_delays_it():
         "1 process, 1 node max")
 
 
-def test_the_model_predicts_measured_two_rank_runs(tmp_path):
-    """Each run's own compute-only step plus the probe's all-reduce curve predicts its step
-    time, with and without a 30 ms blocking delay per bucket (3 buckets at 1 MB)."""
-    assert_ok(run_bench("probe", "--cpu", "--gpus", "2", "--width", "0.25", "--max-size", "16",
-                        "--output", str(tmp_path)))
-    for delay in ("0", "30"):
-        assert_ok(run_bench("run", "--strategy", "ddp", "--cpu", "--gpus", "2", "--width",
-                            "0.25", "--batch-size", "64", "--epochs", "2", "--train-limit",
-                            "512", "--test-limit", "64", "--data", "synthetic",
-                            "--bucket-cap-mb", "1", "--comm-probe-steps", "10", "--no-progress",
-                            "--output", str(tmp_path), env={"BENCH_SLOW_COMM_MS": delay}))
+def test_buckets_follow_the_measured_timeline():
+    """Four parameters readied at 40, 50, 70, 90 % of the step (1, 2, 1, 4 M elements of 4
+    bytes): DDP closes a bucket once it holds the cap or more."""
+    timeline = GradientTimeline(5, 0.35, ((1_000_000, 0.4), (2_000_000, 0.5),
+                                          (1_000_000, 0.7), (4_000_000, 0.9)))
+    assert timeline.buckets(10_000_000, 4) == [(12_000_000, 0.5), (20_000_000, 0.9)]
+    assert timeline.buckets(100e6, 4) == [(32_000_000, 0.9)]
+    work = Workload("ddp", 0.100, 32_000_000, 10_000_000, timeline=timeline)
+    # 1 GB/s: bucket 1 (12 MB) ready at 50 ms ends at 62; bucket 2 (20 MB) ready at 90 ms
+    # ends at 110; the optimizer's 10 ms after backward (90 ms) follow: 120 ms
+    p = project(work, 2, 2, NET, measured_allreduce=lambda size: size / 1e9)
+    assert p.step_s == pytest.approx(0.120) and p.exposed_s == pytest.approx(0.020)
+    record = timeline.to_record()
+    assert GradientTimeline.from_record(record) == timeline
+    for bad in ({**record, "ready": [[5, 0.5], [5, 0.4]]}, {**record, "ready": []},
+                {**record, "backward_start": 0.6}, {"steps": 3}, None, "x"):
+        assert GradientTimeline.from_record(bad) is None
+
+
+def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
+    """Every run of benchmarks/projection_validation.py's matrix (delays of 0, 10 and 30 ms
+    before each bucket, buckets of 0.25, 1 and 25 MB, 2 loopback nodes) is predicted from its
+    own compute-only step, gradient timeline and probe; the buckets the model builds are the
+    ones DDP's reducer reported."""
+    from benchmarks.projection_validation import MATRIX, run_matrix
+
+    run_matrix(tmp_path)
     proc = run_bench("project", str(tmp_path), "--validate")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "projection-validation.json").read_text())
-    assert sorted(p["injected_delay_ms"] for p in summary["points"]) == [0, 30]
-    for point in summary["points"]:  # the goal is 15 %; a loaded 2-core machine adds noise
-        assert abs(point["error_pct"]) < 25, proc.stdout
-    shown = run_bench("project", str(tmp_path), "--network", "probe", "--gpus", "2,16")
+    points = summary["points"]
+    assert sorted((p["nodes"], p["bucket_cap_mb"], p["injected_delay_ms"]) for p in points) == (
+        sorted((m.nodes, m.bucket_cap_mb, m.delay_ms) for m in MATRIX))
+    for point in points:
+        assert point["gradient_timeline"], point
+        assert point["buckets_ran"] == point["buckets_modelled"], point
+        assert abs(point["error_pct"]) < 25, proc.stdout  # one point: noise of a 2-core CPU
+    assert summary["median_error_pct"] < 15, proc.stdout  # the goal
+    assert [len(p["buckets_ran"]) for p in points if p["bucket_cap_mb"] != 1] == [7, 1]
+    plot = tmp_path / "efficiency.png"
+    shown = run_bench("project", str(tmp_path), "--network", "probe", "--gpus", "2,16",
+                      "--plot", str(plot))
     assert shown.returncode == 0, shown.stderr
     assert "last validated" in shown.stdout and "(projected from its runs" in shown.stdout
+    assert "slow comm 30 ms" in shown.stdout and "injected delay" in shown.stdout
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
+    rows = list(csv.DictReader(report.stdout.splitlines()))
+    assert rows and all(r["projected_efficiency"].endswith("% (projected)") for r in rows)
 
 
 def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet():
-    import csv
     import subprocess
     import sys
 
@@ -76,3 +105,43 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
     head = subprocess.run(f"{sys.executable} -m bench project results --format csv | head -1",
                           shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in head.stderr and head.stdout.startswith("workload,"), head.stderr
+
+
+def test_published_scaling_points_are_predicted_within_ten_percent():
+    """PyTorch's DDP benchmark (V100, 8 and 16 GPUs, 4 models) and NVIDIA's ResNet-50 TF32
+    table (8 x A100) from their 1-GPU step times; the AMP point, which the published TF32
+    run on the same machine does not share, is the stated miss (no input-pipeline term)."""
+    from benchmarks.published_scaling import POINTS
+
+    for point in POINTS:
+        if point.precision == "AMP":
+            assert point.error_pct < -10, point  # the model misses it: faster than published
+        else:
+            assert abs(point.error_pct) < 10, point
+    assert len({p.model for p in POINTS}) == 4 and max(p.gpus for p in POINTS) == 16
+
+
+def test_one_process_records_when_each_gradient_is_ready(tmp_path):
+    """A 1-rank run has nothing to switch off but still measures its gradient timeline: every
+    parameter once, in time order, backward after the first of 2 accumulated micro-steps."""
+    assert_ok(run_bench("run", "--strategy", "ddp", "--cpu", "--gpus", "1", "--width", "0.125",
+                        "--batch-size", "32", "--grad-accum", "2", "--epochs", "1",
+                        "--train-limit", "128", "--test-limit", "32", "--data", "synthetic",
+                        "--comm-probe-steps", "3", "--no-progress", "--output", str(tmp_path)))
+    rec = only_record(tmp_path)
+    timeline = GradientTimeline.from_record(rec["gradient_timeline"])
+    assert timeline is not None and timeline.steps == 3
+    assert timeline.elements == rec["model"]["parameters"]
+    assert len(timeline.ready) == 62  # ResNet-18's parameter tensors
+    assert 0.5 < timeline.backward_start < timeline.ready[0][1] < timeline.backward_end <= 1
+    assert rec["comm_probe_steps"] == 0 and rec["compute_step_s"] is None
+    # one rank: DDP's reducer keeps every gradient in one bucket (torch's own report)
+    assert rec["gradient_buckets"] == [4 * rec["model"]["parameters"]]
+
+
+def test_a_plot_file_must_be_png_or_svg(tmp_path):
+    from conftest import ROOT
+
+    proc = run_bench("project", str(ROOT / "results"), "--plot", str(tmp_path / "x.jpg"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert ".png or .svg" in proc.stderr and not (tmp_path / "x.jpg").exists()

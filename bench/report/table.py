@@ -49,6 +49,7 @@ COLUMNS = [
     ("exposed_comm", "exposed comm (%)"),
     ("mfu", "MFU (%)"),
     ("comm_ceiling", "ideal all-reduce / step (ms)"),
+    ("projected_efficiency", "projected eff. at 64 / 512 GPUs (bench project)"),
     ("flags", "flags"),
     ("status", "status"),
 ]
@@ -244,6 +245,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     import pandas as pd
 
     runs = run_rows(records)
+    by_id = {rec.get("run_id"): rec for rec in records}
     if runs.empty:
         return pd.DataFrame(columns=[c for c, _ in COLUMNS] + ["error"])
     out = []
@@ -279,6 +281,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             mfu=_median(list(ok["mfu"])),
             step_time_s=_median(list(ok["step_time_s"])),
             comm_ceiling=comm_ceiling(probes or [], use.iloc[-1]),
+            projected_efficiency=projected_efficiency(
+                probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
             status="ok" if len(ok) else group["status"].iloc[-1],
@@ -323,6 +327,26 @@ def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
     step = run["step_time_s"]
     return f"{1000 * ideal:.1f} / {1000 * step:.1f}" if not math.isnan(step) else (
         f"{1000 * ideal:.1f} / —")
+
+
+PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe of the device
+
+
+def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | None
+                         ) -> str | None:
+    """bench project's efficiency for this row's newest ok run at 64 and 512 GPUs (8 per
+    node) over the network measured by the newest ``bench probe`` of its device; marked as
+    a projection. None without such a probe, or a run the model cannot take."""
+    from bench.project import workload_of
+    from bench.projection import network_from_probe, project
+
+    match = [p for p in probes if rec is not None and p.get("device") == rec.get("device")]
+    work = workload_of(rec) if match and rec.get("strategy") != "dp" else None
+    if work is None:
+        return None
+    net = network_from_probe(match[-1])
+    cells = [f"{100 * project(work, n, 8, net).efficiency:.0f}%" for n in PROJECTED_AT]
+    return " / ".join(cells) + " (projected)"
 
 
 def parse_reference(text: str) -> tuple[str, int]:
