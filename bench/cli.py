@@ -104,6 +104,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                             "effective batch)")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of weights, data order and augmentation (default 0)")
+    train.add_argument("--model", default="resnet18-cifar",
+                       help="resnet18-cifar (default), torchvision:NAME (random weights, e.g. "
+                            "torchvision:resnet50) or package.module:function (called with "
+                            "the number of classes, returns an nn.Module)")
     train.add_argument("--width", type=float, default=1.0,
                        help="ResNet-18 channel multiplier (1.0 = the real model)")
     train.add_argument("--no-syncbn", action="store_true",

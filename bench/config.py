@@ -128,6 +128,7 @@ class RunConfig:
     test_limit: int | None = None
     seed: int = 0
     workers: int | None = None  # loader workers per replica (GPU or CPU process)
+    model: str = "resnet18-cifar"  # bench.models: resnet18-cifar | torchvision:NAME | mod:fn
     width: float = 1.0  # channel multiplier of ResNet-18; 1.0 is the real model
     precision: str | None = None  # None: the strategy's default (fp32; ddp-amp: fp16/bf16)
     apex_opt_level: str = "O1"
@@ -245,6 +246,9 @@ class RunConfig:
                               f"{self.synthetic_difficulty})")
         if not 0 < self.width <= 4:
             raise ConfigError(f"--width must lie in (0, 4] (got {self.width})")
+        from bench.models import check_model
+
+        check_model(self.model, self.width)
         for flag, value, allowed in (
             ("--precision", self.precision, (None, *PRECISIONS)),
             ("--apex-opt-level", self.apex_opt_level, APEX_OPT_LEVELS),

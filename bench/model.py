@@ -86,10 +86,13 @@ def params_sha1(params: Iterable[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def initial_params_sha1(seed: int, width: float) -> str:
-    """What every run of this seed and width must start from (the reference for 'same
-    start'): the weights ``resnet18_cifar`` draws after ``torch.manual_seed(seed)``. The
+def initial_params_sha1(seed: int, width: float, model: str = "resnet18-cifar") -> str:
+    """What every run of this seed, model and width must start from (the reference for
+    'same start'): the weights the model draws after ``torch.manual_seed(seed)``. The
     caller's random state is left as it was."""
+    from bench.data import NUM_CLASSES
+    from bench.models import build_model
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return params_sha1(resnet18_cifar(width=width).parameters())
+        return params_sha1(build_model(model, NUM_CLASSES, width).parameters())

@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig
-from bench.model import count_parameters, resnet18_cifar
+from bench.data import NUM_CLASSES
+from bench.model import count_parameters
+from bench.models import build_model
 from bench.precision import Precision
 from strategies.base import OptimizerFactory, Strategy
 
@@ -27,6 +29,7 @@ class ModelParts:
     precision: Precision
     memory_format: torch.memory_format
     parameters: int
+    batchnorm_layers: int  # BatchNorm layers in the model (SyncBatchNorm's collectives)
     dtype: torch.dtype  # of parameters and inputs: float32, or float64 under bench verify
     allow_tf32: bool | None  # cuDNN convolutions in TF32 (GPU); None on CPU
 
@@ -62,8 +65,13 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     """The same initial weights on every rank and for every strategy (seeded here, as
     ``bench.model.initial_params_sha1`` assumes), then the strategy's wrapping."""
     torch.manual_seed(cfg.seed)
-    model = resnet18_cifar(width=cfg.width)
+    model = build_model(cfg.model, NUM_CLASSES, cfg.width)
     parameters = count_parameters(model)
+    batchnorm_layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm)
+                           for m in model.modules())
+    if not batchnorm_layers:
+        strategy.notes.append(f"{cfg.model} has no BatchNorm: nothing for SyncBatchNorm to "
+                              "convert")
     dtype = torch.float64 if cfg.verify_float64 else torch.float32
     model = model.to(dtype)
     if cfg.channels_last:
@@ -86,6 +94,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
         precision=precision,
         memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,
         parameters=parameters,
+        batchnorm_layers=batchnorm_layers,
         dtype=dtype,
         allow_tf32=torch.backends.cudnn.allow_tf32 if strategy.device.type == "cuda" else None,
     )

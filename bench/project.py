@@ -18,6 +18,7 @@ from bench.errors import ConfigError
 from bench.projection import (
     LEFT_OUT,
     NETWORKS,
+    RESNET18_BN_LAYERS,
     GradientTimeline,
     Network,
     Projection,
@@ -51,6 +52,7 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         gradient_bytes=parameters * (2 if half else 4),
         bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
+        batchnorm_layers=(rec.get("model") or {}).get("batchnorm_layers") or RESNET18_BN_LAYERS,
         hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")))
 
 

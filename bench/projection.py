@@ -174,6 +174,7 @@ class Workload:
     bucket_bytes: int  # DDP's bucket cap
     grad_accum: int = 1
     syncbn: bool = False
+    batchnorm_layers: int = RESNET18_BN_LAYERS  # SyncBatchNorm: two collectives each
     hook_delay_s: float = 0.0  # BENCH_SLOW_COMM_MS: a blocking wait before each bucket
     timeline: GradientTimeline | None = None  # measured; None: ready evenly over backward
 
@@ -258,7 +259,7 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
             return measured_allreduce(size)
         return allreduce_s(size, gpus, nodes, net)
 
-    syncbn = (2 * RESNET18_BN_LAYERS * comm(SYNCBN_MESSAGE_BYTES)
+    syncbn = (2 * w.batchnorm_layers * comm(SYNCBN_MESSAGE_BYTES)
               if w.syncbn and gpus > 1 else 0.0)
     if w.strategy == "fsdp":
         # all-gather in forward, again in backward, reduce-scatter: 1.5 all-reduces of bytes,

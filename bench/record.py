@@ -269,6 +269,7 @@ class RunRecord:
               workers_per_process: int, threads_per_process: int, train_size: int,
               test_size: int, steps_per_epoch: int, warmup_steps: int, width: float,
               parameters: int, notes: list[str], compile_time_s: float | None,
+              model: str = "resnet18-cifar", batchnorm_layers: int | None = None,
               initial_param_fingerprint: str, initial_reference_fingerprint: str,
               initial_replicas_identical: bool | None, allow_tf32: bool | None) -> None:
         """What the ranks found out while building the run; the epochs follow."""
@@ -292,7 +293,8 @@ class RunRecord:
             "test_size": test_size,
             "steps_per_epoch": steps_per_epoch,
             "warmup_steps": warmup_steps,
-            "model": {"name": "resnet18-cifar", "width": width, "parameters": parameters},
+            "model": {"name": model, "width": width, "parameters": parameters,
+                      "batchnorm_layers": batchnorm_layers},
             "notes": self.data.get("notes", []) + notes,
             # SHA-1 of the parameters before step 1: same seed and width, same value
             "initial_param_fingerprint": initial_param_fingerprint,

@@ -30,6 +30,7 @@ from bench.errors import (
 from bench.flops import cached_train_flops_per_image
 from bench.folders import missing_folders, remove_created
 from bench.mlperf_log import check_mllog_path
+from bench.models import check_model_builds
 from bench.parts import tf32_label
 from bench.record import RunRecord
 from bench.results import new_run_id, runs_dir
@@ -157,6 +158,7 @@ class RunPlan:
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
+        check_model_builds(cfg.model)
         self.strategy = resolve_strategy(cfg)
         self.device_type = resolve_device(cfg)
         resolved: dict[str, Any] = {
@@ -236,7 +238,8 @@ class RunPlan:
             strategy_options=self.strategy.record_options(), command=argv,
             backend=self.strategy.process_group_backend(self.topology),
             gpu_shared=self.topology.gpu_shared,
-            train_flops_per_image=cached_train_flops_per_image(self.cfg.width),
+            train_flops_per_image=cached_train_flops_per_image(self.cfg.width,
+                                                                 self.cfg.model),
         )
 
 

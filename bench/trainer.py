@@ -193,7 +193,9 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch, warmup_steps=self.warmup_steps,
             width=self.cfg.width, parameters=self.parts.parameters, notes=s.notes,
             compile_time_s=compile_time, initial_param_fingerprint=initial_sha1,
-            initial_reference_fingerprint=initial_params_sha1(self.cfg.seed, self.cfg.width),
+            initial_reference_fingerprint=initial_params_sha1(self.cfg.seed, self.cfg.width,
+                                                              self.cfg.model),
+            model=self.cfg.model, batchnorm_layers=self.parts.batchnorm_layers,
             initial_replicas_identical=initial_identical, allow_tf32=self.parts.allow_tf32,
         )
 

@@ -39,10 +39,10 @@ from torch import nn
 
 import strategies
 from bench.config import RunConfig
-from bench.data import CifarTensorDataset, load_split
+from bench.data import NUM_CLASSES, CifarTensorDataset, load_split
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.faults import DEFECT_ENV
-from bench.model import resnet18_cifar
+from bench.models import build_model
 from bench.precision import Precision
 from bench.runner import RunPlan, execute
 from bench.trainer import lr_at
@@ -131,7 +131,7 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     skipped (None without one)."""
     dtype = torch.float64 if float64 else torch.float32
     torch.manual_seed(cfg.seed)
-    model = resnet18_cifar(width=cfg.width).to(device=device, dtype=dtype)
+    model = build_model(cfg.model, NUM_CLASSES, cfg.width).to(device=device, dtype=dtype)
     mixed = Precision(precision, torch.device(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)

@@ -46,10 +46,15 @@ MATRIX = (
 )
 
 
-def _bench(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+def _bench(args: list[str], env: dict[str, str] | None = None,
+           cores: set[int] | None = None) -> subprocess.Popen:
+    """``python -m bench ARGS``; ``cores``: the CPUs it (and its ranks) may use, as if this
+    machine were one of several (bench sizes its threads by the CPUs it may use)."""
     return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores
+                            else None)
 
 
 def _wait(procs: list[subprocess.Popen]) -> None:
@@ -60,14 +65,18 @@ def _wait(procs: list[subprocess.Popen]) -> None:
 
 
 def _per_node(args: list[str], nodes: int, env: dict[str, str] | None = None) -> None:
-    """Run ``bench ARGS`` once (1 node: 2 ranks) or on 2 loopback nodes (1 rank each)."""
+    """Run ``bench ARGS`` once (1 node: 2 ranks) or on 2 loopback nodes (1 rank each, each
+    node on its own share of the CPUs: two processes that each sized their threads for the
+    whole machine would spin against each other, as no two real nodes do)."""
     if nodes == 1:
         _wait([_bench([*args, "--gpus", "2"], env)])
         return
     endpoint = f"127.0.0.1:{free_port()}"
+    cpus = sorted(os.sched_getaffinity(0))
     _wait([_bench([*args, "--gpus", "1", "--nodes", str(nodes), "--node-rank", str(rank),
                    "--rdzv-endpoint", endpoint, *(["--rdzv-id", "loopback"] if args[0] == "run"
-                                                  else [])], env)
+                                                  else [])], env,
+                  cores=set(cpus[rank::nodes]) or set(cpus))
            for rank in range(nodes)])
 
 

@@ -78,13 +78,16 @@ class FSDPStrategy(DDPStrategy):
                 f"FSDP MixedPrecisionPolicy: {precision.name} params, fp32 reduce, "
                 "fp32 BatchNorm"
             )
-        for stage in model.stages:
-            fully_shard(stage, **kwargs)
+        units = shard_units(model)
+        for unit in units:
+            fully_shard(unit, **kwargs)
         if kwargs:  # logits and loss in fp32, as autocast gives them (not bf16/fp16)
             kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32,
                                              output_dtype=torch.float32)
         fully_shard(model, **kwargs)
-        self.notes.append("FSDP2: sharded units = 4 residual stages + root; parameters are "
+        what = ("4 residual stages" if hasattr(model, "stages")
+                else f"{len(units)} submodules of {type(model).__name__}")
+        self.notes.append(f"FSDP2: sharded units = {what} + root; parameters are "
                           "sharded, so replicas_identical is null (not applicable)")
         return model
 
@@ -116,3 +119,25 @@ def _resync(model: nn.Module):
         yield
     finally:
         model.set_requires_gradient_sync(True)
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """What FSDP shards apart: ResNet-18 CIFAR's four residual stages; for any other model
+    its parameter-holding submodules from the top down, splitting any that holds more than
+    half of the parameters (a ViT's encoder into its layers) and leaving the smallest
+    (under 2 %) to the root unit."""
+    if hasattr(model, "stages"):
+        return list(model.stages)
+    total = sum(p.numel() for p in model.parameters())
+
+    def split(module: nn.Module) -> list[nn.Module]:
+        units = []
+        for child in module.children():
+            size = sum(p.numel() for p in child.parameters())
+            if size > total / 2 and any(True for _ in child.children()):
+                units += split(child)
+            elif size >= 0.02 * total:
+                units.append(child)
+        return units
+
+    return split(model)

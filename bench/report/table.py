@@ -109,8 +109,11 @@ def median_step_s(rec: dict[str, Any]) -> float:
 
 def workload(rec: dict[str, Any]) -> str:
     """What was trained: only runs of the same workload are compared with each other."""
+    from bench.models import short_name
+
     width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
-    model = "resnet18" if width == 1.0 else f"resnet18 x{width:g}"
+    model = short_name((rec.get("model") or {}).get("name") or "resnet18-cifar")
+    model = model if width == 1.0 else f"{model} x{width:g}"
     config = rec.get("config") or {}
     size = rec.get("train_size") or config.get("train_limit") or 50_000
     data = rec.get("dataset") or config.get("data")
@@ -134,10 +137,10 @@ def speed_options(rec: dict[str, Any]) -> str:
 
 
 @functools.cache
-def _reference_start(seed: int, width: float) -> str:
+def _reference_start(seed: int, width: float, model: str) -> str:
     from bench.model import initial_params_sha1
 
-    return initial_params_sha1(seed, width)
+    return initial_params_sha1(seed, width, model)
 
 
 def same_start(rec: dict[str, Any]) -> bool | None:
@@ -150,8 +153,9 @@ def same_start(rec: dict[str, Any]) -> bool | None:
         return None
     reference = rec.get("initial_reference_fingerprint")
     if not reference:
-        width = (rec.get("model") or {}).get("width", 1.0)
-        reference = _reference_start(int(rec.get("seed", 0)), float(width))
+        model = rec.get("model") or {}
+        reference = _reference_start(int(rec.get("seed", 0)), float(model.get("width", 1.0)),
+                                     model.get("name") or "resnet18-cifar")
     return rec.get("initial_replicas_identical") is not False and sha1 == reference
 
 

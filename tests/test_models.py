@@ -1,0 +1,67 @@
+"""--model: ResNet-18 CIFAR stays the default; a torchvision model and a user's factory train
+under the strategies, start from the same weights, and name their workload; what cannot be
+built is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT, assert_ok, only_record, run_bench
+
+from strategies.horovod import HorovodStrategy
+
+USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
+TINY = ["--cpu", "--gpus", "2", "--epochs", "1", "--data", "synthetic", "--train-limit", "64",
+        "--test-limit", "16", "--batch-size", "16", "--no-progress", "--comm-probe-steps", "0"]
+HOROVOD = HorovodStrategy("horovod").requires("cpu")
+
+
+@pytest.mark.parametrize("strategy", [
+    "ddp", "fsdp",
+    pytest.param("horovod", marks=pytest.mark.skipif(
+        HOROVOD is not None, reason=f"horovod unavailable: {HOROVOD}"))])
+def test_a_user_factory_trains_under_each_strategy(strategy, tmp_path):
+    assert_ok(run_bench("run", "--strategy", strategy, "--model", "user_models:tiny_cnn",
+                        *TINY, "--output", str(tmp_path), env=USER))
+    rec = only_record(tmp_path)
+    # 3*16*9+16 + 16*32*9+32 + 32*100+100 parameters, counted by hand
+    assert rec["model"] == {"name": "user_models:tiny_cnn", "width": 1.0,
+                            "parameters": 448 + 4640 + 3300, "batchnorm_layers": 0}
+    assert rec["initial_param_fingerprint"] == rec["initial_reference_fingerprint"]
+    assert any("has no BatchNorm" in note for note in rec["notes"]), rec["notes"]
+    report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
+    assert "user_models:tiny_cnn" in report.stdout
+
+
+def test_a_torchvision_model_trains_with_random_weights(tmp_path):
+    """ResNet-50 at 32x32 (adaptive pooling), 100 classes: torchvision's 25,557,032
+    parameters less the 1,000-class head plus a 100-class one."""
+    assert_ok(run_bench("run", "--strategy", "ddp", "--model", "torchvision:resnet50",
+                        *TINY, "--output", str(tmp_path), timeout=600))
+    rec = only_record(tmp_path)
+    assert rec["model"]["parameters"] == 25_557_032 - 2048 * 1000 - 1000 + 2048 * 100 + 100
+    assert rec["model"]["batchnorm_layers"] == 53
+    assert rec["initial_param_fingerprint"] == rec["initial_reference_fingerprint"]
+    assert rec["replicas_identical"] is True
+    report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
+    assert "batch 16, resnet50" in report.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "torchvision:resnet5000"], "did you mean"),
+    (["--model", "resnet50"], "torchvision:NAME or package.module:function"),
+    (["--model", "no_such_package.models:net"], "cannot import no_such_package.models"),
+    (["--model", "user_models:missing"], "has no function missing"),
+    (["--model", "torchvision:resnet50", "--width", "0.5"], "--width scales resnet18-cifar"),
+])
+def test_a_model_that_cannot_be_built_is_one_line(args, says, tmp_path):
+    proc = run_bench("run", "--strategy", "ddp", *args, *TINY, "--output", str(tmp_path),
+                     env=USER)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_factory_that_returns_no_module_is_one_line(tmp_path):
+    proc = run_bench("run", "--strategy", "ddp", "--model", "user_models:not_a_module", *TINY,
+                     "--output", str(tmp_path), env=USER)
+    assert proc.returncode == 2 and "not an nn.Module" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
