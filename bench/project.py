@@ -141,12 +141,13 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     device = None if network == "probe" or intra is not None else "cuda"
     measured = [(rec, work) for rec, work in _newest_per_strategy(records)
                 if device is None or rec.get("device") == device]
-    rows = [(rec, project(work, n, gpus_per_node, net)) for rec, work in measured for n in gpus]
+    rows = [(rec, work, project(work, n, gpus_per_node, net)) for rec, work in measured
+            for n in gpus]
     if not rows:
         raise ConfigError(f"no ok {device or ''} run in {source} has what a projection needs "
                           "(a multi-rank run's compute_step_s, or a 1-rank run's step time)"
                           + ("; CPU runs project with --network probe" if device else ""))
-    table = [_row(rec, p) for rec, p in rows]
+    table = [_row(rec, work, p) for rec, work, p in rows]
     if plot is not None:
         from bench.project_plot import write_projection_plot
 
@@ -168,14 +169,14 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     return 0
 
 
-def _row(rec: dict[str, Any], p: Projection) -> dict[str, Any]:
+def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
     from bench.report.table import workload
 
     return {"workload": f"{workload(rec)} — {rec.get('device')}",
             "strategy": p.strategy, "precision": rec.get("precision"),
-            "options": run_options(rec, workload_of(rec)), "gpus": p.gpus,
+            "options": run_options(rec, work), "gpus": p.gpus,
             "nodes": p.nodes, "measured_run": rec.get("run_id"),
             "step_ms": round(1000 * p.step_s, 2) if finite else None,
             "images_per_s": round(speed) if speed else None,
@@ -230,26 +231,32 @@ def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[st
     return same[-1] if same else None
 
 
+def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any]) -> Projection:
+    """A measured run predicted at its own ranks and nodes, with the all-reduce times of
+    the probe of the same machines."""
+    from bench.probe import ideal_allreduce_s
+
+    n, nodes = rec["world_size"], rec.get("nodes") or 1
+    return project(work, n, n // nodes, network_from_probe(probe),
+                   measured_allreduce=lambda size: ideal_allreduce_s(probe, size))
+
+
 def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root: Path) -> int:
     """Predict every measured multi-rank run from its own compute-only step and gradient
     timeline and the probe of the same device, backend, ranks and nodes; print and keep the
     errors."""
-    from bench.probe import ideal_allreduce_s
-
     points = []
     for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
-        work = workload_of(rec) if rec.get("status") == "ok" else None
-        probe = matching_probe(rec, probes)
-        measured = median_step_s(rec)
-        if (work is None or (rec.get("world_size") or 1) < 2 or probe is None
-                or math.isnan(measured)):
+        if rec.get("status") != "ok" or (rec.get("world_size") or 1) < 2:
             continue
-        n, nodes = rec["world_size"], rec.get("nodes") or 1
-        predicted = project(work, n, n // nodes, network_from_probe(probe),
-                            measured_allreduce=lambda size, p=probe: ideal_allreduce_s(p, size))
+        work, probe, measured = workload_of(rec), matching_probe(rec, probes), median_step_s(rec)
+        if work is None or probe is None or math.isnan(measured):
+            continue
+        predicted = predict_measured(rec, work, probe)
         error = 100 * (predicted.step_s - measured) / measured
-        points.append({"run_id": rec["run_id"], "strategy": rec["strategy"], "world_size": n,
-                       "nodes": nodes, "bucket_cap_mb": work.bucket_bytes / 2**20,
+        points.append({"run_id": rec["run_id"], "strategy": rec["strategy"],
+                       "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
+                       "bucket_cap_mb": work.bucket_bytes / 2**20,
                        "buckets_ran": rec.get("gradient_buckets"),
                        "buckets_modelled": [round(size) for size, _ in
                                             work.buckets(work.bucket_bytes)],

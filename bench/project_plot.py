@@ -42,6 +42,13 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
             panels.setdefault(f"{workload(rec)} — {rec.get('device')}", []).append((rec, work))
     if not panels:
         return
+    measured: dict[tuple, list[tuple[int, float]]] = {}  # series_key -> (N, efficiency)
+    for r in records:
+        if r.get("status") != "ok" or (r.get("world_size") or 1) < 2:
+            continue
+        w, efficiency = workload_of(r), measured_efficiency(r)
+        if w is not None and efficiency is not None:
+            measured.setdefault(series_key(r, w), []).append((r["world_size"], efficiency))
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
     xs = curve_gpus(asked)
     for ax, (name, runs) in zip(axes[:, 0], panels.items()):
@@ -54,11 +61,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
             ys = [100 * project(work, n, gpus_per_node, net).efficiency for n in xs]
             lowest = min(lowest, *ys)
             ax.plot(xs, ys, "-", color=color, label=f"{label}: projected")
-            key = series_key(rec, work)
-            seen = [(r["world_size"], measured_efficiency(r)) for r in records
-                    if r.get("status") == "ok" and (r.get("world_size") or 1) > 1
-                    and (w := workload_of(r)) is not None and series_key(r, w) == key]
-            seen = [(n, e) for n, e in seen if e is not None]
+            seen = measured.get(series_key(rec, work), [])
             if seen:
                 lowest = min(lowest, *(100 * e for _, e in seen))
                 ax.plot(*zip(*[(n, 100 * e) for n, e in seen]), "o", color=color,

@@ -198,10 +198,11 @@ class Workload:
         if self.timeline is not None:
             per_element = self.gradient_bytes / self.timeline.elements
             return [(size, when * c) for size, when in self.timeline.buckets(cap, per_element)]
-        sizes, done, out = even_buckets(self.gradient_bytes, cap), 0, []
-        for size in sizes:
+        start, backward, total = self.forward_s(), self.backward_s(), self.gradient_bytes
+        done, out = 0, []
+        for size in even_buckets(total, cap):
             done += size
-            out.append((size, self.forward_s() + self.backward_s() * done / sum(sizes)))
+            out.append((size, start + backward * done / total))
         return out
 
 

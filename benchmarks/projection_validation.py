@@ -96,9 +96,8 @@ def run_matrix(output: Path, epochs: int = 2, matrix: tuple[Point, ...] = MATRIX
 def without_timeline(output: Path) -> list[float]:
     """The same predictions with gradients assumed ready evenly over backward (the model
     before the timeline was measured): errors in %, in the validation file's order."""
-    from bench.probe import ideal_allreduce_s, load_probes
-    from bench.project import matching_probe, workload_of
-    from bench.projection import network_from_probe, project
+    from bench.probe import load_probes
+    from bench.project import matching_probe, predict_measured, workload_of
     from bench.results import load_records
 
     records = {r["run_id"]: r for r in load_records(output)[0]}
@@ -106,11 +105,8 @@ def without_timeline(output: Path) -> list[float]:
     errors = []
     for point in json.loads((output / "projection-validation.json").read_text())["points"]:
         rec = records[point["run_id"]]
-        probe = matching_probe(rec, probes)
         work = replace(workload_of(rec), timeline=None)
-        n = rec["world_size"]
-        step = project(work, n, n // rec["nodes"], network_from_probe(probe),
-                       measured_allreduce=lambda size, p=probe: ideal_allreduce_s(p, size)).step_s
+        step = predict_measured(rec, work, matching_probe(rec, probes)).step_s
         errors.append(100 * (1000 * step - point["measured_ms"]) / point["measured_ms"])
     return errors
 

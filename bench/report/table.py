@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.config import STRATEGY_ORDER
 from bench.errors import ConfigError
+from bench.models import DEFAULT_MODEL, short_name
 from bench.record import current_status
 from bench.results import summarise_epochs
 from bench.stats import mean_ci, welch
@@ -109,10 +110,8 @@ def median_step_s(rec: dict[str, Any]) -> float:
 
 def workload(rec: dict[str, Any]) -> str:
     """What was trained: only runs of the same workload are compared with each other."""
-    from bench.models import short_name
-
     width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
-    model = short_name((rec.get("model") or {}).get("name") or "resnet18-cifar")
+    model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
     model = model if width == 1.0 else f"{model} x{width:g}"
     config = rec.get("config") or {}
     size = rec.get("train_size") or config.get("train_limit") or 50_000
@@ -155,7 +154,7 @@ def same_start(rec: dict[str, Any]) -> bool | None:
     if not reference:
         model = rec.get("model") or {}
         reference = _reference_start(int(rec.get("seed", 0)), float(model.get("width", 1.0)),
-                                     model.get("name") or "resnet18-cifar")
+                                     model.get("name") or DEFAULT_MODEL)
     return rec.get("initial_replicas_identical") is not False and sha1 == reference
 
 
