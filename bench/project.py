@@ -47,12 +47,13 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
             "hvd_compression") == "fp16")
     delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
                   for m in [_SLOW_COMM.search(note)] if m), 0.0)
+    layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
     return Workload(
         strategy=rec["strategy"], compute_step_s=float(compute),
         gradient_bytes=parameters * (2 if half else 4),
         bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
-        batchnorm_layers=(rec.get("model") or {}).get("batchnorm_layers") or RESNET18_BN_LAYERS,
+        batchnorm_layers=RESNET18_BN_LAYERS if layers is None else layers,
         hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")))
 
 

@@ -145,3 +145,21 @@ def test_a_plot_file_must_be_png_or_svg(tmp_path):
     proc = run_bench("project", str(ROOT / "results"), "--plot", str(tmp_path / "x.jpg"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert ".png or .svg" in proc.stderr and not (tmp_path / "x.jpg").exists()
+
+
+def test_a_model_without_batchnorm_pays_no_syncbn_collectives():
+    """A record that says 0 BatchNorm layers gets no SyncBatchNorm time; one from before
+    the count was recorded is ResNet-18's 20 layers (2 collectives each)."""
+    from bench.project import workload_of
+
+    rec = {"strategy": "ddp", "world_size": 2, "compute_step_s": 0.1, "norm": "syncbn",
+           "model": {"name": "user_models:tiny_cnn", "parameters": 1000,
+                     "batchnorm_layers": 0}}
+    latency = Network("flat", 1000.0, 1000.0, "nvlink", "test", fixed_latency_s=1e-3)
+    plain = project(workload_of({**rec, "norm": "per-replica-bn"}), 2, 2, latency)
+    assert project(workload_of(rec), 2, 2, latency).step_s == plain.step_s
+    older = {**rec, "model": {"name": "resnet18-cifar", "parameters": 1000}}
+    # each SyncBN collective: 2 ring steps x 1 ms, plus 4 KiB at 1 TB/s
+    extra = 2 * 20 * (2e-3 + 4096 / 1e12)
+    assert project(workload_of(older), 2, 2, latency).step_s == pytest.approx(
+        plain.step_s + extra)
