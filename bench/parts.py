@@ -69,9 +69,6 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     parameters = count_parameters(model)
     batchnorm_layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm)
                            for m in model.modules())
-    if not batchnorm_layers:
-        strategy.notes.append(f"{cfg.model} has no BatchNorm: nothing for SyncBatchNorm to "
-                              "convert")
     dtype = torch.float64 if cfg.verify_float64 else torch.float32
     model = model.to(dtype)
     if cfg.channels_last:

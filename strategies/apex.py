@@ -16,7 +16,7 @@ from torch import nn
 from bench.config import ApexOptions, DDPOptions, Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
-from strategies.base import OptimizerFactory, SyncOff
+from strategies.base import OptimizerFactory, SyncOff, has_batchnorm
 from strategies.ddp import DDPStrategy, _ddp_call_kwargs, ddp_still_communicating
 
 APEX_BUILD = (
@@ -103,7 +103,9 @@ class ApexStrategy(DDPStrategy):
         from apex import amp, parallel
 
         opt_level, which_ddp = self.apex_options.opt_level, self.apex_options.ddp
-        if syncbn and self.world_size > 1:
+        if not has_batchnorm(model):
+            model = self.no_batchnorm(model)
+        elif syncbn and self.world_size > 1:
             model = parallel.convert_syncbn_model(model)
             self.norm = "syncbn"
         model = model.to(self.device)

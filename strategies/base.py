@@ -117,6 +117,8 @@ class Strategy:
                    to_sync: Callable[[nn.Module], nn.Module], cpu_reason: str) -> nn.Module:
         """SyncBatchNorm (through ``to_sync``) on CUDA with several replicas unless
         --no-syncbn; per-replica BatchNorm otherwise. Sets ``self.norm`` and says why."""
+        if not has_batchnorm(model):
+            return self.no_batchnorm(model)
         if self.device.type == "cuda" and syncbn and self.world_size > 1:
             self.norm = "syncbn"
             return to_sync(model)
@@ -124,6 +126,12 @@ class Strategy:
         if self.world_size > 1:
             why = cpu_reason if self.device.type != "cuda" else "--no-syncbn"
             self.notes.append(f"BatchNorm statistics are per replica ({why})")
+        return model
+
+    def no_batchnorm(self, model: nn.Module) -> nn.Module:
+        """A model without BatchNorm: the record's norm says so, not a conversion."""
+        self.norm = "none"
+        self.notes.append("the model has no BatchNorm: no statistics to synchronise")
         return model
 
     def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
@@ -210,6 +218,10 @@ def epoch_sampler(dataset, seed: int, world_size: int, rank: int) -> Distributed
     return DistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
     )
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def cpu_threads_per_process(processes_on_node: int) -> int:

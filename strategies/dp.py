@@ -8,7 +8,7 @@ from torch import nn
 from bench.config import Features, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
-from strategies.base import Strategy
+from strategies.base import Strategy, has_batchnorm
 
 
 class DataParallelStrategy(Strategy):
@@ -53,11 +53,13 @@ class DataParallelStrategy(Strategy):
 
     def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         model = model.to(self.device)
-        # SyncBatchNorm under DataParallel silently acts per replica, so plain BN is used and
-        # the record says what ran.
-        self.norm = "per-replica-bn"
-        if self.replicas > 1:
-            self.notes.append("BatchNorm statistics are per replica (DataParallel has no SyncBN)")
+        if not has_batchnorm(model):
+            self.no_batchnorm(model)
+        else:  # SyncBatchNorm under DataParallel silently acts per replica: plain BN, said
+            self.norm = "per-replica-bn"
+            if self.replicas > 1:
+                self.notes.append("BatchNorm statistics are per replica (DataParallel has no "
+                                  "SyncBN)")
         device_ids = list(range(self.replicas)) if self.device.type == "cuda" else None
         if precision.dtype is not None and self.replicas > 1:
             autocast_in_replicas(model, self.device.type, precision.dtype)

@@ -16,7 +16,7 @@ HOROVOD = HorovodStrategy("horovod").requires("cpu")
 
 
 @pytest.mark.parametrize("strategy", [
-    "ddp", "fsdp",
+    "dp", "ddp", "fsdp",
     pytest.param("horovod", marks=pytest.mark.skipif(
         HOROVOD is not None, reason=f"horovod unavailable: {HOROVOD}"))])
 def test_a_user_factory_trains_under_each_strategy(strategy, tmp_path):
@@ -28,6 +28,8 @@ def test_a_user_factory_trains_under_each_strategy(strategy, tmp_path):
                             "parameters": 448 + 4640 + 3300, "batchnorm_layers": 0}
     assert rec["initial_param_fingerprint"] == rec["initial_reference_fingerprint"]
     assert any("has no BatchNorm" in note for note in rec["notes"]), rec["notes"]
+    assert rec["norm"] == "none"  # not "syncbn" or "per-replica-bn": there is none
+    assert not any("per replica" in note for note in rec["notes"]), rec["notes"]
     report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
     assert "user_models:tiny_cnn" in report.stdout
 
