@@ -13,7 +13,7 @@ from bench.data import NUM_CLASSES
 from bench.model import count_parameters
 from bench.models import build_model
 from bench.precision import Precision
-from strategies.base import OptimizerFactory, Strategy
+from strategies.base import OptimizerFactory, Strategy, batchnorm_layers
 
 _OPTIMIZER_IMPL = {"foreach": {"foreach": True}, "fused": {"fused": True}}
 
@@ -67,8 +67,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, NUM_CLASSES, cfg.width)
     parameters = count_parameters(model)
-    batchnorm_layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm)
-                           for m in model.modules())
+    bn_layers = batchnorm_layers(model)
     dtype = torch.float64 if cfg.verify_float64 else torch.float32
     model = model.to(dtype)
     if cfg.channels_last:
@@ -91,7 +90,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
         precision=precision,
         memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,
         parameters=parameters,
-        batchnorm_layers=batchnorm_layers,
+        batchnorm_layers=bn_layers,
         dtype=dtype,
         allow_tf32=torch.backends.cudnn.allow_tf32 if strategy.device.type == "cuda" else None,
     )

@@ -220,8 +220,12 @@ def epoch_sampler(dataset, seed: int, world_size: int, rank: int) -> Distributed
     )
 
 
+def batchnorm_layers(model: nn.Module) -> int:
+    return sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return batchnorm_layers(model) > 0
 
 
 def cpu_threads_per_process(processes_on_node: int) -> int:
