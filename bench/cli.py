@@ -14,6 +14,7 @@ from bench.config import (
     APEX_OPT_LEVELS,
     BACKENDS,
     DATASETS,
+    DDP_COMM_HOOKS,
     HVD_COMPRESSION,
     LOADERS,
     OPTIMIZER_IMPLS,
@@ -70,13 +71,20 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
     data = p.add_argument_group("data")
     data.add_argument("--data", choices=DATASETS, default="cifar100",
-                      help="cifar100 (real, default) or synthetic (deterministic, learnable)")
+                      help="cifar100 (real, default), synthetic (deterministic, learnable) "
+                           "or imagefolder (your images: DIR/train/CLASS/*, DIR/val/CLASS/*)")
     data.add_argument("--data-dir", default=str(default_data_dir()),
-                      help="CIFAR-100 folder (downloaded there when absent)")
+                      help="CIFAR-100 folder (downloaded there when absent), or the "
+                           "ImageFolder's DIR")
     data.add_argument("--no-download", action="store_true", help="never download CIFAR-100")
     data.add_argument("--synthetic-difficulty", type=float, default=SYNTHETIC_DIFFICULTY,
                       help="0..1: fainter, shifted class patterns and 0.3·d noisy labels, so "
                            f"top-1 does not saturate (default {SYNTHETIC_DIFFICULTY:g}; 0 = easy)")
+    data.add_argument("--synthetic-classes", type=int, default=100,
+                      help="classes of the synthetic set (default 100)")
+    data.add_argument("--image-size", type=int, default=None,
+                      help="pixels per side (default: the model's, 32 for resnet18-cifar and "
+                           "your own, 224 for torchvision models; CIFAR-100 is resized)")
     data.add_argument("--train-limit", type=int, default=None,
                       help="use the first N training images")
     data.add_argument("--test-limit", type=int, default=None, help="use the first N test images")
@@ -175,10 +183,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                      help="look for parameters without gradients every step")
     ddp.add_argument("--no-broadcast-buffers", action="store_true",
                      help="do not broadcast rank 0's buffers every forward")
+    ddp.add_argument("--ddp-comm-hook", choices=DDP_COMM_HOOKS, default="none",
+                     help="gradient compression by DDP's communication hooks: fp16 / bf16 "
+                          "(cast for the all-reduce; horovod's --hvd-compression fp16 "
+                          "counterpart) or powersgd (low-rank, with error feedback)")
+    ddp.add_argument("--powersgd-rank", type=int, default=1,
+                     help="PowerSGD's approximation rank (default 1, torch's)")
 
-    other = p.add_argument_group("horovod and apex")
+    other = p.add_argument_group("horovod, fsdp and apex")
     other.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
                        help="horovod: gradient compression on the wire")
+    other.add_argument("--no-reshard-after-forward", action="store_true",
+                       help="fsdp: keep the gathered parameters from forward to backward "
+                            "(ZeRO-2-like: one all-gather less per step, more memory)")
     other.add_argument("--hosts", default=None,
                        help="horovod: host1:4,host2:4 for horovodrun -H")
     other.add_argument("--apex-opt-level", choices=APEX_OPT_LEVELS, default="O1",
@@ -253,8 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--cpu", action="store_true", help="CPU processes (gloo)")
     probe.add_argument("--backend", choices=BACKENDS, default=None,
                        help="default nccl on CUDA, gloo on CPU")
+    probe.add_argument("--model", default="resnet18-cifar",
+                       help="the model whose gradient size is also probed (as bench run's "
+                            "--model; default resnet18-cifar, 100 classes)")
     probe.add_argument("--width", type=float, default=1.0,
-                       help="the model whose gradient size is also probed (default 1.0)")
+                       help="resnet18-cifar's channel multiplier (default 1.0)")
     probe.add_argument("--nodes", type=int, default=1, help="machines (run it on each)")
     probe.add_argument("--node-rank", type=int, default=0, help="this machine's index")
     probe.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (--nodes > 1)")
@@ -307,6 +327,7 @@ _NEGATED = {
     "no_download": "download", "no_syncbn": "syncbn", "no_progress": "progress",
     "no_slurm": "use_slurm", "no_cudnn_benchmark": "cudnn_benchmark",
     "no_broadcast_buffers": "broadcast_buffers",
+    "no_reshard_after_forward": "reshard_after_forward",
 }
 
 
@@ -405,8 +426,14 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     from bench.sweep import parse_list
     from bench.verify import VERIFY_WIDTH, default_strategies, run_self_test, run_verify
 
-    for flag, default in (("--data", "synthetic"), ("--width", VERIFY_WIDTH)):
-        if not any(a == flag or a.startswith(flag + "=") for a in run_args):
+    def given(flag: str) -> bool:
+        return any(a == flag or a.startswith(flag + "=") for a in run_args)
+
+    # the narrow ResNet-18 by default; --width scales only that model
+    defaults = [("--data", "synthetic")] + ([] if given("--model") else
+                                            [("--width", VERIFY_WIDTH)])
+    for flag, default in defaults:
+        if not given(flag):
             run_args = [flag, default, *run_args]
     run = build_parser().parse_args(
         ["run", "--strategy", "ddp", "--gpus", str(args.gpus), *run_args]
@@ -456,7 +483,8 @@ def _dispatch(argv: list[str]) -> int:
             from bench.probe import run_probe
 
             return run_probe(gpus=args.gpus, cpu=args.cpu, backend=args.backend,
-                             width=args.width, output=args.output, nodes=args.nodes,
+                             width=args.width, model=args.model, output=args.output,
+                             nodes=args.nodes,
                              node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                              timeout=args.timeout, max_mib=args.max_size)
         if args.command == "compare":

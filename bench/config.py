@@ -14,13 +14,14 @@ from bench.errors import ConfigError
 
 # The strategies, in the order `bench list` and the report show them (the registry in
 # strategies/__init__.py holds them in this order; kept here so reading records needs no torch).
-STRATEGY_ORDER = ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "ddp-apex", "horovod",
-                  "fsdp")
-DATASETS = ("cifar100", "synthetic")
+STRATEGY_ORDER = ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "ddp-zero", "ddp-apex",
+                  "horovod", "fsdp")
+DATASETS = ("cifar100", "synthetic", "imagefolder")
 PRECISIONS = ("fp32", "fp16", "bf16")
 APEX_OPT_LEVELS = ("O0", "O1", "O2", "O3")
 APEX_DDP = ("apex", "torch")
 HVD_COMPRESSION = ("none", "fp16")
+DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 LOADERS = ("torch", "gpu")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 TF32 = ("on", "off")
@@ -46,6 +47,8 @@ class DDPOptions:
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
+    comm_hook: str = "none"  # none | fp16 | bf16 | powersgd: DDP's gradient compression
+    powersgd_rank: int = 1  # PowerSGD's matrix approximation rank
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -67,12 +70,21 @@ class HorovodOptions:
 
 
 @dataclass(frozen=True)
+class FSDPOptions:
+    """FSDP2's own choice: free the gathered parameters after forward (ZeRO-3) or keep them
+    until backward (ZeRO-2-like: less communication, more memory)."""
+
+    reshard_after_forward: bool = True
+
+
+@dataclass(frozen=True)
 class StrategyOptions:
     """Each strategy's own options; the registry hands every strategy the part that is its."""
 
     ddp: DDPOptions = field(default_factory=DDPOptions)
     apex: ApexOptions = field(default_factory=ApexOptions)
     horovod: HorovodOptions = field(default_factory=HorovodOptions)
+    fsdp: FSDPOptions = field(default_factory=FSDPOptions)
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,8 @@ class RunConfig:
     warmup_epochs: float = 1.0  # linear warm-up, then cosine decay to 0 (per step)
     data: str = "cifar100"
     synthetic_difficulty: float = SYNTHETIC_DIFFICULTY  # 0 = the easy set; see synthetic_split
+    synthetic_classes: int = 100  # the synthetic set's classes (CIFAR-100's count by default)
+    image_size: int | None = None  # pixels per side; None = the model's (32 CIFAR, 224 torchvision)
     data_dir: str = field(default_factory=lambda: str(default_data_dir()))
     download: bool = True
     train_limit: int | None = None
@@ -160,6 +174,9 @@ class RunConfig:
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
+    ddp_comm_hook: str = "none"  # DDP gradient compression: none | fp16 | bf16 | powersgd
+    powersgd_rank: int = 1
+    reshard_after_forward: bool = True  # fsdp: False keeps parameters gathered for backward
     syncbn: bool = True  # SyncBatchNorm where the strategy and device support it
     output: str = "results"
     master_port: int | None = None
@@ -181,7 +198,10 @@ class RunConfig:
                 static_graph=self.static_graph,
                 find_unused_parameters=self.find_unused_parameters,
                 broadcast_buffers=self.broadcast_buffers,
+                comm_hook=self.ddp_comm_hook,
+                powersgd_rank=self.powersgd_rank,
             ),
+            fsdp=FSDPOptions(reshard_after_forward=self.reshard_after_forward),
             apex=ApexOptions(opt_level=self.apex_opt_level, ddp=self.apex_ddp),
             horovod=HorovodOptions(compression=self.hvd_compression),
         )
@@ -197,6 +217,13 @@ class RunConfig:
         derived = dataclasses.replace(self, **changes)
         derived.validate()
         return derived
+
+    @property
+    def input_size(self) -> int:
+        """The images' side in pixels: ``--image-size``, else the model's default."""
+        from bench.models import default_image_size
+
+        return self.image_size or default_image_size(self.model)
 
     @property
     def peak_lr(self) -> float:
@@ -244,6 +271,17 @@ class RunConfig:
         if not 0 <= self.synthetic_difficulty <= 1:
             raise ConfigError("--synthetic-difficulty must lie in [0, 1] (got "
                               f"{self.synthetic_difficulty})")
+        if self.image_size is not None and not 8 <= self.image_size <= 1024:
+            raise ConfigError(f"--image-size must lie in 8..1024 pixels (got {self.image_size})")
+        if not 2 <= self.synthetic_classes <= 100_000:
+            raise ConfigError(f"--synthetic-classes must lie in 2..100000 (got "
+                              f"{self.synthetic_classes})")
+        if self.synthetic_classes != 100 and self.data != "synthetic":
+            raise ConfigError("--synthetic-classes applies to --data synthetic; the classes of "
+                              f"--data {self.data} are its own")
+        if self.data == "imagefolder" and self.loader == "gpu":
+            raise ConfigError("--loader gpu holds a set of fixed-size images; an ImageFolder is "
+                              "decoded per image: use --loader torch")
         if not 0 < self.width <= 4:
             raise ConfigError(f"--width must lie in (0, 4] (got {self.width})")
         from bench.models import check_model
@@ -254,6 +292,7 @@ class RunConfig:
             ("--apex-opt-level", self.apex_opt_level, APEX_OPT_LEVELS),
             ("--apex-ddp", self.apex_ddp, APEX_DDP),
             ("--hvd-compression", self.hvd_compression, HVD_COMPRESSION),
+            ("--ddp-comm-hook", self.ddp_comm_hook, DDP_COMM_HOOKS),
             ("--loader", self.loader, LOADERS),
             ("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS),
             ("--tf32", self.tf32, (None, *TF32)),
@@ -283,6 +322,10 @@ class RunConfig:
             raise ConfigError(f"--hosts must look like host1:4,host2:4 (got {self.hosts!r})")
         if self.grad_accum < 1:
             raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
+        if not 1 <= self.powersgd_rank <= 64:
+            raise ConfigError(f"--powersgd-rank must lie in 1..64 (got {self.powersgd_rank})")
+        if self.powersgd_rank != 1 and self.ddp_comm_hook != "powersgd":
+            raise ConfigError("--powersgd-rank needs --ddp-comm-hook powersgd")
         if not self.bucket_cap_mb > 0:
             raise ConfigError(f"--bucket-cap-mb must be positive (got {self.bucket_cap_mb})")
         if self.target_top1 is not None and not 0 < self.target_top1 <= 100:

@@ -34,7 +34,7 @@ SYNTHETIC_SIZES = {"train": 50_000, "test": 10_000}
 
 @dataclass
 class ImageSet:
-    """Images as uint8 N x 32 x 32 x 3 (HWC, like the CIFAR files) and int64 labels."""
+    """Images as uint8 N x S x S x 3 (HWC, like the CIFAR files) and int64 labels."""
 
     images: np.ndarray
     labels: np.ndarray
@@ -231,61 +231,97 @@ def write_cifar100_format(root: Path, train: ImageSet, test: ImageSet) -> Path:
 # --------------------------------------------------------------------------- synthetic data
 
 
-def synthetic_split(split: str, size: int, seed: int, difficulty: float = 0.0) -> ImageSet:
-    """Deterministic, learnable CIFAR-shaped data: each class has a fixed low-frequency
-    colour pattern; images are that pattern plus noise. The first k images do not depend on
-    ``size``, so limits take a prefix of the same stream.
+def synthetic_split(split: str, size: int, seed: int, difficulty: float = 0.0,
+                    image_size: int = 32, classes: int = NUM_CLASSES) -> ImageSet:
+    """Deterministic, learnable CIFAR-like data: each class has a fixed low-frequency
+    colour pattern (4 x 4 blocks, enlarged to the image size); images are that pattern plus
+    noise. The first k images do not depend on ``size``, so limits take a prefix of the same
+    stream; at 32 px and 100 classes it is the set bench has always drawn.
 
     ``difficulty`` (0..1) keeps accuracy from saturating, so that strategies can differ in
     it: each class has 1 + 3·d patterns instead of one (an image shows one of them, so a
     class is no single template), the pattern fades (amplitude 50 -> 20) into stronger noise
-    (30 -> 60) and is shifted by up to 4·d pixels per image, and a fraction 0.3·d of the
-    labels (train and test) is replaced by a random class, which caps top-1 near
-    1 - 0.3·d·0.99 (70 % at d = 1)."""
-    protos = np.random.default_rng([seed, 0]).normal(size=(NUM_CLASSES, 4, 4, 3))
+    (30 -> 60) and is shifted by up to 4·d pixels per 32 per image, and a fraction 0.3·d of
+    the labels (train and test) is replaced by a random class, which caps top-1 near
+    1 - 0.3·d·(1 - 1/classes) (70 % at d = 1)."""
+    protos = np.random.default_rng([seed, 0]).normal(size=(classes, 4, 4, 3))
     stream = 1 if split == "train" else 2
-    labels = np.random.default_rng([seed, stream, 0]).integers(0, NUM_CLASSES, size=size)
-    noise = np.random.default_rng([seed, stream, 1]).normal(size=(size, 32, 32, 3))
+    labels = np.random.default_rng([seed, stream, 0]).integers(0, classes, size=size)
     blocks = protos[labels]  # 4 x 4 x 3 per image: the class signature, blocky once enlarged
     modes = 1 + round(3 * difficulty)
     if modes > 1:  # pattern k of a class; the first is the easy set's
-        extra = np.random.default_rng([seed, 0, 1]).normal(size=(NUM_CLASSES, modes - 1, 4, 4, 3))
+        extra = np.random.default_rng([seed, 0, 1]).normal(size=(classes, modes - 1, 4, 4, 3))
         mode = np.random.default_rng([seed, stream, 5]).integers(0, modes, size=size)
         alt = extra[labels, np.maximum(mode - 1, 0)]
         blocks = np.where((mode > 0)[:, None, None, None], alt, blocks)
+    shifts = np.zeros((size, 2), dtype=np.int64)
     if difficulty > 0:
-        reach = round(4 * difficulty)
+        reach = round(4 * difficulty * image_size / 32)
         shifts = np.random.default_rng([seed, stream, 2]).integers(-reach, reach + 1,
                                                                    size=(size, 2))
-        # enlarged to 32 x 32 and rolled by the shift, in one gather from the 4 x 4 blocks
-        rows = (np.arange(32)[None, :] - shifts[:, :1]) % 32 // 8
-        cols = (np.arange(32)[None, :] - shifts[:, 1:]) % 32 // 8
-        signal = blocks[np.arange(size)[:, None, None], rows[:, :, None], cols[:, None, :]]
         flip = np.random.default_rng([seed, stream, 3]).random(size) < 0.3 * difficulty
-        other = np.random.default_rng([seed, stream, 4]).integers(0, NUM_CLASSES, size=size)
+        other = np.random.default_rng([seed, stream, 4]).integers(0, classes, size=size)
         labels = np.where(flip, other, labels)
-    else:
-        signal = blocks.repeat(8, axis=1).repeat(8, axis=2)  # 32 x 32
-    signal *= 50.0 * (1 - 0.6 * difficulty)
-    noise *= 30.0 * (1 + difficulty)
-    images = signal + noise
-    images += 128.0
-    return ImageSet(np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64))
+    # The noise is drawn in chunks of images from one stream (the same values as one draw),
+    # so that a large set at a large size never holds more than a chunk in float64.
+    noise_stream = np.random.default_rng([seed, stream, 1])
+    images = np.empty((size, image_size, image_size, 3), dtype=np.uint8)
+    chunk = max(1, 2**22 // (image_size * image_size * 3))
+    pixel = np.arange(image_size)
+    for start in range(0, size, chunk):
+        part = slice(start, min(size, start + chunk))
+        # enlarged from the 4 x 4 blocks and rolled by the shift, in one gather
+        rows = (pixel[None, :] - shifts[part, :1]) % image_size * 4 // image_size
+        cols = (pixel[None, :] - shifts[part, 1:]) % image_size * 4 // image_size
+        index = np.arange(part.stop - part.start)[:, None, None]
+        signal = blocks[part][index, rows[:, :, None], cols[:, None, :]]
+        signal *= 50.0 * (1 - 0.6 * difficulty)
+        noise = noise_stream.normal(size=(part.stop - part.start, image_size, image_size, 3))
+        noise *= 30.0 * (1 + difficulty)
+        noise += signal
+        noise += 128.0
+        images[part] = np.clip(noise, 0, 255).astype(np.uint8)
+    return ImageSet(images, labels.astype(np.int64))
+
+
+def resized(images: ImageSet, size: int) -> ImageSet:
+    """The set at ``size`` x ``size`` (bilinear, antialiased when shrinking): CIFAR-100 for a
+    model that wants larger images. Unchanged at its own size."""
+    if images.images.shape[1] == size:
+        return images
+    out = np.empty((len(images), size, size, 3), dtype=np.uint8)
+    chunk = max(1, 2**22 // (size * size * 3))
+    for start in range(0, len(images), chunk):
+        part = torch.from_numpy(images.images[start : start + chunk]).permute(0, 3, 1, 2)
+        scaled = torch.nn.functional.interpolate(part.float(), size=(size, size),
+                                                 mode="bilinear", antialias=True,
+                                                 align_corners=False)
+        out[start : start + chunk] = scaled.round().clamp(0, 255).to(torch.uint8).permute(
+            0, 2, 3, 1).numpy()
+    return ImageSet(out, images.labels)
 
 
 # --------------------------------------------------------------------------- torch datasets
 
 
+def crop_padding(image_size: int) -> int:
+    """The random crop's zero padding: 4 pixels at CIFAR's 32, the same share elsewhere."""
+    return max(1, image_size // 8)
+
+
 class CifarTensorDataset(Dataset):
-    """Serves normalised float images; with ``augment`` a random 32x32 crop of the image
-    zero-padded by 4 and a horizontal flip with probability 1/2 (torchvision's RandomCrop(32,
-    padding=4) + RandomHorizontalFlip semantics). Randomness comes from torch's RNG, seeded
-    per rank and per loader worker."""
+    """Serves normalised float images; with ``augment`` a random S x S crop of the image
+    zero-padded by S/8 (4 at 32 px) and a horizontal flip with probability 1/2 (torchvision's
+    RandomCrop(32, padding=4) + RandomHorizontalFlip semantics). Randomness comes from
+    torch's RNG, seeded per rank and per loader worker."""
 
     def __init__(self, images: ImageSet, augment: bool) -> None:
         chw = torch.from_numpy(images.images).permute(0, 3, 1, 2).contiguous()
         self.augment = augment
-        self.pixels = torch.nn.functional.pad(chw, (4, 4, 4, 4)) if augment else chw
+        self.size = chw.shape[-1]
+        self.pad = crop_padding(self.size)
+        pad = (self.pad,) * 4
+        self.pixels = torch.nn.functional.pad(chw, pad) if augment else chw
         self.labels = torch.from_numpy(images.labels)
         self.mean = torch.tensor(CIFAR100_MEAN).view(3, 1, 1) * 255
         self.inv_std = 1.0 / (torch.tensor(CIFAR100_STD).view(3, 1, 1) * 255)
@@ -296,16 +332,8 @@ class CifarTensorDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         img = self.pixels[index]
         if self.augment:
-            top, left = torch.randint(0, 9, (2,)).tolist()
-            img = img[:, top : top + 32, left : left + 32]
+            top, left = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
+            img = img[:, top : top + self.size, left : left + self.size]
             if torch.rand(()) < 0.5:
                 img = img.flip(-1)
         return (img.float() - self.mean) * self.inv_std, self.labels[index]
-
-
-def load_split(data: str, split: str, data_dir: str, seed: int, limit: int | None,
-               difficulty: float = 0.0) -> ImageSet:
-    """The ImageSet of one split, cut to ``limit`` images."""
-    if data == "synthetic":
-        return synthetic_split(split, limit or SYNTHETIC_SIZES[split], seed, difficulty)
-    return load_cifar100_split(Path(data_dir), split).head(limit)

@@ -1,5 +1,6 @@
-"""``--loader gpu``: the whole dataset held on the rank's device as uint8, random crop (pad 4)
-and horizontal flip done batch-wide on the device, normalisation fused into the conversion.
+"""``--loader gpu``: the whole dataset held on the rank's device as uint8, random crop (pad 4
+at 32 px) and horizontal flip done batch-wide on the device,
+normalisation fused into the conversion.
 No DataLoader, no worker processes. Each rank draws its shard exactly as
 ``DistributedSampler`` would (same seed, ``set_epoch``, drop_last), so the global batches are
 the same as with ``--loader torch``. On CPU the same pipeline runs on CPU tensors."""
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from bench.data import CIFAR100_MEAN, CIFAR100_STD, ImageSet
+from bench.data import CIFAR100_MEAN, CIFAR100_STD, ImageSet, crop_padding
 from strategies.base import epoch_sampler
 
 
@@ -41,7 +42,9 @@ class DeviceLoader:
                  channels_last: bool = False) -> None:
         chw = torch.from_numpy(images.images).permute(0, 3, 1, 2).contiguous()
         self.augment = train and augment
-        pixels = torch.nn.functional.pad(chw, (4, 4, 4, 4)) if self.augment else chw
+        self.size = chw.shape[-1]
+        self.pad = crop_padding(self.size)
+        pixels = torch.nn.functional.pad(chw, (self.pad,) * 4) if self.augment else chw
         self.pixels = pixels.to(device)
         self.labels = torch.from_numpy(images.labels).to(device)
         self.device, self.batch_size, self.train = device, batch_size, train
@@ -72,10 +75,11 @@ class DeviceLoader:
                     yield self._normalise(self.pixels[idx]), self.labels[idx], idx
                     continue
                 n = idx.numel()
-                offsets = torch.randint(0, 9, (2, n), device=self.device,
+                offsets = torch.randint(0, 2 * self.pad + 1, (2, n), device=self.device,
                                         generator=self.generator)
                 flip = torch.rand(n, device=self.device, generator=self.generator) < 0.5
-                crops = random_crop_flip(self.pixels[idx], offsets[0], offsets[1], flip)
+                crops = random_crop_flip(self.pixels[idx], offsets[0], offsets[1], flip,
+                                         self.size)
                 yield self._normalise(crops), self.labels[idx], idx
             return
         indices = self.indices or []

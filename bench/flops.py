@@ -9,6 +9,7 @@ import os
 import tempfile
 
 from bench.config import default_data_dir
+from bench.models import ModelSpec
 
 # Dense (no sparsity) peak TFLOP/s by precision, from the vendors' datasheets and
 # architecture whitepapers (tensor-core rates with FP32 accumulation, as autocast uses):
@@ -37,47 +38,45 @@ COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16",
                  "apex-O1": "fp16", "apex-O2": "fp16", "apex-O3": "fp16", "apex-O0": "fp32"}
 
 
-def train_flops_per_image(width: float, model_name: str = "resnet18-cifar") -> int:
-    """Forward + backward FLOPs of one 32x32 image through the model (ResNet-18 CIFAR at
-    ``width`` by default; multiply-add = 2 FLOPs; the optimizer step is not counted)."""
+def train_flops_per_image(spec: ModelSpec | None = None) -> int:
+    """Forward + backward FLOPs of one image of the spec's size through its model (the
+    full-width ResNet-18 CIFAR at 32 px by default; multiply-add = 2 FLOPs; the optimizer
+    step is not counted)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from bench.data import NUM_CLASSES
-    from bench.models import build_model
-
+    spec = spec or ModelSpec()
     batch = 2  # training-mode BatchNorm wants more than one value per channel
     # Built on CPU then moved: building under torch.device("meta") takes seconds.
     with torch.random.fork_rng(devices=[]):
-        model = build_model(model_name, NUM_CLASSES, width).to("meta").train()
-    images = torch.empty(batch, 3, 32, 32, device="meta")
+        model = spec.build().to("meta").train()
+    images = torch.empty(batch, 3, spec.image_size, spec.image_size, device="meta")
     with FlopCounterMode(display=False) as counter:
         model(images).sum().backward()
     return counter.get_total_flops() // batch
 
 
-def cached_train_flops_per_image(width: float, model_name: str = "resnet18-cifar") -> int:
-    """``train_flops_per_image``, kept per model, width and torch (and torchvision) version
-    beside the dataset cache: the count itself is instant, but FlopCounterMode's first use
-    costs ~2 s of imports, which every run would otherwise pay. A user's own model is
-    counted every time (its code may have changed)."""
+def cached_train_flops_per_image(spec: ModelSpec) -> int:
+    """``train_flops_per_image``, kept per model (width, classes, image size) and torch (and
+    torchvision) version beside the dataset cache: the count itself is instant, but
+    FlopCounterMode's first use costs ~2 s of imports, which every run would otherwise pay.
+    A user's own model is counted every time (its code may have changed)."""
     import torch
     import torchvision
 
     from bench.models import stable
 
-    if not stable(model_name):
-        return train_flops_per_image(width, model_name)
+    if not stable(spec.name):
+        return train_flops_per_image(spec)
     path = default_data_dir().parent / "flops.json"
-    key = (f"{model_name} width={width:g} torch={torch.__version__} "
-           f"torchvision={torchvision.__version__}")
+    key = f"{spec.key()} torch={torch.__version__} torchvision={torchvision.__version__}"
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
     if not isinstance(known, dict) or not isinstance(known.get(key), int):
         known = known if isinstance(known, dict) else {}
-        known[key] = train_flops_per_image(width, model_name)
+        known[key] = train_flops_per_image(spec)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")

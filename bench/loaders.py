@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.config import RunConfig
-from bench.data import CifarTensorDataset, load_split
+from bench.datasets import dataset, image_set
 from bench.device_loader import DeviceLoader
 from strategies.base import Strategy
 
@@ -66,12 +66,9 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     deterministically: torch's RNG is seeded here from the run's seed and the rank."""
     aug_seed = cfg.seed * 1_000_003 + 1 + strategy.rank
     torch.manual_seed(aug_seed)
-    train_images = load_split(cfg.data, "train", cfg.data_dir, cfg.seed, cfg.train_limit,
-                              cfg.synthetic_difficulty)
-    test_images = load_split(cfg.data, "test", cfg.data_dir, cfg.seed, cfg.test_limit,
-                             cfg.synthetic_difficulty)
-    eval_indices = strategy.eval_indices(len(test_images))
     if cfg.loader == "gpu":
+        train_images, test_images = image_set(cfg, "train"), image_set(cfg, "test")
+        eval_indices = strategy.eval_indices(len(test_images))
         train = DeviceLoader(
             train_images, strategy.device, micro_batch, train=True, augment=augment,
             seed=cfg.seed, world_size=strategy.world_size, rank=strategy.rank,
@@ -83,7 +80,8 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
         )
         return Loaders(train, test, train.sampler, len(train_images), len(test_images))
     pin = strategy.device.type == "cuda"
-    train_set = CifarTensorDataset(train_images, augment=augment)
+    train_set, test_set = dataset(cfg, "train", augment), dataset(cfg, "test", False)
+    eval_indices = strategy.eval_indices(len(test_set))
     sampler = strategy.train_sampler(train_set, cfg.seed)
     train = DataLoader(
         Indexed(train_set), batch_size=micro_batch, sampler=sampler, drop_last=True,
@@ -91,11 +89,11 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
         generator=torch.Generator().manual_seed(aug_seed),
     )
     test = DataLoader(
-        EvalShard(CifarTensorDataset(test_images, augment=False), eval_indices),
+        EvalShard(test_set, eval_indices),
         batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
         persistent_workers=workers > 0,
     )
-    return Loaders(train, test, sampler, len(train_images), len(test_images))
+    return Loaders(train, test, sampler, len(train_set), len(test_set))
 
 
 @contextlib.contextmanager

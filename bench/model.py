@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from bench.models import ModelSpec
 
 
 class BasicBlock(nn.Module):
@@ -86,13 +90,12 @@ def params_sha1(params: Iterable[torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def initial_params_sha1(seed: int, width: float, model: str = "resnet18-cifar") -> str:
-    """What every run of this seed, model and width must start from (the reference for
-    'same start'): the weights the model draws after ``torch.manual_seed(seed)``. The
-    caller's random state is left as it was."""
-    from bench.data import NUM_CLASSES
-    from bench.models import build_model
+def initial_params_sha1(seed: int, spec: ModelSpec | None = None) -> str:
+    """What every run of this seed and model must start from (the reference for 'same
+    start'): the weights the model draws after ``torch.manual_seed(seed)``. The caller's
+    random state is left as it was."""
+    from bench.models import ModelSpec
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return params_sha1(build_model(model, NUM_CLASSES, width).parameters())
+        return params_sha1((spec or ModelSpec()).build().parameters())

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from bench.errors import ConfigError
 
@@ -24,6 +25,44 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "resnet18-cifar"
 _TORCHVISION = "torchvision:"
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+CIFAR_SIZE = 32  # resnet18-cifar's and a user model's default image size
+TORCHVISION_SIZE = 224  # torchvision models' (ImageNet's)
+# torchvision builders whose model is made for one image size, which they take as an argument
+_SIZED = ("vit_",)
+
+
+def default_image_size(name: str) -> int:
+    """32 for the CIFAR ResNet-18 and a user's model, 224 for torchvision's."""
+    return TORCHVISION_SIZE if name.startswith(_TORCHVISION) else CIFAR_SIZE
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which network, exactly: what its weights (the same-start fingerprint), its FLOPs and
+    its gradient bytes depend on."""
+
+    name: str = DEFAULT_MODEL
+    width: float = 1.0  # resnet18-cifar's channel multiplier
+    num_classes: int = 100
+    image_size: int = CIFAR_SIZE
+
+    def build(self) -> nn.Module:
+        """The untrained model (weights from torch's global generator)."""
+        return build_model(self.name, self.num_classes, self.width, self.image_size)
+
+    def key(self) -> str:
+        """One line naming it, for caches."""
+        return (f"{self.name} width={self.width:g} classes={self.num_classes} "
+                f"size={self.image_size}")
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> ModelSpec:
+        """The model a record trained (older records lack classes and size: CIFAR's)."""
+        model = rec.get("model") or {}
+        return cls(name=model.get("name") or DEFAULT_MODEL,
+                   width=model.get("width", (rec.get("config") or {}).get("width", 1.0)),
+                   num_classes=model.get("num_classes") or 100,
+                   image_size=model.get("image_size") or CIFAR_SIZE)
 
 
 def check_model(name: str, width: float) -> None:
@@ -63,17 +102,37 @@ def _factory(name: str):
     return factory
 
 
-def check_model_builds(name: str) -> None:
-    """A user's factory is called once before anything is written, so that one returning no
-    module is refused in one line rather than in every rank (the registry's are known)."""
-    if not stable(name):
-        from bench.data import NUM_CLASSES
+def check_model_builds(spec: ModelSpec) -> None:
+    """Build the model once, before anything is written, and pass one image of the run's
+    size through it on the meta device (shapes only): a factory returning no module, or a
+    model that cannot take the image size or does not give one logit per class, is refused
+    in one line rather than in every rank."""
+    import torch
 
-        build_model(name, NUM_CLASSES)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = spec.build().to("meta").eval()
+        images = torch.empty(1, 3, spec.image_size, spec.image_size, device="meta")
+        with torch.no_grad():
+            logits = model(images)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise ConfigError(f"--model {spec.name} cannot take {spec.image_size}x"
+                          f"{spec.image_size} images ({reason}); choose another "
+                          "--image-size") from None
+    shape = tuple(getattr(logits, "shape", ()))
+    if shape != (1, spec.num_classes):
+        raise ConfigError(f"--model {spec.name} maps a batch of 1 image to "
+                          f"{shape or type(logits).__name__}, not logits of shape "
+                          f"(1, {spec.num_classes}); it must return one logit per class")
 
 
-def build_model(name: str, num_classes: int, width: float = 1.0) -> nn.Module:
-    """The untrained model (weights from torch's global generator)."""
+def build_model(name: str, num_classes: int, width: float = 1.0,
+                image_size: int | None = None) -> nn.Module:
+    """The untrained model (weights from torch's global generator). A torchvision model
+    made for one image size (ViT) is made for ``image_size``."""
     if name == DEFAULT_MODEL:
         from bench.model import resnet18_cifar
 
@@ -81,8 +140,10 @@ def build_model(name: str, num_classes: int, width: float = 1.0) -> nn.Module:
     if name.startswith(_TORCHVISION):
         from torchvision import models
 
-        return models.get_model(name[len(_TORCHVISION):], weights=None,
-                                num_classes=num_classes)
+        arch = name[len(_TORCHVISION):]
+        sized = image_size is not None and arch.startswith(_SIZED)
+        return models.get_model(arch, weights=None, num_classes=num_classes,
+                                **({"image_size": image_size} if sized else {}))
     from torch import nn
 
     model = _factory(name)(num_classes)
@@ -96,6 +157,14 @@ def short_name(name: str) -> str:
     if name == DEFAULT_MODEL:
         return "resnet18"
     return name[len(_TORCHVISION):] if name.startswith(_TORCHVISION) else name
+
+
+def mlperf_model_name(name: str) -> str:
+    """The model in an MLPerf log's benchmark name: resnet18-cifar, resnet50, custom (a
+    user's module path says nothing to a reader of the log)."""
+    if name == DEFAULT_MODEL:
+        return name
+    return name[len(_TORCHVISION):] if name.startswith(_TORCHVISION) else "custom"
 
 
 def stable(name: str) -> bool:

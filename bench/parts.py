@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from bench.config import RunConfig
-from bench.data import NUM_CLASSES
+from bench.datasets import model_spec
 from bench.model import count_parameters
-from bench.models import build_model
+from bench.models import ModelSpec
 from bench.precision import Precision
 from strategies.base import OptimizerFactory, Strategy, batchnorm_layers
 
@@ -24,6 +24,7 @@ class ModelParts:
     the (wrapped) optimizer, precision, input memory format and the parameter count."""
 
     model: nn.Module
+    spec: ModelSpec  # which network: name, width, classes, image size
     forward: Callable[[torch.Tensor], torch.Tensor]
     optimizer: torch.optim.Optimizer
     precision: Precision
@@ -65,7 +66,8 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     """The same initial weights on every rank and for every strategy (seeded here, as
     ``bench.model.initial_params_sha1`` assumes), then the strategy's wrapping."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, NUM_CLASSES, cfg.width)
+    spec = model_spec(cfg)
+    model = spec.build()
     parameters = count_parameters(model)
     bn_layers = batchnorm_layers(model)
     dtype = torch.float64 if cfg.verify_float64 else torch.float32
@@ -85,6 +87,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     )
     return ModelParts(
         model=model,
+        spec=spec,
         forward=torch.compile(model) if cfg.compile else model,
         optimizer=optimizer,
         precision=precision,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from bench.models import DEFAULT_MODEL, ModelSpec, check_model, check_model_builds, short_name
 
 KIB, MIB = 1024, 1024 * 1024
 PROBE_SIZES = [KIB * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
@@ -32,10 +33,14 @@ def bus_factor(world: int) -> float:
     return 2 * (world - 1) / world
 
 
-def gradient_bytes(width: float) -> int:
-    from bench.model import count_parameters, resnet18_cifar
+def gradient_bytes(spec: ModelSpec) -> int:
+    """The model's float32 gradient (its trainable parameters, 4 bytes each)."""
+    import torch
 
-    return 4 * count_parameters(resnet18_cifar(width=width))
+    from bench.model import count_parameters
+
+    with torch.random.fork_rng(devices=[]):
+        return 4 * count_parameters(spec.build())
 
 
 def _time_allreduce(dist, torch, numel: int, device) -> tuple[float, int]:
@@ -98,6 +103,7 @@ def topology_text() -> str | None:
 
 
 def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output: str,
+              model: str = DEFAULT_MODEL,
               nodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
               timeout: float = 300.0, max_mib: float = 256.0) -> int:
     import torch
@@ -105,6 +111,11 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     from bench.launch import MASTER_ADDR, free_port
     from bench.results import capture_env, new_run_id, write_atomic
 
+    if not 0 < width <= 4:
+        raise ConfigError(f"--width must lie in (0, 4] (got {width})")
+    check_model(model, width)
+    spec = ModelSpec(model, width)
+    check_model_builds(spec)
     if gpus < 1 or nodes < 1:
         raise ConfigError("--gpus and --nodes must be at least 1")
     if gpus * nodes < 2:
@@ -123,7 +134,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                           "visible (NCCL refuses two ranks on one GPU)")
     folder = Path(output) / "probes"
     folder.mkdir(parents=True, exist_ok=True)
-    grad = gradient_bytes(width)
+    grad = gradient_bytes(spec)
     if not max_mib > 0:
         raise ConfigError(f"--max-size must be positive (got {max_mib})")
     sizes = sorted({s for s in PROBE_SIZES if s <= max_mib * MIB} | {grad})
@@ -155,14 +166,16 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     record: dict[str, Any] = {
         "kind": "allreduce-probe", "probe_id": probe_id, "device": device, "backend": backend,
         "world_size": measured["world_size"], "nodes": nodes, "dtype": "float32",
-        "width": width, "gradient_bytes": grad, "gradient_allreduce_s": at_grad["time_s"],
+        "model": model, "width": width, "gradient_bytes": grad,
+        "gradient_allreduce_s": at_grad["time_s"],
         "results": measured["results"], "env": capture_env(device),
         "topology": topology_text() if device == "cuda" else None,
     }
     path = folder / f"{probe_id}.json"
     write_atomic(path, record)
     print(probe_table(record), end="")
-    print(f"bench probe: one gradient ({grad / MIB:.1f} MiB) all-reduces in "
+    print(f"bench probe: one {short_name(model)} gradient ({grad / MIB:.1f} MiB) "
+          "all-reduces in "
           f"{1000 * at_grad['time_s']:.2f} ms at best -> {path}")
     return EXIT_OK
 

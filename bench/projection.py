@@ -278,6 +278,10 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
                                         per_bucket_extra=HOROVOD_CYCLE_S / 2)
     else:  # DDP and its variants
         step, exposed = overlapped_step(w, w.buckets(w.bucket_bytes), comm)
+        if w.strategy == "ddp-zero":  # each rank broadcasts its updated shard after the
+            # step: an all-gather of the parameters, half an all-reduce's traffic, unhidden
+            step += comm(w.gradient_bytes) / 2
+            exposed += comm(w.gradient_bytes) / 2
     step += syncbn
     exposed += syncbn
     return Projection(w.strategy, gpus, nodes, step, c, exposed,

@@ -16,6 +16,7 @@ from typing import Any
 from bench import __version__
 from bench.config import REFERENCE_BATCH, RunConfig
 from bench.flops import peak_tflops
+from bench.models import ModelSpec
 from bench.results import (
     RECORD_VERSION,
     capture_env,
@@ -267,9 +268,9 @@ class RunRecord:
     def start(self, *, world_size: int, processes: int, norm: str, precision: str,
               per_replica_batch: int, per_process_batch: int, grad_accum: int,
               workers_per_process: int, threads_per_process: int, train_size: int,
-              test_size: int, steps_per_epoch: int, warmup_steps: int, width: float,
+              test_size: int, steps_per_epoch: int, warmup_steps: int,
               parameters: int, notes: list[str], compile_time_s: float | None,
-              model: str = "resnet18-cifar", batchnorm_layers: int | None = None,
+              model: ModelSpec, batchnorm_layers: int | None = None,
               initial_param_fingerprint: str, initial_reference_fingerprint: str,
               initial_replicas_identical: bool | None, allow_tf32: bool | None) -> None:
         """What the ranks found out while building the run; the epochs follow."""
@@ -293,8 +294,9 @@ class RunRecord:
             "test_size": test_size,
             "steps_per_epoch": steps_per_epoch,
             "warmup_steps": warmup_steps,
-            "model": {"name": model, "width": width, "parameters": parameters,
-                      "batchnorm_layers": batchnorm_layers},
+            "model": {"name": model.name, "width": model.width, "parameters": parameters,
+                      "batchnorm_layers": batchnorm_layers, "num_classes": model.num_classes,
+                      "image_size": model.image_size},
             "notes": self.data.get("notes", []) + notes,
             # SHA-1 of the parameters before step 1: same seed and width, same value
             "initial_param_fingerprint": initial_param_fingerprint,

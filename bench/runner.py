@@ -18,6 +18,7 @@ from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
 from bench.config import RunConfig, Topology
 from bench.data import SYNTHETIC_SIZES, prepare_cifar100
+from bench.datasets import check_memory, model_spec
 from bench.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -95,6 +96,19 @@ def resolve_strategy(cfg: RunConfig) -> Strategy:
         raise ConfigError(exc.args[0]) from None
 
 
+def check_strategy_options(cfg: RunConfig, strategy: Strategy) -> None:
+    """Options that belong to some strategies only change nothing elsewhere: refused there
+    rather than recorded as if they had run."""
+    if cfg.ddp_comm_hook != "none" and not strategy.accepts_ddp_comm_hook:
+        instead = (" (its counterpart: --hvd-compression fp16)" if strategy.name == "horovod"
+                   else "")
+        raise ConfigError(f"--ddp-comm-hook is a torch DDP option; {strategy.name} does not "
+                          f"wrap the model in torch's DDP{instead}")
+    if not cfg.reshard_after_forward and strategy.name != "fsdp":
+        raise ConfigError("--no-reshard-after-forward is an fsdp option; drop it for "
+                          f"{strategy.name}")
+
+
 def check_srun_task(strategy: Strategy, alternative: str = "") -> None:
     """Under srun each task is one rank: only strategies that find their rank in the
     environment can run that way."""
@@ -127,11 +141,18 @@ def check_output_writable(output: str) -> tuple[Path, list[Path]]:
     return folder, created
 
 
-def prepare_data(cfg: RunConfig) -> tuple[str, int, int]:
-    """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent)."""
+def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
+    """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent);
+    a set this machine's ``processes`` cannot hold in memory is refused."""
     if cfg.data == "synthetic":
         train, test = SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["test"]
         kind = "synthetic"
+    elif cfg.data == "imagefolder":
+        from bench.imagefolder import split_size
+
+        train, test = split_size(cfg.data_dir, "train", None), split_size(cfg.data_dir,
+                                                                          "test", None)
+        kind = "imagefolder"
     else:
         kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
     train = min(train, cfg.train_limit or train)
@@ -141,6 +162,7 @@ def prepare_data(cfg: RunConfig) -> tuple[str, int, int]:
             f"{train} training images are fewer than one global batch ({cfg.batch_size}); "
             "raise --train-limit or lower --batch-size"
         )
+    check_memory(cfg, train, test, processes)
     return kind, train, test
 
 
@@ -158,7 +180,7 @@ class RunPlan:
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
-        check_model_builds(cfg.model)
+        check_model_builds(model_spec(cfg))
         self.strategy = resolve_strategy(cfg)
         self.device_type = resolve_device(cfg)
         resolved: dict[str, Any] = {
@@ -181,6 +203,7 @@ class RunPlan:
             gpu_shared=self.slurm is None and shares_gpus(cfg, self.device_type),
         )
         self.strategy.check(self.topology, cfg.features)
+        check_strategy_options(cfg, self.strategy)
         self.processes = self.strategy.num_processes(self.topology)
         self.replicas = self.strategy.num_replicas(self.topology)
         self.local_processes = self.processes
@@ -238,8 +261,7 @@ class RunPlan:
             strategy_options=self.strategy.record_options(), command=argv,
             backend=self.strategy.process_group_backend(self.topology),
             gpu_shared=self.topology.gpu_shared,
-            train_flops_per_image=cached_train_flops_per_image(self.cfg.width,
-                                                                 self.cfg.model),
+            train_flops_per_image=cached_train_flops_per_image(model_spec(self.cfg)),
         )
 
 
@@ -353,7 +375,7 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
         if reason:
             record.unavailable(reason)
             return record
-        dataset, train_size, test_size = prepare_data(cfg)
+        dataset, train_size, test_size = prepare_data(cfg, plan.local_processes)
     except ConfigError:
         remove_created(plan.created_dirs)
         raise

@@ -191,11 +191,10 @@ class Trainer:
             workers_per_process=self.workers, threads_per_process=self.threads,
             train_size=self.loaders.train_size, test_size=self.loaders.test_size,
             steps_per_epoch=self.steps_per_epoch, warmup_steps=self.warmup_steps,
-            width=self.cfg.width, parameters=self.parts.parameters, notes=s.notes,
+            parameters=self.parts.parameters, notes=s.notes,
             compile_time_s=compile_time, initial_param_fingerprint=initial_sha1,
-            initial_reference_fingerprint=initial_params_sha1(self.cfg.seed, self.cfg.width,
-                                                              self.cfg.model),
-            model=self.cfg.model, batchnorm_layers=self.parts.batchnorm_layers,
+            initial_reference_fingerprint=initial_params_sha1(self.cfg.seed, self.parts.spec),
+            model=self.parts.spec, batchnorm_layers=self.parts.batchnorm_layers,
             initial_replicas_identical=initial_identical, allow_tf32=self.parts.allow_tf32,
         )
 
@@ -320,7 +319,7 @@ class Trainer:
             with self.parts.precision.autocast():
                 logits = net(images)
             logits = logits.float()
-            top5 = logits.topk(5, dim=1).indices
+            top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices  # 3 classes: 3
             hits = (top5 == labels[:, None]) & valid[:, None]
             losses = nn.functional.cross_entropy(logits, labels, reduction="none")
             # One float64 add: apex O1 patches in-place ops and refuses float64 += float32.

@@ -28,6 +28,7 @@ import strategies
 from bench.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
 from bench.loaders import build_loaders
 from bench.mlperf_log import MLPerfLog
+from bench.models import mlperf_model_name
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
 from bench.scratch import Heartbeat
@@ -69,7 +70,7 @@ def open_mllog(cfg, strategy: Strategy, loaders) -> MLPerfLog:
               else "cpu")
     c = MLPerfLog.constants_module()
     return MLPerfLog.open(
-        cfg.mllog, benchmark=f"resnet18-cifar-{cfg.data}",
+        cfg.mllog, benchmark=f"{mlperf_model_name(cfg.model)}-{cfg.data}",
         platform=f"{strategy.replicas}x{device} ({cfg.strategy})",
         hyperparameters={
             c.GLOBAL_BATCH_SIZE: cfg.batch_size, c.GRADIENT_ACCUMULATION_STEPS: cfg.grad_accum,

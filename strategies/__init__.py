@@ -9,6 +9,7 @@ from strategies.apex import ApexStrategy
 from strategies.base import Strategy
 from strategies.ddp import DDPStrategy
 from strategies.ddp_amp import DDPAmpStrategy
+from strategies.ddp_zero import DDPZeroStrategy
 from strategies.dp import DataParallelStrategy
 from strategies.fsdp import FSDPStrategy
 from strategies.horovod import HorovodStrategy
@@ -29,9 +30,10 @@ REGISTRY: dict[str, Callable[[StrategyOptions], Strategy]] = {
         summary="DDP, ranks started by the deprecated torch.distributed.launch (--local-rank)",
     ),
     "ddp-amp": lambda o: DDPAmpStrategy("ddp-amp", ddp=o.ddp),
+    "ddp-zero": lambda o: DDPZeroStrategy("ddp-zero", ddp=o.ddp),
     "ddp-apex": lambda o: ApexStrategy("ddp-apex", apex=o.apex, ddp=o.ddp),
     "horovod": lambda o: HorovodStrategy("horovod", options=o.horovod),
-    "fsdp": lambda o: FSDPStrategy("fsdp", ddp=o.ddp),
+    "fsdp": lambda o: FSDPStrategy("fsdp", ddp=o.ddp, fsdp=o.fsdp),
 }
 
 

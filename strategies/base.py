@@ -35,6 +35,7 @@ class Strategy:
 
     launcher: str = "inline"
     summary: str = ""
+    accepts_ddp_comm_hook = False  # wraps the model in torch's DDP (--ddp-comm-hook)
     collective_forward = False  # True when every forward is a collective (FSDP)
     replicates_parameters = True  # every rank holds all parameters (False: sharded, FSDP)
 

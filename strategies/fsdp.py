@@ -10,7 +10,7 @@ import contextlib
 import torch
 from torch import nn
 
-from bench.config import Features, Topology
+from bench.config import DDPOptions, Features, FSDPOptions, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import SyncOff
@@ -33,6 +33,15 @@ class FSDPStrategy(DDPStrategy):
     summary = "FSDP2 fully_shard per residual stage + root, ranks started by torchrun"
     collective_forward = True  # every forward all-gathers: ranks must evaluate in lockstep
     replicates_parameters = False  # each rank holds a shard: "replicas identical" has no object
+    accepts_ddp_comm_hook = False
+
+    def __init__(self, name: str, *, ddp: DDPOptions | None = None,
+                 fsdp: FSDPOptions | None = None) -> None:
+        super().__init__(name, ddp=ddp)
+        self.fsdp_options = fsdp or FSDPOptions()
+
+    def record_options(self) -> dict | None:
+        return {"reshard_after_forward": self.fsdp_options.reshard_after_forward}
 
     def requires(self, device_type: str, backend: str | None = None) -> str | None:
         if fsdp_api() is None:
@@ -79,9 +88,10 @@ class FSDPStrategy(DDPStrategy):
                 "fp32 BatchNorm"
             )
         units = shard_units(model)
+        kwargs["reshard_after_forward"] = self.fsdp_options.reshard_after_forward
         for unit in units:
             fully_shard(unit, **kwargs)
-        if kwargs:  # logits and loss in fp32, as autocast gives them (not bf16/fp16)
+        if "mp_policy" in kwargs:  # logits and loss in fp32, as autocast gives them
             kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32,
                                              output_dtype=torch.float32)
         fully_shard(model, **kwargs)
@@ -89,6 +99,10 @@ class FSDPStrategy(DDPStrategy):
                 else f"{len(units)} submodules of {type(model).__name__}")
         self.notes.append(f"FSDP2: sharded units = {what} + root; parameters are "
                           "sharded, so replicas_identical is null (not applicable)")
+        if not self.fsdp_options.reshard_after_forward:
+            self.notes.append("FSDP2: reshard_after_forward=False: each unit keeps its "
+                              "gathered parameters from forward to backward (ZeRO-2-like: no "
+                              "all-gather in backward)")
         return model
 
     def eval_module(self, model: nn.Module) -> nn.Module:

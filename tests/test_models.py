@@ -25,7 +25,8 @@ def test_a_user_factory_trains_under_each_strategy(strategy, tmp_path):
     rec = only_record(tmp_path)
     # 3*16*9+16 + 16*32*9+32 + 32*100+100 parameters, counted by hand
     assert rec["model"] == {"name": "user_models:tiny_cnn", "width": 1.0,
-                            "parameters": 448 + 4640 + 3300, "batchnorm_layers": 0}
+                            "parameters": 448 + 4640 + 3300, "batchnorm_layers": 0,
+                            "num_classes": 100, "image_size": 32}
     assert rec["initial_param_fingerprint"] == rec["initial_reference_fingerprint"]
     assert any("has no BatchNorm" in note for note in rec["notes"]), rec["notes"]
     assert rec["norm"] == "none"  # not "syncbn" or "per-replica-bn": there is none
@@ -38,7 +39,7 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
     """ResNet-50 at 32x32 (adaptive pooling), 100 classes: torchvision's 25,557,032
     parameters less the 1,000-class head plus a 100-class one."""
     assert_ok(run_bench("run", "--strategy", "ddp", "--model", "torchvision:resnet50",
-                        *TINY, "--output", str(tmp_path), timeout=600))
+                        "--image-size", "32", *TINY, "--output", str(tmp_path), timeout=600))
     rec = only_record(tmp_path)
     assert rec["model"]["parameters"] == 25_557_032 - 2048 * 1000 - 1000 + 2048 * 100 + 100
     assert rec["model"]["batchnorm_layers"] == 53
@@ -54,6 +55,9 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
     (["--model", "no_such_package.models:net"], "cannot import no_such_package.models"),
     (["--model", "user_models:missing"], "has no function missing"),
     (["--model", "torchvision:resnet50", "--width", "0.5"], "--width scales resnet18-cifar"),
+    (["--model", "torchvision:vit_b_16", "--image-size", "40"],
+     "cannot take 40x40 images (Input shape indivisible by patch size!)"),
+    (["--model", "user_models:ten_logits"], "not logits of shape (1, 100)"),
 ])
 def test_a_model_that_cannot_be_built_is_one_line(args, says, tmp_path):
     proc = run_bench("run", "--strategy", "ddp", *args, *TINY, "--output", str(tmp_path),

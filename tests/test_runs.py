@@ -11,6 +11,7 @@ import pytest
 from conftest import FAST, NO_PROBE, ROOT, assert_ok, only_record, records, run_bench
 
 from bench.model import initial_params_sha1
+from bench.models import ModelSpec
 from bench.report import summary_table
 from bench.results import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS, write_atomic
 
@@ -92,10 +93,11 @@ def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
     assert digests["dp"][0] != digests["dp"][1]
     # Same start: every rank's weights before step 1 are the seed's plain model's.
     assert {r["initial_param_fingerprint"] for r in by.values()} == {
-        initial_params_sha1(11, 0.125)
+        initial_params_sha1(11, ModelSpec(width=0.125))
     } == {r["initial_reference_fingerprint"] for r in by.values()}
     # ...and the fingerprint sees the weights: another seed's plain model differs.
-    assert initial_params_sha1(12, 0.125) != initial_params_sha1(11, 0.125)
+    assert (initial_params_sha1(12, ModelSpec(width=0.125))
+            != initial_params_sha1(11, ModelSpec(width=0.125)))
     assert all(r["initial_replicas_identical"] is True for r in by.values())
     table = summary_table(list(by.values()))
     assert list(table["same_start"]) == ["✓", "✓", "✓"]

@@ -18,7 +18,8 @@ def test_verify_passes_every_cpu_strategy_with_a_wide_margin():
     proc = run_bench("verify", *SMALL, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = {m.group(1): m.groups()[1:] for m in LINE.finditer(proc.stdout)}
-    for name in ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "horovod", "fsdp"):
+    for name in ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "ddp-zero", "horovod",
+                 "fsdp"):
         if name == "horovod" and "horovod     skipped" in proc.stdout:
             continue
         status, precision, loss_diff, loss_tol, param_diff, param_tol = found[name]

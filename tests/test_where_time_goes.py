@@ -10,6 +10,7 @@ import pytest
 from conftest import assert_ok, only_record, run_bench
 
 from bench.flops import peak_tflops, train_flops_per_image
+from bench.models import ModelSpec
 from bench.report import summary_table, to_markdown
 
 SMALL = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data", "synthetic",
@@ -69,6 +70,23 @@ def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
     assert bad.returncode == 2 and "at least 2 ranks" in bad.stderr
 
 
+def test_bench_probe_measures_the_gradient_of_the_model_named(tmp_path):
+    """ResNet-50 with a 100-class head (bench run's default classes): torchvision's
+    25,557,032 parameters less the 1,000-class head plus a 100-class one, 4 bytes each."""
+    proc = run_bench("probe", "--cpu", "--gpus", "2", "--model", "torchvision:resnet50",
+                     "--max-size", "0.01", "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (path,) = (tmp_path / "probes").glob("*.json")
+    probe = json.loads(path.read_text())
+    grad = 4 * (25_557_032 - 2048 * 1000 - 1000 + 2048 * 100 + 100)
+    assert probe["model"] == "torchvision:resnet50" and probe["gradient_bytes"] == grad
+    assert grad in [r["bytes"] for r in probe["results"]]
+    assert "one resnet50 gradient (90.5 MiB)" in proc.stdout
+    bad = run_bench("probe", "--cpu", "--model", "torchvision:resnet5000", "--output",
+                    str(tmp_path / "x"))
+    assert bad.returncode == 2 and "did you mean" in bad.stderr
+
+
 def probe_parameters() -> int:
     from bench.model import count_parameters, resnet18_cifar
 
@@ -80,7 +98,7 @@ def test_train_flops_of_full_width_resnet18_match_the_hand_count():
     3->64 at 32x32: 1.77 M; stage 1: 4 convs 64->64 at 32x32: 151 M; stages 2-4 likewise
     ~ 151 M each with their downsampling 1x1 convs: 0.556 G in all), 2 FLOPs each: 1.111
     GFLOP; backward twice the forward: 3.333 GFLOP per image in training."""
-    flops = train_flops_per_image(1.0)
+    flops = train_flops_per_image()
     assert flops == pytest.approx(3.333e9, rel=0.05)
 
 
@@ -99,7 +117,7 @@ def test_mfu_uses_the_gpus_dense_peak_for_the_runs_precision(tmp_path):
     record.start(world_size=2, processes=2, norm="syncbn", precision="bf16",
                  per_replica_batch=256, per_process_batch=256, grad_accum=1,
                  workers_per_process=4, threads_per_process=8, train_size=50000,
-                 test_size=10000, steps_per_epoch=97, warmup_steps=97, width=1.0,
+                 test_size=10000, steps_per_epoch=97, warmup_steps=97, model=ModelSpec(),
                  parameters=11_220_132, notes=[], compile_time_s=None,
                  initial_param_fingerprint="x", initial_reference_fingerprint="x",
                  initial_replicas_identical=True,

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.config import STRATEGY_ORDER
 from bench.errors import ConfigError
-from bench.models import DEFAULT_MODEL, short_name
+from bench.models import DEFAULT_MODEL, ModelSpec, short_name
 from bench.record import current_status
 from bench.results import summarise_epochs
 from bench.stats import mean_ci, welch
@@ -115,15 +115,30 @@ def workload(rec: dict[str, Any]) -> str:
     model = model if width == 1.0 else f"{model} x{width:g}"
     config = rec.get("config") or {}
     size = rec.get("train_size") or config.get("train_limit") or 50_000
-    data = rec.get("dataset") or config.get("data")
+    data = rec.get("dataset") or config.get("data") or "?"
     if data == "synthetic" and config.get("synthetic_difficulty"):
         data += f" d={config['synthetic_difficulty']:g}"
-    return f"{data} {size} img, batch {rec.get('global_batch')}, {model}"
+    if data.startswith("synthetic") and config.get("synthetic_classes", 100) != 100:
+        data += f" {config['synthetic_classes']} classes"
+    pixels = (rec.get("model") or {}).get("image_size") or 32
+    pixels = "" if pixels == 32 else f" {pixels}px"
+    return f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
 
 
 def speed_options(rec: dict[str, Any]) -> str:
-    """The run's speed options that change how (not what) it computes, "—" for none."""
+    """The run's options that change how it computes or communicates (speed options, and
+    the strategies' own: compression, FSDP's resharding), "—" for none."""
     chosen = []
+    strategy_options = rec.get("ddp_options") or {}
+    hook = strategy_options.get("comm_hook", "none")
+    if hook != "none":
+        rank = strategy_options.get("powersgd_rank", 1)
+        chosen.append(f"{hook} hook" + (f" r={rank}" if hook == "powersgd" else ""))
+    if (rec.get("config") or {}).get("hvd_compression", "none") != "none" and rec.get(
+            "strategy") == "horovod":
+        chosen.append(f"{rec['config']['hvd_compression']} compression")
+    if strategy_options.get("reshard_after_forward") is False:
+        chosen.append("no reshard")
     if rec.get("loader") == "gpu":
         chosen.append("gpu loader")
     if rec.get("channels_last"):
@@ -136,10 +151,10 @@ def speed_options(rec: dict[str, Any]) -> str:
 
 
 @functools.cache
-def _reference_start(seed: int, width: float, model: str) -> str:
+def _reference_start(seed: int, spec: ModelSpec) -> str:
     from bench.model import initial_params_sha1
 
-    return initial_params_sha1(seed, width, model)
+    return initial_params_sha1(seed, spec)
 
 
 def same_start(rec: dict[str, Any]) -> bool | None:
@@ -152,9 +167,7 @@ def same_start(rec: dict[str, Any]) -> bool | None:
         return None
     reference = rec.get("initial_reference_fingerprint")
     if not reference:
-        model = rec.get("model") or {}
-        reference = _reference_start(int(rec.get("seed", 0)), float(model.get("width", 1.0)),
-                                     model.get("name") or DEFAULT_MODEL)
+        reference = _reference_start(int(rec.get("seed", 0)), ModelSpec.from_record(rec))
     return rec.get("initial_replicas_identical") is not False and sha1 == reference
 
 

@@ -15,3 +15,8 @@ def tiny_cnn(num_classes: int) -> nn.Module:
 
 def not_a_module(num_classes: int) -> str:
     return f"{num_classes} classes"
+
+
+def ten_logits(num_classes: int) -> nn.Module:
+    """Ignores the class count: ten logits whatever the data has."""
+    return tiny_cnn(10)

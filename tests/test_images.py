@@ -1,0 +1,180 @@
+"""Data for any model: the synthetic set at any image size and class count (the 32-px,
+100-class set unchanged), CIFAR-100 resized, and the user's own images as an ImageFolder,
+which trains (bench verify, float64) and evaluates exactly; what cannot work is one line."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+
+import numpy as np
+import pytest
+from conftest import ROOT, assert_ok, only_record, run_bench
+from PIL import Image
+
+from bench.data import ImageSet, resized, synthetic_split
+
+USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
+TINY = ["--cpu", "--gpus", "2", "--epochs", "1", "--no-progress", "--comm-probe-steps", "0"]
+FOLDER_CLASSES = ("cat", "dog", "fish")
+FOLDER_TRAIN, FOLDER_VAL = 8, 5  # per class: 24 training, 15 evaluation images
+
+
+def _sha1(images: ImageSet) -> str:
+    return hashlib.sha1(images.images.tobytes() + images.labels.tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("difficulty, sha1", [
+    (0.0, "5950ee26c68c2a90a760d4ee4dd51c7ec82ab4d4"),
+    (1.0, "b32ebcf06f28624c6894d9d3d0dd530f0bc5f773"),
+])
+def test_the_32px_100_class_synthetic_set_is_the_one_bench_always_drew(difficulty, sha1):
+    """Digests of the set as bench drew it before any size or class count existed (so the
+    README's table and older records keep their data)."""
+    assert _sha1(synthetic_split("train", 64, 7, difficulty)) == sha1
+
+
+def test_the_synthetic_set_at_another_size_and_class_count():
+    big = synthetic_split("train", 300, 3, 1.0, image_size=72, classes=10)
+    assert big.images.shape == (300, 72, 72, 3) and big.images.dtype == np.uint8
+    assert set(big.labels.tolist()) == set(range(10))
+    # a limit takes a prefix of the same stream, also across the noise's chunks
+    head = synthetic_split("train", 17, 3, 1.0, image_size=72, classes=10)
+    assert np.array_equal(head.images, big.images[:17])
+    assert np.array_equal(head.labels, big.labels[:17])
+    # learnable: the class means differ far more than the noise of a mean over ~30 images
+    easy = synthetic_split("train", 300, 3, 0.0, image_size=72, classes=10)
+    means = np.stack([easy.images[easy.labels == c].mean(0) for c in range(10)])
+    assert np.abs(means[0] - means[1]).mean() > 15
+
+
+def test_cifar_is_resized_for_larger_models_and_unchanged_at_32():
+    small = synthetic_split("test", 8, 0)
+    assert resized(small, 32) is small
+    large = resized(small, 64)
+    assert large.images.shape == (8, 64, 64, 3)
+    assert np.array_equal(large.labels, small.labels)
+    # bilinear upsampling keeps each image's mean colour
+    assert np.abs(large.images.mean((1, 2)) - small.images.mean((1, 2))).max() < 2
+
+
+def test_a_torchvision_model_at_another_size_and_class_count(tmp_path):
+    assert_ok(run_bench("run", "--strategy", "ddp", "--model", "torchvision:resnet18",
+                        "--data", "synthetic", "--image-size", "64", "--synthetic-classes",
+                        "10", "--train-limit", "64", "--test-limit", "16", "--batch-size",
+                        "16", *TINY, "--output", str(tmp_path)))
+    rec = only_record(tmp_path)
+    # torchvision's 11,689,512 parameters less the 1,000-class head plus a 10-class one
+    assert rec["model"]["parameters"] == 11_689_512 - 512 * 1000 - 1000 + 512 * 10 + 10
+    assert rec["model"]["num_classes"] == 10 and rec["model"]["image_size"] == 64
+    assert rec["initial_param_fingerprint"] == rec["initial_reference_fingerprint"]
+    # Hand count of multiply-adds at 64 px: the 7x7 stem at 32x32 (9.63 M), layer1's four
+    # 3x3 64->64 convs at 16x16 (37.75 M), layers 2-4 33.55 M each (their strides keep
+    # channels x pixels even), the 10-class head 5 k: 148.04 M forward; backward twice
+    # that, less the stem's input gradient (images need none); 2 FLOPs per multiply-add.
+    forward = 9.634e6 + 37.749e6 + 3 * 33.554e6 + 5120
+    assert rec["train_flops_per_image"] == pytest.approx(2 * (3 * forward - 9.634e6),
+                                                         rel=1e-3)
+    report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
+    assert "synthetic d=1 10 classes 64 img 64px, batch 16, resnet18" in report.stdout
+
+
+def write_imagefolder(root, seed: int = 0) -> None:
+    """DIR/{train,val}/CLASS/*.png|jpg: learnable images of varied sizes and aspect ratios."""
+    per = {"train": FOLDER_TRAIN, "val": FOLDER_VAL}
+    rng = np.random.default_rng(seed)
+    for split, count in per.items():
+        pixels = synthetic_split("train" if split == "train" else "test", 200, seed, 0.0,
+                                 image_size=40, classes=len(FOLDER_CLASSES))
+        for c, name in enumerate(FOLDER_CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            chosen = np.flatnonzero(pixels.labels == c)[:count]
+            for k, i in enumerate(chosen):
+                size = tuple(int(v) for v in rng.integers(24, 64, size=2))
+                image = Image.fromarray(pixels.images[i]).resize(size)
+                image.save(folder / f"img{k}.{'jpg' if k % 3 == 0 else 'png'}")
+    (root / "train" / "cat" / "notes.txt").write_text("not an image: skipped")
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagefolder")
+    write_imagefolder(root)
+    return root
+
+
+def test_an_imagefolder_trains_and_evaluates_every_image_once(image_folder, tmp_path):
+    """15 evaluation images over 2 ranks (one padded slot): each counted once."""
+    assert_ok(run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
+                        str(image_folder), "--model", "user_models:tiny_cnn", "--batch-size",
+                        "8", *TINY, "--epochs", "2", "--output", str(tmp_path), env=USER))
+    rec = only_record(tmp_path)
+    assert rec["dataset"] == "imagefolder"
+    assert (rec["train_size"], rec["test_size"]) == (3 * FOLDER_TRAIN, 3 * FOLDER_VAL)
+    assert rec["model"]["num_classes"] == 3 and rec["model"]["image_size"] == 32
+    for epoch in rec["per_epoch"]:
+        assert epoch["test_images"] == 15 and epoch["train_images"] == 24
+        correct = epoch["top1"] * 15  # a fraction: a whole number of the 15 images
+        assert math.isclose(correct, round(correct), abs_tol=1e-6), epoch["top1"]
+
+
+def test_an_imagefolder_trains_exactly_like_one_plain_process(image_folder):
+    proc = run_bench("verify", "--strategies", "ddp,fsdp", "--gpus", "2", "--steps", "2",
+                     "--batch-size", "8", "--cpu", "--data", "imagefolder", "--data-dir",
+                     str(image_folder), "--model", "user_models:tiny_cnn", env=USER)
+    assert_ok(proc)
+    assert proc.stdout.count(" pass ") == 2, proc.stdout
+
+
+def test_an_imagefolder_limit_keeps_every_class(image_folder):
+    from bench.imagefolder import FolderImages
+
+    images = FolderImages(image_folder, "train", 32, augment=False, limit=9)
+    assert len(images) == 9 and len({label for _, label in images.samples}) == 3
+    image, label = images[0]
+    assert label in (0, 1, 2)
+    assert tuple(image.shape) == (3, 32, 32)
+
+
+def _bad_folder(tmp_path, kind: str):
+    root = tmp_path / "images"
+    write_imagefolder(root)
+    if kind == "no val":
+        for path in sorted((root / "val").rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        (root / "val").rmdir()
+    elif kind == "other classes":
+        (root / "val" / "fish").rename(root / "val" / "bird")
+    return root
+
+
+@pytest.mark.parametrize("kind, args, says", [
+    ("no val", [], "images/val is not a folder; lay the images out as DIR/train/CLASS/*.jpg"),
+    ("other classes", [], "must hold the same class folders (differ in bird, fish)"),
+    ("fine", ["--loader", "gpu"], "an ImageFolder is decoded per image: use --loader torch"),
+    ("fine", ["--synthetic-classes", "5"], "--synthetic-classes applies to --data synthetic"),
+    ("fine", ["--image-size", "4"], "--image-size must lie in 8..1024"),
+])
+def test_imagefolder_bad_input_is_one_line(kind, args, says, tmp_path):
+    root = _bad_folder(tmp_path, kind)
+    proc = run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
+                     str(root), "--batch-size", "8", *TINY, *args, "--output",
+                     str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and not (tmp_path / "out" / "runs").exists()
+
+
+def test_a_set_the_machine_cannot_hold_is_refused_before_anything_runs(tmp_path):
+    """ResNet-50's default 224 px over the whole 60,000-image synthetic set: ~21 GiB per
+    process on a machine given 2 of them (this one has 24 GiB; a larger one is asked for
+    more processes)."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    processes = max(2, math.ceil(memory / 20e9))
+    proc = run_bench("run", "--strategy", "ddp", "--model", "torchvision:resnet50", "--data",
+                     "synthetic", "--cpu", "--gpus", str(processes), "--batch-size",
+                     str(processes * 4), "--output", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "lower --train-limit" in proc.stderr and "224 px" in proc.stderr
+    assert not (tmp_path / "runs").exists()
