@@ -177,7 +177,7 @@ def _compressed_like(cfg: RunConfig, model: nn.Module):
                             rank=0, world_size=1)
     try:
         wrapped = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb)
-        register_comm_hook(wrapped, cfg.strategy_options.ddp)
+        register_comm_hook(wrapped, cfg.strategy_options.ddp, "gloo")
         yield wrapped
     finally:
         dist.destroy_process_group()

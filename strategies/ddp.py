@@ -64,7 +64,23 @@ def _ddp_call_kwargs(options: DDPOptions) -> dict:
     return kwargs
 
 
-def register_comm_hook(model: DistributedDataParallel, options: DDPOptions) -> str | None:
+def _one_bucket_at_a_time(hook):
+    """The hook, finished bucket by bucket. PowerSGD chains two all-reduces per bucket
+    through future callbacks; over gloo the callbacks of one bucket and the next bucket's
+    first all-reduce reach the process group in a different order on different ranks, a
+    collective mismatch ("Received data size doesn't match expected size", seen with ViT-B's
+    14 buckets, torch 2.11). Waiting for each bucket keeps the order."""
+
+    def serial(state, bucket):
+        future = hook(state, bucket)
+        future.wait()
+        return future
+
+    return serial
+
+
+def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
+                       backend: str = "nccl") -> str | None:
     """DDP's own gradient compression (``--ddp-comm-hook``); returns the note saying what it
     does. fp16 / bf16: each bucket is cast (and divided by the world size) before the
     all-reduce and cast back after it, as Horovod's fp16 compression does. PowerSGD: each
@@ -80,9 +96,13 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions) -> s
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=options.powersgd_rank,
             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True, random_seed=0)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        serial = backend == "gloo"
+        model.register_comm_hook(state, _one_bucket_at_a_time(powerSGD_hook.powerSGD_hook)
+                                 if serial else powerSGD_hook.powerSGD_hook)
         return (f"DDP comm hook: PowerSGD rank {options.powersgd_rank} (error feedback, warm "
-                "start) from step 2; the first step all-reduces in full")
+                "start) from step 2; the first step all-reduces in full"
+                + ("; gloo: one bucket at a time (concurrent buckets mismatch their "
+                   "collectives)" if serial else ""))
     hook = {"fp16": default_hooks.fp16_compress_hook,
             "bf16": default_hooks.bf16_compress_hook}[options.comm_hook]
     model.register_comm_hook(None, hook)
@@ -153,7 +173,7 @@ class DDPStrategy(Strategy):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids,
                                           **_ddp_call_kwargs(self.ddp_options))
-        note = register_comm_hook(wrapped, self.ddp_options)
+        note = register_comm_hook(wrapped, self.ddp_options, dist.get_backend())
         if note:
             self.notes.append(note)
         return wrapped
