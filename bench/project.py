@@ -44,7 +44,8 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         return None
     half = rec.get("precision") in _HALF_BYTES or (
         rec.get("strategy") == "horovod" and (rec.get("config") or {}).get(
-            "hvd_compression") == "fp16")
+            "hvd_compression") == "fp16") or (
+        (rec.get("ddp_options") or {}).get("comm_hook") in ("fp16", "bf16"))
     delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
                   for m in [_SLOW_COMM.search(note)] if m), 0.0)
     layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
