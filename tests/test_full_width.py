@@ -13,6 +13,6 @@ def test_real_resnet18_trains_one_epoch(cifar_dir, tmp_path):
     rec = only_record(tmp_path)
     # 20 BatchNorm layers: the stem, two per basic block (8), three in downsample shortcuts
     assert rec["model"] == {"name": "resnet18-cifar", "width": 1.0, "parameters": 11_220_132,
-                            "batchnorm_layers": 20}
+                            "batchnorm_layers": 20, "num_classes": 100, "image_size": 32}
     assert rec["per_epoch"][0]["train_images"] == 64
     assert rec["per_epoch"][0]["train_loss"] > 0
