@@ -183,7 +183,8 @@ def test_what_cannot_be_an_srun_task_is_refused_alike(how, tmp_path):
         proc = run_bench("run", "--strategy", "ddp-spawn", "--gpus", "2", *BASE,
                          "--output", str(tmp_path / "out"), env=SRUN_TASK)
     assert proc.returncode == 2, proc.stderr
-    assert "ddp-spawn cannot run that way: use ddp, ddp-amp, ddp-zero, ddp-apex, fsdp" in proc.stderr
+    assert ("ddp-spawn cannot run that way: use ddp, ddp-amp, ddp-zero, ddp-apex, fsdp"
+            in proc.stderr)
     assert list(tmp_path.iterdir()) == []
 
 
