@@ -231,6 +231,12 @@ def write_cifar100_format(root: Path, train: ImageSet, test: ImageSet) -> Path:
 # --------------------------------------------------------------------------- synthetic data
 
 
+def _images_per_chunk(image_size: int) -> int:
+    """Images worked on at once when drawing or resizing a set: ~4 M values, so a large set
+    at a large size never holds more than that in float."""
+    return max(1, 2**22 // (image_size * image_size * 3))
+
+
 def synthetic_split(split: str, size: int, seed: int, difficulty: float = 0.0,
                     image_size: int = 32, classes: int = NUM_CLASSES) -> ImageSet:
     """Deterministic, learnable CIFAR-like data: each class has a fixed low-frequency
@@ -266,7 +272,7 @@ def synthetic_split(split: str, size: int, seed: int, difficulty: float = 0.0,
     # so that a large set at a large size never holds more than a chunk in float64.
     noise_stream = np.random.default_rng([seed, stream, 1])
     images = np.empty((size, image_size, image_size, 3), dtype=np.uint8)
-    chunk = max(1, 2**22 // (image_size * image_size * 3))
+    chunk = _images_per_chunk(image_size)
     pixel = np.arange(image_size)
     for start in range(0, size, chunk):
         part = slice(start, min(size, start + chunk))
@@ -290,7 +296,7 @@ def resized(images: ImageSet, size: int) -> ImageSet:
     if images.images.shape[1] == size:
         return images
     out = np.empty((len(images), size, size, 3), dtype=np.uint8)
-    chunk = max(1, 2**22 // (size * size * 3))
+    chunk = _images_per_chunk(size)
     for start in range(0, len(images), chunk):
         part = torch.from_numpy(images.images[start : start + chunk]).permute(0, 3, 1, 2)
         scaled = torch.nn.functional.interpolate(part.float(), size=(size, size),

@@ -12,8 +12,10 @@ from torch.utils.data import Dataset
 from bench.config import RunConfig
 from bench.data import (
     NUM_CLASSES,
+    SYNTHETIC_SIZES,
     CifarTensorDataset,
     ImageSet,
+    crop_padding,
     load_cifar100_split,
     resized,
     synthetic_split,
@@ -37,13 +39,15 @@ def model_spec(cfg: RunConfig) -> ModelSpec:
     return ModelSpec(cfg.model, cfg.width, num_classes(cfg), cfg.input_size)
 
 
+def _limit(cfg: RunConfig, split: str) -> int | None:
+    return cfg.train_limit if split == "train" else cfg.test_limit
+
+
 def image_set(cfg: RunConfig, split: str) -> ImageSet:
     """One split as uint8 images at the run's size, cut to its limit (CIFAR-100 resized when
     the run's size is not 32). An ImageFolder is decoded per item instead (``dataset``)."""
-    limit = cfg.train_limit if split == "train" else cfg.test_limit
+    limit = _limit(cfg, split)
     if cfg.data == "synthetic":
-        from bench.data import SYNTHETIC_SIZES
-
         return synthetic_split(split, limit or SYNTHETIC_SIZES[split], cfg.seed,
                                cfg.synthetic_difficulty, cfg.input_size, cfg.synthetic_classes)
     if cfg.data == "imagefolder":
@@ -57,8 +61,7 @@ def dataset(cfg: RunConfig, split: str, augment: bool) -> Dataset:
     if cfg.data == "imagefolder":
         from bench.imagefolder import FolderImages
 
-        limit = cfg.train_limit if split == "train" else cfg.test_limit
-        return FolderImages(cfg.data_dir, split, cfg.input_size, augment, limit)
+        return FolderImages(cfg.data_dir, split, cfg.input_size, augment, _limit(cfg, split))
     return CifarTensorDataset(image_set(cfg, split), augment=augment)
 
 
@@ -67,8 +70,6 @@ def memory_bytes(cfg: RunConfig, train: int, test: int) -> int:
     training copy padded for the random crop); 0 for an ImageFolder (decoded per item)."""
     if cfg.data == "imagefolder":
         return 0
-    from bench.data import crop_padding
-
     size = cfg.input_size
     padded = size + 2 * crop_padding(size)
     # the array loaded plus its tensor (padded for training), held side by side
@@ -77,13 +78,14 @@ def memory_bytes(cfg: RunConfig, train: int, test: int) -> int:
 
 def check_memory(cfg: RunConfig, train: int, test: int, processes: int) -> None:
     """Refuse, before anything is written, a set that the machine's processes cannot hold."""
-    need = memory_bytes(cfg, train, test) * processes
+    per_process = memory_bytes(cfg, train, test)
+    need = per_process * processes
     try:
         have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return
     if need > 0.8 * have:
-        per = memory_bytes(cfg, train, test) / 2**30
+        per = per_process / 2**30
         fits = max(1, int(train * 0.8 * have / need) // cfg.batch_size * cfg.batch_size)
         raise ConfigError(
             f"{train + test} images at {cfg.input_size} px take {per:.1f} GiB in each of "

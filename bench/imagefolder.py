@@ -82,8 +82,9 @@ def chosen(count: int, limit: int | None) -> np.ndarray:
     return np.random.default_rng(0).permutation(count)[:limit]
 
 
-def split_size(root: str | Path, split: str, limit: int | None) -> int:
-    return len(chosen(len(_samples(Path(root), split)), limit))
+def split_size(root: str | Path, split: str) -> int:
+    """Images in one split (before any limit)."""
+    return len(_samples(Path(root), split))
 
 
 class FolderImages(Dataset):

@@ -31,9 +31,14 @@ TORCHVISION_SIZE = 224  # torchvision models' (ImageNet's)
 _SIZED = ("vit_",)
 
 
+def _torchvision_arch(name: str) -> str | None:
+    """``resnet50`` for ``torchvision:resnet50``; None for any other model."""
+    return name[len(_TORCHVISION):] if name.startswith(_TORCHVISION) else None
+
+
 def default_image_size(name: str) -> int:
     """32 for the CIFAR ResNet-18 and a user's model, 224 for torchvision's."""
-    return TORCHVISION_SIZE if name.startswith(_TORCHVISION) else CIFAR_SIZE
+    return TORCHVISION_SIZE if _torchvision_arch(name) is not None else CIFAR_SIZE
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,8 @@ def check_model(name: str, width: float) -> None:
         return
     if width != 1.0:
         raise ConfigError(f"--width scales {DEFAULT_MODEL} only; drop it for --model {name}")
-    if name.startswith(_TORCHVISION):
-        arch = name[len(_TORCHVISION):]
+    arch = _torchvision_arch(name)
+    if arch is not None:
         from torchvision import models
 
         known = models.list_models(module=models)
@@ -102,11 +107,12 @@ def _factory(name: str):
     return factory
 
 
-def check_model_builds(spec: ModelSpec) -> None:
+def check_model_builds(spec: ModelSpec) -> nn.Module:
     """Build the model once, before anything is written, and pass one image of the run's
     size through it on the meta device (shapes only): a factory returning no module, or a
     model that cannot take the image size or does not give one logit per class, is refused
-    in one line rather than in every rank."""
+    in one line rather than in every rank. Returns the model, on the meta device (its
+    parameter shapes, for callers that need no weights)."""
     import torch
 
     try:
@@ -127,6 +133,7 @@ def check_model_builds(spec: ModelSpec) -> None:
         raise ConfigError(f"--model {spec.name} maps a batch of 1 image to "
                           f"{shape or type(logits).__name__}, not logits of shape "
                           f"(1, {spec.num_classes}); it must return one logit per class")
+    return model
 
 
 def build_model(name: str, num_classes: int, width: float = 1.0,
@@ -137,10 +144,10 @@ def build_model(name: str, num_classes: int, width: float = 1.0,
         from bench.model import resnet18_cifar
 
         return resnet18_cifar(num_classes=num_classes, width=width)
-    if name.startswith(_TORCHVISION):
+    arch = _torchvision_arch(name)
+    if arch is not None:
         from torchvision import models
 
-        arch = name[len(_TORCHVISION):]
         sized = image_size is not None and arch.startswith(_SIZED)
         return models.get_model(arch, weights=None, num_classes=num_classes,
                                 **({"image_size": image_size} if sized else {}))
@@ -156,7 +163,7 @@ def short_name(name: str) -> str:
     """The model in workload labels: resnet18 (x width), resnet50, my.models:tiny."""
     if name == DEFAULT_MODEL:
         return "resnet18"
-    return name[len(_TORCHVISION):] if name.startswith(_TORCHVISION) else name
+    return _torchvision_arch(name) or name
 
 
 def mlperf_model_name(name: str) -> str:
@@ -164,9 +171,9 @@ def mlperf_model_name(name: str) -> str:
     user's module path says nothing to a reader of the log)."""
     if name == DEFAULT_MODEL:
         return name
-    return name[len(_TORCHVISION):] if name.startswith(_TORCHVISION) else "custom"
+    return _torchvision_arch(name) or "custom"
 
 
 def stable(name: str) -> bool:
     """Whether the model is fixed by its name and the installed packages (cacheable)."""
-    return name == DEFAULT_MODEL or name.startswith(_TORCHVISION)
+    return name == DEFAULT_MODEL or _torchvision_arch(name) is not None

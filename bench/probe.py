@@ -33,16 +33,6 @@ def bus_factor(world: int) -> float:
     return 2 * (world - 1) / world
 
 
-def gradient_bytes(spec: ModelSpec) -> int:
-    """The model's float32 gradient (its trainable parameters, 4 bytes each)."""
-    import torch
-
-    from bench.model import count_parameters
-
-    with torch.random.fork_rng(devices=[]):
-        return 4 * count_parameters(spec.build())
-
-
 def _time_allreduce(dist, torch, numel: int, device) -> tuple[float, int]:
     """Median seconds of one all-reduce of ``numel`` floats (after warm-up) and iterations."""
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
@@ -114,8 +104,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     if not 0 < width <= 4:
         raise ConfigError(f"--width must lie in (0, 4] (got {width})")
     check_model(model, width)
-    spec = ModelSpec(model, width)
-    check_model_builds(spec)
+    built = check_model_builds(ModelSpec(model, width))
     if gpus < 1 or nodes < 1:
         raise ConfigError("--gpus and --nodes must be at least 1")
     if gpus * nodes < 2:
@@ -134,7 +123,9 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                           "visible (NCCL refuses two ranks on one GPU)")
     folder = Path(output) / "probes"
     folder.mkdir(parents=True, exist_ok=True)
-    grad = gradient_bytes(spec)
+    from bench.model import count_parameters
+
+    grad = 4 * count_parameters(built)  # float32 gradients
     if not max_mib > 0:
         raise ConfigError(f"--max-size must be positive (got {max_mib})")
     sizes = sorted({s for s in PROBE_SIZES if s <= max_mib * MIB} | {grad})

@@ -150,8 +150,7 @@ def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
     elif cfg.data == "imagefolder":
         from bench.imagefolder import split_size
 
-        train, test = split_size(cfg.data_dir, "train", None), split_size(cfg.data_dir,
-                                                                          "test", None)
+        train, test = split_size(cfg.data_dir, "train"), split_size(cfg.data_dir, "test")
         kind = "imagefolder"
     else:
         kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
@@ -180,7 +179,8 @@ class RunPlan:
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
-        check_model_builds(model_spec(cfg))
+        self.spec = model_spec(cfg)  # the data's classes and the run's image size
+        check_model_builds(self.spec)
         self.strategy = resolve_strategy(cfg)
         self.device_type = resolve_device(cfg)
         resolved: dict[str, Any] = {
@@ -261,7 +261,7 @@ class RunPlan:
             strategy_options=self.strategy.record_options(), command=argv,
             backend=self.strategy.process_group_backend(self.topology),
             gpu_shared=self.topology.gpu_shared,
-            train_flops_per_image=cached_train_flops_per_image(model_spec(self.cfg)),
+            train_flops_per_image=cached_train_flops_per_image(self.spec),
         )
 
 

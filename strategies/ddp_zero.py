@@ -8,16 +8,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.config import DDPOptions
 from strategies.base import SyncOff
 from strategies.ddp import DDPStrategy, ddp_still_communicating
 
 
 class DDPZeroStrategy(DDPStrategy):
     summary = "DDP + ZeroRedundancyOptimizer (optimizer state sharded, ZeRO-1), torchrun"
-
-    def __init__(self, name: str, *, ddp: DDPOptions | None = None) -> None:
-        super().__init__(name, ddp=ddp)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
                        grad_accum: int) -> torch.optim.Optimizer:
