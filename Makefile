@@ -85,13 +85,16 @@ lint: $(STAMP)
 # Where nvcc is on PATH, `make test` builds Horovod as a GPU machine would (NCCL operations
 # cross-compiled for sm_90), so the Horovod tests run against that build.
 HOROVOD_TEST_MODE ?= $(if $(shell command -v nvcc 2>/dev/null),gpu,)
+# The suite runs on 2 workers, then the tests marked serial (they time themselves or look for
+# processes machine-wide) alone.
+PYTEST := $(BIN)/python -m pytest
 test: $(STAMP) lint
 	HOROVOD_BUILD_MODE=$(HOROVOD_TEST_MODE) $(MAKE) --no-print-directory horovod
-	$(BIN)/python -m pytest
+	$(PYTEST) -n 2 -m "not serial" && $(PYTEST) -m serial
 
 # The suite without building Horovod (its tests are then skipped with the reason).
 test-fast: $(STAMP) lint
-	$(BIN)/python -m pytest
+	$(PYTEST) -n 2 -m "not serial" && $(PYTEST) -m serial
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache results/demo build .cache

@@ -1,3 +1,3 @@
-from bench.cli import main
+from bench.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -62,14 +62,14 @@ def cached_train_flops_per_image(spec: ModelSpec) -> int:
     FlopCounterMode's first use costs ~2 s of imports, which every run would otherwise pay.
     A user's own model is counted every time (its code may have changed)."""
     import torch
-    import torchvision
 
     from bench.models import stable
+    from bench.results import torchvision_version
 
     if not stable(spec.name):
         return train_flops_per_image(spec)
     path = default_data_dir().parent / "flops.json"
-    key = f"{spec.key()} torch={torch.__version__} torchvision={torchvision.__version__}"
+    key = f"{spec.key()} torch={torch.__version__} torchvision={torchvision_version()}"
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):

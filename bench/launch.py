@@ -24,6 +24,7 @@ from pathlib import Path
 from bench import worker
 from bench.cluster import SlurmTask
 from bench.lifetime import die_with_parent, start_dying_with_me
+from bench.quick_exit import exit_now
 from bench.scratch import Scratch
 
 MASTER_ADDR = "127.0.0.1"
@@ -207,9 +208,15 @@ def launch_inline(launch: Launch) -> int:
     return 0
 
 
+def agent(module: str) -> list[str]:
+    """The command that runs torch's launcher ``module`` as ``python -m module`` would, then
+    exits at once (bench.agent)."""
+    return [sys.executable, "-m", "bench.agent", module]
+
+
 def launch_torchrun(launch: Launch) -> int:
     """``python -m torch.distributed.run`` (torchrun): env:// rendezvous, LOCAL_RANK set."""
-    cmd = [sys.executable, "-m", "torch.distributed.run",
+    cmd = [*agent("torch.distributed.run"),
            f"--nproc-per-node={launch.nprocs}", f"--max-restarts={launch.max_restarts}"]
     if launch.rdzv_endpoint:  # several machines: each runs this, c10d rendezvous joins them
         cmd += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
@@ -223,7 +230,7 @@ def launch_torchrun(launch: Launch) -> int:
 def launch_legacy(launch: Launch) -> int:
     """``python -m torch.distributed.launch`` (deprecated): passes --local-rank to each rank."""
     cmd = [
-        sys.executable, "-m", "torch.distributed.launch",
+        *agent("torch.distributed.launch"),
         f"--nproc-per-node={launch.nprocs}",
         f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
         "-m", "bench.worker", str(launch.spec_path),
@@ -240,6 +247,7 @@ def _spawn_rank(index: int, spec_path: str, nprocs: int, parent: int) -> None:
         LOCAL_WORLD_SIZE=str(nprocs),
     )
     worker.run_rank(spec_path)
+    exit_now(0)  # done: skip the interpreter's teardown (torch.multiprocessing sees exit 0)
 
 
 def launch_spawn(launch: Launch) -> int:

@@ -109,18 +109,21 @@ def _factory(name: str):
 
 def check_model_builds(spec: ModelSpec) -> nn.Module:
     """Build the model once, before anything is written, and pass one image of the run's
-    size through it on the meta device (shapes only): a factory returning no module, or a
-    model that cannot take the image size or does not give one logit per class, is refused
-    in one line rather than in every rank. Returns the model, on the meta device (its
+    size through it on the CPU: a factory returning no module, or a model that cannot take
+    the image size or does not give one logit per class, is refused in one line rather than
+    in every rank. (The build makes the weights anyway; one image costs milliseconds to a
+    few tenths of a second, where the meta device would cost a second of torch's
+    decomposition imports in every run.) Returns the model on the meta device (its
     parameter shapes, for callers that need no weights)."""
     import torch
 
     try:
         with torch.random.fork_rng(devices=[]):
-            model = spec.build().to("meta").eval()
-        images = torch.empty(1, 3, spec.image_size, spec.image_size, device="meta")
+            model = spec.build().eval()
+        images = torch.zeros(1, 3, spec.image_size, spec.image_size)
         with torch.no_grad():
             logits = model(images)
+        model = model.to("meta")
     except ConfigError:
         raise
     except Exception as exc:

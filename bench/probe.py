@@ -98,7 +98,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
               timeout: float = 300.0, max_mib: float = 256.0) -> int:
     import torch
 
-    from bench.launch import MASTER_ADDR, free_port
+    from bench.launch import MASTER_ADDR, agent, free_port
     from bench.results import capture_env, new_run_id, write_atomic
 
     if not 0 < width <= 4:
@@ -131,7 +131,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     sizes = sorted({s for s in PROBE_SIZES if s <= max_mib * MIB} | {grad})
     probe_id = new_run_id("allreduce", gpus * nodes, device)
     partial = folder / f"{probe_id}.ranks.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}"]
+    cmd = [*agent("torch.distributed.run"), f"--nproc-per-node={gpus}"]
     if nodes > 1:
         cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id=probe-{rdzv_endpoint}"]
@@ -211,3 +211,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "WORKER":
         _, _, backend_arg, out_arg, timeout_arg, *size_args = sys.argv
         rank_main(backend_arg, out_arg, [int(s) for s in size_args], float(timeout_arg))
+        from bench.quick_exit import exit_now
+
+        exit_now(0)

@@ -34,6 +34,20 @@ _SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([
 _HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gradients
 
 
+def allreduced_bytes(rec: dict[str, Any]) -> int:
+    """Bytes one step all-reduces: the gradient in the precision it travels in (fp16 for
+    apex O2/O3, Horovod's fp16 compression and DDP's cast hooks), or the elements a
+    low-rank compression sends (PowerSGD, as its run recorded them)."""
+    compressed = rec.get("compressed_gradient_elements")
+    if isinstance(compressed, int) and compressed > 0:
+        return 4 * compressed
+    half = rec.get("precision") in _HALF_BYTES or (
+        rec.get("strategy") == "horovod" and (rec.get("config") or {}).get(
+            "hvd_compression") == "fp16") or (
+        (rec.get("ddp_options") or {}).get("comm_hook") in ("fp16", "bf16"))
+    return ((rec.get("model") or {}).get("parameters") or 0) * (2 if half else 4)
+
+
 def workload_of(rec: dict[str, Any]) -> Workload | None:
     """What the model needs from a record; None when it lacks the compute step."""
     compute = rec.get("compute_step_s")
@@ -42,16 +56,12 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
     parameters = (rec.get("model") or {}).get("parameters")
     if math.isnan(compute) or not parameters:
         return None
-    half = rec.get("precision") in _HALF_BYTES or (
-        rec.get("strategy") == "horovod" and (rec.get("config") or {}).get(
-            "hvd_compression") == "fp16") or (
-        (rec.get("ddp_options") or {}).get("comm_hook") in ("fp16", "bf16"))
     delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
                   for m in [_SLOW_COMM.search(note)] if m), 0.0)
     layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
     return Workload(
         strategy=rec["strategy"], compute_step_s=float(compute),
-        gradient_bytes=parameters * (2 if half else 4),
+        gradient_bytes=allreduced_bytes(rec),
         bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
         batchnorm_layers=RESNET18_BN_LAYERS if layers is None else layers,

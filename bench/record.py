@@ -369,10 +369,11 @@ class RunRecord:
                          gradient_timeline=timeline)
 
     def finish(self, replicas_identical: bool | None, param_fingerprint: list[float],
-               scaler_state: dict | None = None, gradient_buckets: list[int] | None = None
-               ) -> None:
+               scaler_state: dict | None = None, gradient_buckets: list[int] | None = None,
+               compressed_gradient_elements: int | None = None) -> None:
         self.data.update(scaler_state or {})
         self.data["gradient_buckets"] = gradient_buckets
+        self.data["compressed_gradient_elements"] = compressed_gradient_elements
         self.data.update(replicas_identical=replicas_identical,
                          param_fingerprint=param_fingerprint, status="ok",
                          finished_at=utc_now())

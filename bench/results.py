@@ -33,7 +33,7 @@ RECORD_FIELDS = (
     "target_top1", "reached_target", "time_to_target_s", "train_time_to_target_s",
     "epochs_to_target", "backend", "gpu_shared", "comm_probe_steps", "compute_step_s",
     "exposed_comm_fraction", "comm_probe_note", "gradient_timeline",
-    "gradient_buckets",
+    "gradient_buckets", "compressed_gradient_elements",
     "train_flops_per_image", "peak_tflops_per_gpu",
     "profile_steps", "profile_trace",
 )
@@ -224,19 +224,41 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def torchvision_version() -> str | None:
+    """torchvision's ``__version__`` (with its local label, e.g. ``+cu132``), read from its
+    version.py: importing torchvision costs a second (it imports torch's compiler), which
+    every run would pay for one string. None where it is not installed."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        text = ""
+    found = re.search(r"^__version__ = ['\"]([^'\"]+)['\"]", text, re.M)
+    if found:
+        return found.group(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchvision")
+    except PackageNotFoundError:
+        return None
+
+
 def capture_env(device_type: str) -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
-    try:  # only the CIFAR download needs it; a bare GPU box may lack it
-        import torchvision
-
-        vision = torchvision.__version__
-    except ImportError:
-        vision = None
     env: dict[str, Any] = {
         "torch": torch.__version__,
-        "torchvision": vision,
+        "torchvision": torchvision_version(),  # only the CIFAR download needs torchvision
         "python": sys.version.split()[0],
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -378,8 +378,10 @@ def finish_run(trainer: Trainer) -> None:
         if probe is not None:
             trainer.record.comm_probe(probe.steps, probe.compute_step_s, probe.note,
                                       probe.timeline and probe.timeline.to_record())
+        model = trainer.parts.model
         trainer.record.finish(identical, fingerprint, scaler_state,
-                              trainer.strategy.gradient_buckets(trainer.parts.model))
+                              trainer.strategy.gradient_buckets(model),
+                              trainer.strategy.compressed_gradient_elements(model))
 
 
 def run_verify(trainer: Trainer) -> None:

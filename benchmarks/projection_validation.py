@@ -7,7 +7,8 @@ those of the model without the timeline (gradients assumed ready evenly over bac
 
     python benchmarks/projection_validation.py [--output DIR] [--epochs 3]
 
-tests/test_project.py runs the same matrix on every CI run."""
+tests/test_project.py runs four of its points (every delay, bucket size and node count
+once) on every CI run."""
 
 from __future__ import annotations
 

@@ -182,6 +182,11 @@ class Strategy:
         not used for the run's figures afterwards), or say why this strategy cannot."""
         return f"{self.name} cannot switch its gradient communication off"
 
+    def compressed_gradient_elements(self, model: nn.Module) -> int | None:
+        """Elements one step all-reduces where a low-rank compression (PowerSGD) sends
+        fewer than the gradient's; None where the whole gradient is sent."""
+        return None
+
     def gradient_buckets(self, model: nn.Module) -> list[int] | None:
         """Bytes of each gradient bucket as the strategy's reducer last built them (what
         ran), or None where there are none to read."""

@@ -79,6 +79,29 @@ def _one_bucket_at_a_time(hook):
     return serial
 
 
+POWERSGD_MIN_COMPRESSION_RATE = 2.0  # torch's default: compress a matrix 2x smaller or more
+
+
+def powersgd_elements(module: nn.Module, rank: int) -> int:
+    """Gradient elements PowerSGD all-reduces per step, by torch's rule (powerSGD_hook): a
+    gradient of n rows is viewed as an n x m matrix and travels as its rank-r factors P
+    (n x r) and Q (m x r), r = min(n, m, rank), when (n + m) r is at least the minimum
+    compression rate smaller than n m; otherwise whole, as vectors (biases, BatchNorm)
+    always travel."""
+    total = 0
+    for param in module.parameters():
+        if not param.requires_grad:
+            continue
+        if param.dim() <= 1:
+            total += param.numel()
+            continue
+        n = param.shape[0]
+        m = param.numel() // n
+        factors = (n + m) * min(n, m, rank)
+        total += factors if factors * POWERSGD_MIN_COMPRESSION_RATE < n * m else n * m
+    return total
+
+
 def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
                        backend: str = "nccl") -> str | None:
     """DDP's own gradient compression (``--ddp-comm-hook``); returns the note saying what it
@@ -95,12 +118,16 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
     if options.comm_hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=options.powersgd_rank,
+            min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True, random_seed=0)
         serial = backend == "gloo"
         model.register_comm_hook(state, _one_bucket_at_a_time(powerSGD_hook.powerSGD_hook)
                                  if serial else powerSGD_hook.powerSGD_hook)
+        sent = powersgd_elements(model.module, options.powersgd_rank)
+        total = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
         return (f"DDP comm hook: PowerSGD rank {options.powersgd_rank} (error feedback, warm "
-                "start) from step 2; the first step all-reduces in full"
+                f"start) from step 2, all-reducing {sent:,} of {total:,} gradient elements "
+                f"({sent / total:.1%}); the first step all-reduces in full"
                 + ("; gloo: one bucket at a time (concurrent buckets mismatch their "
                    "collectives)" if serial else ""))
     hook = {"fp16": default_hooks.fp16_compress_hook,
@@ -183,6 +210,11 @@ class DDPStrategy(Strategy):
 
     def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
         return SyncOff(model.no_sync(), ddp_still_communicating(self.norm, self.ddp_options))
+
+    def compressed_gradient_elements(self, model: nn.Module) -> int | None:
+        if self.ddp_options.comm_hook != "powersgd":
+            return None
+        return powersgd_elements(model.module, self.ddp_options.powersgd_rank)
 
     def gradient_buckets(self, model: nn.Module) -> list[int] | None:
         """The reducer's buckets after it rebuilt them in gradient-ready order (torch's own

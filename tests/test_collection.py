@@ -1,6 +1,6 @@
 """Every test module imports with the runtime dependencies alone: a GPU machine has torch,
 numpy, pandas, matplotlib and pytest, but none of the dev extras (nbformat, nbclient,
-ipykernel, ruff). One module that needs them at import stops `pytest -m gpu` there."""
+ipykernel, ruff, pytest-xdist). One module that needs them at import stops `pytest -m gpu` there."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from conftest import ROOT
 
-DEV_ONLY = ("nbformat", "nbclient", "ipykernel", "ruff")
+DEV_ONLY = ("nbformat", "nbclient", "ipykernel", "ruff", "xdist")
 
 # A child interpreter where the dev extras cannot be imported, collecting the whole suite.
 COLLECT_WITHOUT_DEV_EXTRAS = f"""
@@ -21,7 +21,9 @@ class Refuse(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Refuse())
 import pytest
-sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "tests"]))
+# pytest-xdist, installed here, is a plugin pytest would load: kept out as it is there
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                      "-p", "no:xdist.looponfail", "tests"]))
 """
 
 

@@ -21,6 +21,8 @@ SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit",
          "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500",
          "--comm-probe-steps", "0"]
 HOROVOD = HorovodStrategy("horovod").requires("cpu")
+# Signals runs at moments it watches for and looks for processes machine-wide: alone.
+pytestmark = pytest.mark.serial
 
 
 def _training(out: Path, timeout: float = 120) -> str:

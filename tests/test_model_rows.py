@@ -95,3 +95,61 @@ def test_options_of_other_strategies_are_refused(strategy, args, says, tmp_path)
     proc = run_bench("run", "--strategy", strategy, *RUN, *args, "--output", str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and not (tmp_path / "runs").exists()
+
+
+POWERSGD_COUNT = """
+import os, sys
+import torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+from strategies.ddp import POWERSGD_MIN_COMPRESSION_RATE, powersgd_elements
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+for rank in (1, 4):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(),
+                          nn.Linear(8 * 6 * 6, 100))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+        min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    for _ in range(4):  # steps 0 and 1 all-reduce in full, 2 and 3 compressed
+        ddp(torch.randn(2, 3, 8, 8)).sum().backward()
+    print(rank, state.total_numel_after_compression // 2, powersgd_elements(model, rank))
+dist.destroy_process_group()
+"""
+
+
+def test_powersgd_counts_the_elements_torch_sends():
+    """Conv 8x3x3x3 (an 8 x 27 matrix), BatchNorm (8 + 8), Linear 288 -> 100: at rank 1 the
+    conv weight travels as 8 + 27 factors and the linear one as 100 + 288; at rank 4 the
+    conv's factors (4 x 35 = 140) would not halve its 216 elements, so it travels whole.
+    torch's own counters of its hook say the same."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from bench.launch import free_port
+
+    proc = subprocess.run([sys.executable, "-c", POWERSGD_COUNT, str(free_port())], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    vectors = 8 + 8 + 8 + 100  # conv bias, BatchNorm weight and bias, linear bias
+    by_hand = {1: 35 + 388 + vectors, 4: 216 + 4 * 388 + vectors}
+    counts = {int(r): (int(t), int(o)) for r, t, o in map(str.split, proc.stdout.splitlines())}
+    assert counts == {rank: (n, n) for rank, n in by_hand.items()}, proc.stdout
+
+
+def test_a_powersgd_run_projects_with_the_elements_it_sent():
+    from bench.project import allreduced_bytes
+
+    rec = {"strategy": "ddp", "precision": "fp32", "model": {"parameters": 182_252},
+           "ddp_options": {"comm_hook": "powersgd", "powersgd_rank": 1}}
+    assert allreduced_bytes(rec) == 4 * 182_252  # an older record: the whole gradient
+    assert allreduced_bytes({**rec, "compressed_gradient_elements": 5_963}) == 4 * 5_963
+    half = {**rec, "ddp_options": {"comm_hook": "bf16"}, "compressed_gradient_elements": None}
+    assert allreduced_bytes(half) == 2 * 182_252

@@ -59,20 +59,25 @@ def test_buckets_follow_the_measured_timeline():
         assert GradientTimeline.from_record(bad) is None
 
 
+@pytest.mark.serial  # its runs' step times are predicted within 15 %: no neighbour's load
 def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
-    """Every run of benchmarks/projection_validation.py's matrix (delays of 0, 10 and 30 ms
-    before each bucket, buckets of 0.25, 1 and 25 MB, 2 loopback nodes) is predicted from its
-    own compute-only step, gradient timeline and probe; the buckets the model builds are the
-    ones DDP's reducer reported."""
+    """Four runs of benchmarks/projection_validation.py's matrix, every delay (0, 10 and 30
+    ms before each bucket), bucket size (0.25, 1 and 25 MB) and node count (1, 2 on
+    loopback) once, are predicted from their own compute-only step, gradient timeline and
+    probe; the buckets the model builds are the ones DDP's reducer reported. (The benchmark
+    runs all six.)"""
     from benchmarks.projection_validation import MATRIX, run_matrix
 
-    run_matrix(tmp_path)
+    chosen = tuple(m for m in MATRIX if (m.bucket_cap_mb, m.delay_ms, m.nodes) in (
+        (1, 0, 1), (0.25, 10, 1), (25, 30, 1), (1, 10, 2)))
+    assert len(chosen) == 4
+    run_matrix(tmp_path, matrix=chosen)
     proc = run_bench("project", str(tmp_path), "--validate")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "projection-validation.json").read_text())
     points = summary["points"]
     assert sorted((p["nodes"], p["bucket_cap_mb"], p["injected_delay_ms"]) for p in points) == (
-        sorted((m.nodes, m.bucket_cap_mb, m.delay_ms) for m in MATRIX))
+        sorted((m.nodes, m.bucket_cap_mb, m.delay_ms) for m in chosen))
     for point in points:
         assert point["gradient_timeline"], point
         assert point["buckets_ran"] == point["buckets_modelled"], point

@@ -61,8 +61,16 @@ def _digests(out, strategy: str = "ddp", defect: str | None = None, gpus: int = 
     return [e["data_order_sha1"] for e in rec["per_epoch"]]
 
 
-def test_order_digest_hashes_what_the_loaders_served(tmp_path):
-    honest = _digests(tmp_path / "honest")
+@pytest.fixture(scope="module")
+def honest_ddp(tmp_path_factory):
+    """One plain 2-rank ddp run, its per-epoch order digests and its record: what the
+    tests below compare others with."""
+    out = tmp_path_factory.mktemp("honest-ddp")
+    return _digests(out), only_record(out)
+
+
+def test_order_digest_hashes_what_the_loaders_served(honest_ddp, tmp_path):
+    honest = honest_ddp[0]
     assert honest[0] != honest[1]  # set_epoch took effect in the loop
     assert _digests(tmp_path / "dp", "dp", gpus=1) == honest  # 1 process, same sequence
     same_every_epoch = _digests(tmp_path / "no-set-epoch", defect="no-set-epoch")
@@ -72,9 +80,9 @@ def test_order_digest_hashes_what_the_loaders_served(tmp_path):
 
 
 @pytest.mark.skipif(HOROVOD is not None, reason=f"horovod unavailable: {HOROVOD}")
-def test_horovod_serves_the_same_sequence_from_the_same_start(tmp_path):
-    assert _digests(tmp_path / "hvd", "horovod") == _digests(tmp_path / "ddp")
-    hvd, ddp = only_record(tmp_path / "hvd"), only_record(tmp_path / "ddp")
+def test_horovod_serves_the_same_sequence_from_the_same_start(honest_ddp, tmp_path):
+    assert _digests(tmp_path / "hvd", "horovod") == honest_ddp[0]
+    hvd, ddp = only_record(tmp_path / "hvd"), honest_ddp[1]
     # Horovod's broadcast_optimizer_state on a fresh optimizer used to move every weight
     # before step 1 (a zero-gradient step with weight decay and momentum).
     assert hvd["initial_param_fingerprint"] == ddp["initial_param_fingerprint"]

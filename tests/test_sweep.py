@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ROOT, records, run_bench
 
 SWEEP = ["sweep", "--strategies", "dp,ddp", "--gpus", "1,2", "--cpu", "--epochs", "1",
@@ -24,6 +25,7 @@ def _ok_records(out):
     return recs
 
 
+@pytest.mark.serial  # counts the runs finished before the signal: no neighbour's load
 def test_sweep_resumes_after_sigterm_without_duplicates(cifar_dir, tmp_path):
     args = [*SWEEP, "--data", "cifar100", "--data-dir", str(cifar_dir), "--no-download",
             "--output", str(tmp_path)]
@@ -58,6 +60,7 @@ def test_sweep_resumes_after_sigterm_without_duplicates(cifar_dir, tmp_path):
     assert len({r["tag"] for r in final}) == 4
 
 
+@pytest.mark.serial  # how far a run gets in 8 s: no neighbour's load
 def test_sweep_run_timeout_records_failure_and_goes_on(tmp_path):
     args = ["sweep", "--strategies", "ddp,dp", "--gpus", "2", "--cpu", "--data", "synthetic",
             "--train-limit", "4096", "--epochs", "50", "--width", "0.5", "--no-progress",
@@ -99,11 +102,11 @@ def test_two_sweeps_at_once_share_the_work(tmp_path):
 
 
 def test_a_timeout_before_the_run_wrote_its_record_still_leaves_a_failed_one(tmp_path):
-    """--run-timeout 2 stops `bench run` while it imports torch: the sweep writes the failed
+    """--run-timeout 0.5 stops `bench run` while it imports torch: the sweep writes the failed
     record itself, and its output says timeout."""
     proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--data",
                      "synthetic", "--train-limit", "128", "--test-limit", "16", "--epochs",
-                     "1", "--no-progress", "--run-timeout", "2", "--output", str(tmp_path),
+                     "1", "--no-progress", "--run-timeout", "0.5", "--output", str(tmp_path),
                      timeout=120)
     assert proc.returncode == 1 and "failed: timeout after" in proc.stdout, proc.stdout
     (rec,) = _ok_records(tmp_path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from conftest import run_bench
 
 SMALL = ["--cpu", "--gpus", "2", "--steps", "6", "--width", "0.125", "--batch-size", "64"]
@@ -31,9 +30,12 @@ def test_verify_passes_every_cpu_strategy_with_a_wide_margin():
     assert re.search(r"^ddp-apex\s+skipped", proc.stdout, re.M)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp-amp"])  # fp32 (float64) and bf16 autocast
-def test_self_test_catches_every_broken_variant(strategy):
-    proc = run_bench("verify", "--self-test", "--strategies", strategy, *SMALL, timeout=900)
+def test_self_test_catches_every_broken_variant():
+    """Under bf16 autocast, whose tolerance is the loosest of DDP's: every defect is caught
+    there, so also in float64 (tolerance 1e-8, the same defects, the same strategy code;
+    the unbroken float64 run passes in the test above). The bf16 comm hook's tolerance has
+    its own self-test (test_model_rows.py)."""
+    proc = run_bench("verify", "--self-test", "--strategies", "ddp-amp", *SMALL, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = dict(re.findall(r"^(\S+)(?:\s+\S+){4}\s+(passes|caught|ESCAPED|FAILS)",
                            proc.stdout, re.M))

@@ -18,6 +18,7 @@ SMALL = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
          "32", "--no-progress", "--comm-probe-steps", "20"]
 
 
+@pytest.mark.serial  # compares measured shares of a step: no neighbour's load
 def test_exposed_communication_responds_to_communication_cost(tmp_path):
     """A 60 ms wait before every gradient bucket's all-reduce (BENCH_SLOW_COMM_MS, as a
     slow link) lengthens the step but not the compute-only step (sync off skips it): the
@@ -153,6 +154,14 @@ def test_report_shows_exposed_comm_mfu_and_the_comm_ceiling(tmp_path):
     # 4 MB between 1 MB (1 ms) and 16 MB (16 ms), log-log: 4 ms; the step is 40 ms
     assert row["comm_ceiling"] == "4.0 / 40.0"
     assert "| 25.0 | 42.0 | 4.0 / 40.0 |" in to_markdown(table)
+    # 2 ranks on 2 nodes cross the network: a probe of 2 ranks on one node does not say
+    two_nodes = {**rec, "nodes": 2}
+    assert summary_table([two_nodes], probes=[probe]).iloc[0]["comm_ceiling"] is None
+    across = {**probe, "nodes": 2, "results": [{"bytes": 1_000_000, "time_s": 0.002},
+                                               {"bytes": 16_000_000, "time_s": 0.032}]}
+    assert summary_table([two_nodes], probes=[probe, across]).iloc[0][
+        "comm_ceiling"] == "8.0 / 40.0"
+    assert summary_table([rec], probes=[probe, across]).iloc[0]["comm_ceiling"] == "4.0 / 40.0"
 
 
 def test_trace_breakdown_counts_each_instant_once_by_hand():

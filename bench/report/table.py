@@ -182,6 +182,8 @@ def run_rows(records: list[dict[str, Any]]):
     """One row per record; epoch times exclude the first (warm-up) epoch."""
     import pandas as pd
 
+    from bench.project import allreduced_bytes  # bench.project imports this module
+
     rows = []
     for rec in records:
         status, error = current_status(rec)
@@ -220,8 +222,9 @@ def run_rows(records: list[dict[str, Any]]):
                 "compute_step_s": _number(rec.get("compute_step_s")),
                 "mfu": _median([_number(e.get("mfu")) for e in epochs[1:] or epochs]),
                 "step_time_s": median_step_s(rec),
-                "gradient_bytes": 4 * ((rec.get("model") or {}).get("parameters") or 0),
+                "gradient_bytes": allreduced_bytes(rec),
                 "backend": rec.get("backend"),
+                "nodes": rec.get("nodes") or 1,
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
             }
         )
@@ -331,15 +334,17 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
 
 
 def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
-    """The ideal time to all-reduce this row's gradient (from the newest ``bench probe`` of
-    the same device, backend and world size) beside the measured step."""
+    """The ideal time to all-reduce what this row's step sends (from the newest ``bench
+    probe`` of the same device, backend, ranks and nodes, as ``bench project`` picks it)
+    beside the measured step."""
     from bench.probe import ideal_allreduce_s
+    from bench.project import matching_probe
 
-    match = [p for p in probes if (p.get("device"), p.get("backend"), p.get("world_size"))
-             == (run["device"], run["backend"], run["world_size"])]
-    if not match or not run["gradient_bytes"] or run["world_size"] < 2:
+    probe = matching_probe({"device": run["device"], "backend": run["backend"],
+                            "world_size": run["world_size"], "nodes": run["nodes"]}, probes)
+    if probe is None or not run["gradient_bytes"] or run["world_size"] < 2:
         return None
-    ideal = ideal_allreduce_s(match[-1], run["gradient_bytes"])
+    ideal = ideal_allreduce_s(probe, run["gradient_bytes"])
     step = run["step_time_s"]
     return f"{1000 * ideal:.1f} / {1000 * step:.1f}" if not math.isnan(step) else (
         f"{1000 * ideal:.1f} / —")
