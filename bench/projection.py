@@ -312,5 +312,6 @@ def network_from_probe(probe: dict) -> Network:
     busbw = steps / ranks / per_byte / 1e9
     latency = max(0.0, t_small - small * per_byte) / steps
     label = f"probe {probe.get('probe_id')} ({probe['device']} {probe['backend']} N={ranks})"
-    return Network(label, busbw, busbw, "pci", f"measured by bench probe: {label}",
-                   fixed_latency_s=latency)
+    return Network(label, busbw, busbw, "pci",
+                   f"measured by bench probe: {busbw:.2f} GB/s bus bandwidth, "
+                   f"{1e6 * latency:.0f} µs per ring step", fixed_latency_s=latency)
