@@ -65,7 +65,8 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
         batchnorm_layers=RESNET18_BN_LAYERS if layers is None else layers,
-        hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")))
+        hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")),
+        parameter_bytes=4 * parameters)
 
 
 def resolve_network(name: str | None, intra: float | None, inter: float | None,

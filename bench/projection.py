@@ -177,6 +177,9 @@ class Workload:
     batchnorm_layers: int = RESNET18_BN_LAYERS  # SyncBatchNorm: two collectives each
     hook_delay_s: float = 0.0  # BENCH_SLOW_COMM_MS: a blocking wait before each bucket
     timeline: GradientTimeline | None = None  # measured; None: ready evenly over backward
+    # fp32 parameters (ddp-zero broadcasts them after each step, whatever compresses the
+    # gradient); None: as many bytes as the gradient
+    parameter_bytes: int | None = None
 
     def forward_s(self) -> float:
         """Seconds from the step's start to the last micro-step's backward."""
@@ -280,8 +283,9 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
         step, exposed = overlapped_step(w, w.buckets(w.bucket_bytes), comm)
         if w.strategy == "ddp-zero":  # each rank broadcasts its updated shard after the
             # step: an all-gather of the parameters, half an all-reduce's traffic, unhidden
-            step += comm(w.gradient_bytes) / 2
-            exposed += comm(w.gradient_bytes) / 2
+            gather = comm(w.parameter_bytes or w.gradient_bytes) / 2
+            step += gather
+            exposed += gather
     step += syncbn
     exposed += syncbn
     return Projection(w.strategy, gpus, nodes, step, c, exposed,
