@@ -123,6 +123,20 @@ def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
     assert "— (1 epoch: warm-up only)" in text and "1 (of 2 asked)" in text
 
 
+def test_peak_memory_is_the_timed_epochs_not_the_warm_up_autotuning():
+    # The H100's ddp TF32 run: cuDNN autotuning in epoch 1 peaked at 7,916 MiB, training at
+    # 2,566 MiB after it; a one-epoch run has only its warm-up to show.
+    rec = _record("h", "ddp", 1, [4.8, 2.6, 2.6, 2.6], [0.1, 0.2, 0.3, 0.4])
+    for epoch, mib in zip(rec["per_epoch"], [7916, 2566, 2565, 2565]):
+        epoch["peak_mem_bytes"] = mib * 2**20
+    one_epoch = {**_record("i", "ddp", 2, [7.0], [0.3]), "world_size": 2}
+    one_epoch["per_epoch"][0]["peak_mem_bytes"] = 300 * 2**20
+    table = summary_table([rec, one_epoch]).set_index("world_size")
+    assert table.loc[1, "peak_mem_mib"] == pytest.approx(2566)
+    assert table.loc[2, "peak_mem_mib"] == pytest.approx(300)
+    assert "| 2566 |" in to_markdown(table)
+
+
 def test_runs_on_shared_gpus_stay_apart_and_are_marked_not_comparable():
     own = _record("h", "ddp", 2, [5.0, 2.0], [0.1, 0.2])
     base = _record("i", "ddp", 1, [5.0, 4.0], [0.1, 0.2])

@@ -217,7 +217,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "target_top1": rec.get("target_top1"),
                 "time_to_target_s": (rec.get("time_to_target_s") if rec.get("reached_target")
                                      else math.inf),
-                "peak_mem_mib": figures.get("peak_mem_bytes", math.nan) / 2**20,
+                "peak_mem_mib": figures.get("steady_peak_mem_bytes", math.nan) / 2**20,
                 "exposed_comm": _number(rec.get("exposed_comm_fraction")),
                 "compute_step_s": _number(rec.get("compute_step_s")),
                 "mfu": _median([_number(e.get("mfu")) for e in epochs[1:] or epochs]),
