@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh --plan [--phase P]               items and estimated seconds (H100)
 #   scripts/gpu_check.sh [--deps DIR] --phase P OUTDIR    run phase P: build | core | options |
-#                                                         table | calibrate | all (default)
+#                                                         variants | table | calibrate | all
 #   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (CI)
 #
 #   --deps DIR     what the machine cannot download: horovod-wheelhouse/ and apex-25.05.tar.gz
@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --cpu) mode=cpu; shift ;;
     --deps) deps=$(cd "${2:?--deps DIR}" && pwd) || exit 2; shift 2 ;;
-    --phase) phase=${2:?--phase build|core|options|table|calibrate|all}; shift 2 ;;
+    --phase) phase=${2:?--phase build|core|options|variants|table|calibrate|all}; shift 2 ;;
     --budget) budget=${2:?--budget SECONDS}; shift 2 ;;
     --plan) plan=1; shift ;;
     --again) again=1; shift ;;
@@ -37,8 +37,8 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-case $phase in build|core|options|table|calibrate|all) ;;
-  *) echo "gpu_check.sh: --phase must be build, core, options, table, calibrate or all" >&2
+case $phase in build|core|options|variants|table|calibrate|all) ;;
+  *) echo "gpu_check.sh: --phase must be build, core, options, variants, table, calibrate or all" >&2
      exit 2 ;;
 esac
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; exit 2; }
@@ -77,14 +77,16 @@ else
 fi
 if [ $mode = gpu ]; then
   where=()
-  small=(--data synthetic --train-limit 4096 --test-limit 1000 --epochs 2 --width 0.25
-         --batch-size 256 --comm-probe-steps 0)
+  small=(--data synthetic --train-limit 4096 --test-limit 1000 --epochs 2 --batch-size 256
+         --comm-probe-steps 0)
+  narrow=(--width 0.25)
   full=(--data synthetic --train-limit 50000 --test-limit 10000 --batch-size 512)
   shared=$([ "$gpus" -ge 2 ] && echo "" || echo "--backend gloo")  # 2 ranks on one GPU
 else
   where=(--cpu)
-  small=(--data synthetic --train-limit 128 --test-limit 16 --epochs 2 --width 0.125
-         --batch-size 32 --comm-probe-steps 0)
+  small=(--data synthetic --train-limit 128 --test-limit 16 --epochs 2 --batch-size 32
+         --comm-probe-steps 0)
+  narrow=(--width 0.125)
   full=(--data synthetic --train-limit 256 --test-limit 64 --width 0.125 --batch-size 64)
   shared=
 fi
@@ -135,7 +137,9 @@ item() {
   fi
 }
 # The commands items run (arrays, not functions: `timeout` runs them).
-small_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}")
+small_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}"
+           "${narrow[@]}")
+model_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}")  # no --width
 full_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/table" "${full[@]}")
 
 if [ $plan = 0 ]; then
@@ -144,7 +148,7 @@ if [ $plan = 0 ]; then
 torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1)"
 else
   say "parallel-bench check plan ($mode): seconds per item on one H100, as measured 2026-11-23 (items run
-side by side took longer; build_horovod is an estimate: it has not completed there yet)"
+side by side took longer; build_horovod and the variants phase are estimates: they have not run there yet)"
 fi
 
 # --- build: Horovod (NCCL) and apex 25.05 from the carried sources, into OUTDIR/site --------
@@ -191,6 +195,21 @@ if [ $mode = gpu ]; then
     --output "$out/throughput"
 fi
 item options report 10 "$py" -m bench report --results "$out/results"
+
+# --- variants: what a run can change beyond the table's strategies (added after the first
+# GPU check): FSDP's mixed precision and resharding, DDP's gradient compression hooks (NCCL
+# runs torch's asynchronous PowerSGD; gloo one bucket at a time), other models -------------
+item variants fsdp_bf16 30 "${small_run[@]}" --strategy fsdp --gpus 1 --precision bf16
+[ $mode = gpu ] && item variants fsdp_fp16 30 "${small_run[@]}" --strategy fsdp --gpus 1 --precision fp16
+item variants fsdp_no_reshard 30 "${small_run[@]}" --strategy fsdp --gpus 1 --no-reshard-after-forward
+item variants hook_fp16 30 "${small_run[@]}" --strategy ddp --gpus 1 --ddp-comm-hook fp16
+item variants hook_powersgd 30 "${small_run[@]}" --strategy ddp --gpus 1 --ddp-comm-hook powersgd
+item variants zero_bf16 30 "${small_run[@]}" --strategy ddp-zero --gpus 1 --precision bf16
+item variants model_resnet50 40 "${model_run[@]}" --strategy ddp --gpus 1 --model torchvision:resnet50 \
+  --image-size 64
+item variants model_user 30 env PYTHONPATH="tests/data:$PYTHONPATH" "${model_run[@]}" --strategy ddp \
+  --gpus 1 --model user_models:tiny_cnn
+item variants variants_report 10 "$py" -m bench report --results "$out/results"
 
 # --- table: the README's GPU rows (N=1, 50,000 synthetic images, full width, batch 512) -----
 for s in dp ddp ddp-spawn ddp-launch fsdp horovod ddp-apex; do

@@ -164,6 +164,18 @@ def test_runs_with_other_speed_options_are_other_rows_not_repeats():
     assert list(table["speedup"]) == [1.0, 1.0]
 
 
+def test_the_reference_row_is_plain_ddp_not_a_compressed_one():
+    """Both rows are ddp at N=1 in fp32; the PowerSGD one (sorted first) trained to 30 %,
+    plain ddp to 50 %: the deltas are against plain ddp."""
+    plain = _record("m", "ddp", 1, [5.0, 4.0], [0.4, 0.5])
+    powersgd = {**_record("n", "ddp", 1, [5.0, 4.0], [0.2, 0.3]),
+                "ddp_options": {"comm_hook": "powersgd", "powersgd_rank": 1}}
+    table = summary_table([plain, powersgd]).set_index("options")
+    assert table.index[0] == "powersgd hook r=1"
+    assert bool(table.loc["—", "is_reference"])
+    assert table.loc["powersgd hook r=1", "delta_top1"] == pytest.approx(-20.0)
+
+
 def test_sweep_key_is_the_workload_only():
     from bench.config import RunConfig
     from bench.sweep import sweep_key

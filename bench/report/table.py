@@ -382,13 +382,14 @@ def parse_reference(text: str) -> tuple[str, int]:
 def add_parity(table, reference: str):
     """Δ final top-1 (mean) against the reference row of the same workload and device, and
     Welch's p-value over the repeats. The reference row is the strategy at N replicas on its
-    own GPUs, fp32 where it exists (else tf32, else the first precision)."""
+    own GPUs, fp32 where it exists (else tf32, else the first precision), and without speed
+    or compression options where such a row exists (a PowerSGD row is no reference)."""
     name, world = parse_reference(reference)
     refs: dict[tuple, Any] = {}
     for r in table.itertuples():
         if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
             continue
-        rank = {"fp32": 0, "tf32": 1}.get(r.precision, 2)
+        rank = ({"fp32": 0, "tf32": 1}.get(r.precision, 2), r.options != "—")
         key = (r.workload, r.device)
         if key not in refs or rank < refs[key][0]:
             refs[key] = (rank, r.Index, r.finals)
