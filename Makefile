@@ -85,16 +85,16 @@ lint: $(STAMP)
 # Where nvcc is on PATH, `make test` builds Horovod as a GPU machine would (NCCL operations
 # cross-compiled for sm_90), so the Horovod tests run against that build.
 HOROVOD_TEST_MODE ?= $(if $(shell command -v nvcc 2>/dev/null),gpu,)
-# The suite runs on 2 workers, then the tests marked serial (they time themselves or look for
-# processes machine-wide) alone.
+# The suite runs on 2 workers (tests that share a fixture's runs on one), then the tests
+# marked serial (they time themselves or look for processes machine-wide) alone.
 PYTEST := $(BIN)/python -m pytest
 test: $(STAMP) lint
 	HOROVOD_BUILD_MODE=$(HOROVOD_TEST_MODE) $(MAKE) --no-print-directory horovod
-	$(PYTEST) -n 2 -m "not serial" && $(PYTEST) -m serial
+	$(PYTEST) -n 2 --dist loadgroup -m "not serial" && $(PYTEST) -m serial
 
 # The suite without building Horovod (its tests are then skipped with the reason).
 test-fast: $(STAMP) lint
-	$(PYTEST) -n 2 -m "not serial" && $(PYTEST) -m serial
+	$(PYTEST) -n 2 --dist loadgroup -m "not serial" && $(PYTEST) -m serial
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache results/demo build .cache

@@ -239,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--self-test", action="store_true",
                         help="show the check's power: break one strategy (--strategies, "
                              "default ddp) in five known ways; each must fail")
+    verify.add_argument("--defects", default=None,
+                        help="with --self-test: comma-separated defects to inject (default: "
+                             "all five: sum-gradients, skip-allreduce, bn-grouping, "
+                             "batch-order, lr-world-size)")
     slurm = sub.add_parser(
         "slurm", help="write (and optionally submit) an sbatch script for a multi-node run",
         description="Any other option is a `bench run` option, passed to every task.",
@@ -440,10 +444,14 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
         ["run", "--strategy", "ddp", "--gpus", str(args.gpus), *run_args]
     )
     names = parse_list(args.strategies, "--strategies") if args.strategies else None
+    defects = parse_list(args.defects, "--defects") if args.defects else None
+    if defects is not None and not args.self_test:
+        raise ConfigError("--defects chooses what --self-test injects; add --self-test")
     if args.self_test:
         if names is not None and len(names) != 1:
             raise ConfigError("--self-test breaks one strategy: give one name to --strategies")
-        return run_self_test(config_from_args(run), (names or ["ddp"])[0], args.steps)
+        return run_self_test(config_from_args(run), (names or ["ddp"])[0], args.steps,
+                             defects)
     return run_verify(config_from_args(run), names or default_strategies(), args.steps)
 
 

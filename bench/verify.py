@@ -359,9 +359,16 @@ SELF_TEST_DEFECTS = ("sum-gradients", "skip-allreduce", "bn-grouping", "batch-or
                      "lr-world-size")
 
 
-def run_self_test(base: RunConfig, name: str, steps: int) -> int:
-    """The check against deliberately broken variants of one strategy: the unbroken one must
-    pass and every variant must fail, or the check has no power."""
+def run_self_test(base: RunConfig, name: str, steps: int,
+                  defects: list[str] | None = None) -> int:
+    """The check against deliberately broken variants of one strategy (``defects``, default
+    all of ``SELF_TEST_DEFECTS``): the unbroken one must pass and every variant must fail,
+    or the check has no power."""
+    defects = list(SELF_TEST_DEFECTS) if defects is None else defects
+    unknown = [d for d in defects if d not in SELF_TEST_DEFECTS]
+    if unknown:
+        raise ConfigError(f"--defects: no defect {unknown[0]!r}; choose from "
+                          f"{', '.join(SELF_TEST_DEFECTS)}")
     base = _verify_base(base, steps)
     plan = RunPlan(base.derive(strategy=name), probe_output=False)
     reason = plan.strategy.requires(plan.device_type, plan.topology.backend)
@@ -378,7 +385,7 @@ def run_self_test(base: RunConfig, name: str, steps: int) -> int:
           f"{'tolerance':>10}  result")
     checker = Checker(base, steps)
     escaped = []
-    for defect in (None, *SELF_TEST_DEFECTS):
+    for defect in (None, *defects):
         outcome = checker.check(plan, defect)
         broken = defect is not None
         caught = outcome.status == "FAIL"
@@ -391,8 +398,8 @@ def run_self_test(base: RunConfig, name: str, steps: int) -> int:
               f"{outcome.param_diff:>10.1e} {tol.params:>10.0e}  {verdict}"
               f"{'  ' + outcome.detail if outcome.detail.startswith('run') else ''}",
               flush=True)
-    print(f"bench verify --self-test: {len(SELF_TEST_DEFECTS) + 1 - len(escaped)}/"
-          f"{len(SELF_TEST_DEFECTS) + 1} as expected"
+    print(f"bench verify --self-test: {len(defects) + 1 - len(escaped)}/"
+          f"{len(defects) + 1} as expected"
           + (f"; wrong: {', '.join(escaped)}" if escaped else ""))
     return EXIT_FAILED if escaped else EXIT_OK
 

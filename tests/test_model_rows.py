@@ -74,14 +74,19 @@ def test_verify_checks_powersgd_exactly_and_the_casts_within_their_tolerance():
 
 
 def test_the_self_test_keeps_its_power_under_a_cast_hook():
+    """The bf16 hook's tolerance (2e-5) is tighter than autocast's (5e-5), under which the
+    self-test in test_verify.py catches all five defects; the three that leave the gradient
+    exchange alone (BatchNorm grouping, batch order, lr) move a run by the same amount
+    whatever the precision (docs/verify.md). The two that act on the exchange are what the
+    hook could hide: those are injected here, through the hook's path."""
     proc = run_bench("verify", "--self-test", "--strategies", "ddp", "--ddp-comm-hook", "bf16",
-                     *SMALL, timeout=900)
+                     "--defects", "sum-gradients,skip-allreduce", *SMALL, timeout=900)
     assert_ok(proc)
     rows = dict(re.findall(r"^(\S+)(?:\s+\S+){4}\s+(passes|caught|ESCAPED|FAILS)",
                            proc.stdout, re.M))
     assert rows == {"unbroken": "passes", "sum-gradients": "caught",
-                    "skip-allreduce": "caught", "bn-grouping": "caught",
-                    "batch-order": "caught", "lr-world-size": "caught"}, proc.stdout
+                    "skip-allreduce": "caught"}, proc.stdout
+    assert "3/3 as expected" in proc.stdout
 
 
 @pytest.mark.parametrize("strategy, args, says", [

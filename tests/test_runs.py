@@ -24,15 +24,27 @@ def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
     )
 
 
+THREE = (("dp", 1), ("ddp", 2), ("ddp-spawn", 2))
+
+
+@pytest.fixture(scope="module")
+def three_runs(cifar_dir, tmp_path_factory):
+    """dp (1 replica), ddp and ddp-spawn (2 ranks), seed 11, 2 epochs on the fixture: each
+    strategy's results folder, shared by the tests below (one xdist worker runs them)."""
+    out = tmp_path_factory.mktemp("three-runs")
+    for strategy, gpus in THREE:
+        assert_ok(_run(strategy, gpus, cifar_dir, out / strategy, "--seed", "11"))
+    return out
+
+
+@pytest.mark.xdist_group("three_runs")
 @pytest.mark.parametrize(
     "strategy, gpus, launcher, processes",
     [("dp", 1, "inline", 1), ("ddp", 2, "torchrun", 2), ("ddp-spawn", 2, "spawn", 2)],
 )
-def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes, cifar_dir,
-                                            tmp_path):
-    proc = _run(strategy, gpus, cifar_dir, tmp_path)
-    assert_ok(proc)
-    rec = only_record(tmp_path)
+def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes, three_runs):
+    folder = three_runs / strategy
+    rec = only_record(folder)
     missing = [f for f in RECORD_FIELDS if f not in rec]
     assert not missing, missing
     assert not [f for f in ENV_FIELDS if f not in rec["env"]]
@@ -65,7 +77,7 @@ def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes,
     assert summary["median_epoch_time_s"] == rec["per_epoch"][1]["train_time_s"]
     assert summary["final_top1"] == rec["per_epoch"][1]["top1"]
     # Only rank 0 writes: one record, no temp files left behind.
-    assert not list((tmp_path / "runs").glob("*.tmp"))
+    assert not list((folder / "runs").glob("*.tmp"))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -82,12 +94,11 @@ def test_eval_counts_each_test_image_once(world, cifar_dir, tmp_path):
     assert rec["per_epoch"][0]["test_images"] == 10  # 10 images, whatever the world size
 
 
-def test_strategies_train_on_the_same_batches(cifar_dir, tmp_path):
+@pytest.mark.xdist_group("three_runs")
+def test_strategies_train_on_the_same_batches(three_runs):
     """Same seed: dp (1 replica) and ddp (2 ranks) see identical global batches; ddp and
     ddp-spawn, the same object under two launchers, train to identical losses."""
-    for strategy, gpus in (("dp", 1), ("ddp", 2), ("ddp-spawn", 2)):
-        assert_ok(_run(strategy, gpus, cifar_dir, tmp_path / strategy, "--seed", "11"))
-    by = {s: only_record(tmp_path / s) for s in ("dp", "ddp", "ddp-spawn")}
+    by = {s: only_record(three_runs / s) for s, _ in THREE}
     digests = {s: [e["data_order_sha1"] for e in r["per_epoch"]] for s, r in by.items()}
     assert digests["dp"] == digests["ddp"] == digests["ddp-spawn"]
     assert digests["dp"][0] != digests["dp"][1]

@@ -69,6 +69,7 @@ def honest_ddp(tmp_path_factory):
     return _digests(out), only_record(out)
 
 
+@pytest.mark.xdist_group("honest_ddp")
 def test_order_digest_hashes_what_the_loaders_served(honest_ddp, tmp_path):
     honest = honest_ddp[0]
     assert honest[0] != honest[1]  # set_epoch took effect in the loop
@@ -80,6 +81,7 @@ def test_order_digest_hashes_what_the_loaders_served(honest_ddp, tmp_path):
 
 
 @pytest.mark.skipif(HOROVOD is not None, reason=f"horovod unavailable: {HOROVOD}")
+@pytest.mark.xdist_group("honest_ddp")
 def test_horovod_serves_the_same_sequence_from_the_same_start(honest_ddp, tmp_path):
     assert _digests(tmp_path / "hvd", "horovod") == honest_ddp[0]
     hvd, ddp = only_record(tmp_path / "hvd"), honest_ddp[1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import run_bench
 
 SMALL = ["--cpu", "--gpus", "2", "--steps", "6", "--width", "0.125", "--batch-size", "64"]
@@ -47,3 +48,13 @@ def test_self_test_catches_every_broken_variant():
 def test_self_test_needs_two_replicas():
     proc = run_bench("verify", "--self-test", "--cpu", "--gpus", "1")
     assert proc.returncode == 2 and "--gpus 2" in proc.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--self-test", "--defects", "sum-gradients,typo"], "--defects: no defect 'typo'"),
+    (["--defects", "sum-gradients"], "add --self-test"),
+])
+def test_defects_are_checked_before_anything_runs(args, says):
+    proc = run_bench("verify", "--cpu", *args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and proc.stdout == "", proc.stdout
