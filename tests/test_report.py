@@ -382,6 +382,26 @@ def test_impossible_figures_are_named_not_passed_silently(tmp_path):
             "⚠ flagged: suspect (see `bench report`)") == 1
 
 
+def test_negative_exposed_communication_is_named_not_shown_as_a_figure(tmp_path):
+    """Seen in a test run beside another worker's ranks: a Horovod run whose compute-only
+    probe steps were 1.62x slower than its real steps recorded -62 % exposed communication.
+    -5 % is noise the row keeps; -62 % is flagged with its cause."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for run_id, strategy, exposed in (("a", "ddp", -0.05), ("b", "horovod", -0.6248)):
+        rec = {**_record(run_id, strategy, 2, [5.0, 4.0], [0.1, 0.2]),
+               "exposed_comm_fraction": exposed}
+        (runs / f"{run_id}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    assert ("horovod N=2 (synthetic 1000 img, batch 100, resnet18): exposed communication "
+            "-62 %: its compute-only steps ran slower") in proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()
+            if line.split()[:1] in (["ddp"], ["horovod"])}
+    assert rows["horovod"].endswith("ok ⚠ exposed comm < 0"), rows
+    assert rows["ddp"].endswith("ok"), rows
+
+
 def test_a_repeat_much_slower_than_its_row_is_named(tmp_path):
     """Three repeats of one row, one 2.5x slower (a loaded machine): the row is flagged and
     the run named; two repeats cannot say which one is slow, so nothing is flagged."""

@@ -59,6 +59,7 @@ COLUMNS = [
 EFFICIENCY_NOISE = 0.05  # efficiency above 1 + this cannot be scaling: the N=1 run was slowed
 SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
 SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
+EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
 
 
 def _number(value: float | None) -> float:
@@ -246,6 +247,9 @@ def row_flags(r) -> str:
     flags = []
     if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE:
         flags.append("efficiency > 100 %")
+    if r.status == "ok" and r.exposed_comm == r.exposed_comm and (
+            r.exposed_comm < -EXPOSED_COMM_NOISE):
+        flags.append("exposed comm < 0")
     if r.oversubscribed:
         flags.append("CPU oversubscribed")
     if r.gpu_shared:

@@ -105,6 +105,10 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %, "
                          "which no data-parallel run reaches: the N=1 run was slowed (a loaded "
                          "machine?); rerun both")
+        if "exposed comm < 0" in r.flags:
+            lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
+                         "compute-only steps ran slower than its real ones, which communicate "
+                         "more; they were slowed (a loaded machine?): rerun it")
         if r.gpu_shared:
             lines.append(f"{row}: ranks shared GPUs (--backend gloo): its times are not "
                          "comparable with any other row")
