@@ -59,6 +59,8 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
     delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
                   for m in [_SLOW_COMM.search(note)] if m), 0.0)
     layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
+    hook = (rec.get("ddp_options") or {}).get("comm_hook", "none")
+    compressing = hook in ("fp16", "bf16", "powersgd")  # each fp32 bucket compressed
     return Workload(
         strategy=rec["strategy"], compute_step_s=float(compute),
         gradient_bytes=allreduced_bytes(rec),
@@ -66,7 +68,9 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
         batchnorm_layers=RESNET18_BN_LAYERS if layers is None else layers,
         hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")),
-        parameter_bytes=4 * parameters)
+        parameter_bytes=4 * parameters,
+        bucketed_bytes=4 * parameters if compressing else None,
+        collectives_per_bucket=3 if hook == "powersgd" else 1)
 
 
 def resolve_network(name: str | None, intra: float | None, inter: float | None,
@@ -271,8 +275,8 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
                        "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
                        "bucket_cap_mb": work.bucket_bytes / 2**20,
                        "buckets_ran": rec.get("gradient_buckets"),
-                       "buckets_modelled": [round(size) for size, _ in
-                                            work.buckets(work.bucket_bytes)],
+                       "buckets_modelled": [round(size / work.sent_fraction) for size, _
+                                            in work.buckets(work.bucket_bytes)],
                        "injected_delay_ms": 1000 * work.hook_delay_s,
                        "gradient_timeline": work.timeline is not None,
                        "compute_ms": 1000 * work.compute_step_s,

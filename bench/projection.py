@@ -180,6 +180,17 @@ class Workload:
     # fp32 parameters (ddp-zero broadcasts them after each step, whatever compresses the
     # gradient); None: as many bytes as the gradient
     parameter_bytes: int | None = None
+    # A DDP comm hook compresses each bucket of the fp32 gradient: DDP forms its buckets
+    # from these bytes (None: from gradient_bytes), each sending its share of gradient_bytes
+    bucketed_bytes: int | None = None
+    # all-reduces per bucket, one after the other (PowerSGD: uncompressed vectors, the
+    # factors P, then Q), each with a share of the bucket's bytes
+    collectives_per_bucket: int = 1
+
+    @property
+    def sent_fraction(self) -> float:
+        """Bytes sent per byte bucketed (1 without a compressing hook)."""
+        return self.gradient_bytes / (self.bucketed_bytes or self.gradient_bytes)
 
     def forward_s(self) -> float:
         """Seconds from the step's start to the last micro-step's backward."""
@@ -195,17 +206,20 @@ class Workload:
         return (1 - FORWARD_SHARE) * self.compute_step_s / self.grad_accum
 
     def buckets(self, cap: int) -> list[tuple[float, float]]:
-        """(bytes, seconds into the step when ready) of each bucket of at most ``cap``
-        bytes: from the measured timeline, else evenly over backward."""
-        c = self.compute_step_s
+        """(bytes sent, seconds into the step when ready) of each bucket, DDP closing one at
+        ``cap`` bytes of the gradient it buckets: from the measured timeline, else evenly
+        over backward."""
+        c, total, sent = self.compute_step_s, self.bucketed_bytes or self.gradient_bytes, (
+            self.sent_fraction)
         if self.timeline is not None:
-            per_element = self.gradient_bytes / self.timeline.elements
-            return [(size, when * c) for size, when in self.timeline.buckets(cap, per_element)]
-        start, backward, total = self.forward_s(), self.backward_s(), self.gradient_bytes
+            per_element = total / self.timeline.elements
+            return [(size * sent, when * c)
+                    for size, when in self.timeline.buckets(cap, per_element)]
+        start, backward = self.forward_s(), self.backward_s()
         done, out = 0, []
         for size in even_buckets(total, cap):
             done += size
-            out.append((size, start + backward * done / total))
+            out.append((size * sent, start + backward * done / total))
         return out
 
 
@@ -235,10 +249,10 @@ def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
     optimizer runs after backward and the last all-reduce."""
     c = w.compute_step_s
     backward_end = w.forward_s() + w.backward_s()
-    comm_end, delay = 0.0, 0.0
+    comm_end, delay, k = 0.0, 0.0, w.collectives_per_bucket
     for size, ready in buckets:
         delay += w.hook_delay_s  # a blocking hook holds up backward itself
-        comm_end = max(comm_end, ready + delay) + comm(size) + per_bucket_extra
+        comm_end = max(comm_end, ready + delay) + k * comm(size / k) + per_bucket_extra
     step = max(backward_end + delay, comm_end) + (c - backward_end)
     return step, step - c
 

@@ -172,6 +172,30 @@ def test_a_model_without_batchnorm_pays_no_syncbn_collectives():
         plain.step_s + extra)
 
 
+def test_a_compressing_hook_keeps_ddps_buckets_and_powersgd_sends_three_collectives():
+    """DDP buckets the fp32 gradient whatever its hook sends: 10 M parameters (40 MB) in
+    25 MiB buckets are 2 buckets under every hook. Each bucket's all-reduce costs 100 us
+    plus 1 ns a byte; compute is negligible, so the step is its communication: plain
+    2 x 100 us + 40 ms; the fp16 hook 2 x 100 us + 20 ms; PowerSGD (100,000 elements,
+    400 kB) 2 buckets x 3 all-reduces (vectors, P, Q) x 100 us + 0.4 ms = 1.0 ms."""
+    from bench.project import workload_of
+
+    rec = {"strategy": "ddp", "compute_step_s": 1e-9, "world_size": 2, "norm": "none",
+           "model": {"parameters": 10_000_000, "batchnorm_layers": 0}}
+    hooks = {"plain": {},
+             "fp16": {"ddp_options": {"comm_hook": "fp16"}},
+             "powersgd": {"ddp_options": {"comm_hook": "powersgd", "powersgd_rank": 1},
+                          "compressed_gradient_elements": 100_000}}
+    works = {name: workload_of({**rec, **extra}) for name, extra in hooks.items()}
+    steps = {name: project(work, 2, 2, NET, measured_allreduce=lambda size: 1e-4 + size / 1e9
+                           ).step_s for name, work in works.items()}
+    assert steps["plain"] == pytest.approx(2e-4 + 0.040, rel=1e-6)
+    assert steps["fp16"] == pytest.approx(2e-4 + 0.020, rel=1e-6)
+    assert steps["powersgd"] == pytest.approx(6e-4 + 4e-4, rel=1e-6)
+    cap = works["powersgd"].bucket_bytes
+    assert [round(size) for size, _ in works["powersgd"].buckets(cap)] == [262_144, 137_856]
+
+
 def test_ddp_zero_broadcasts_its_parameters_whatever_compresses_the_gradient():
     """PowerSGD sends 100,000 of 10 M gradient elements; ZeRO still all-gathers the 40 MB of
     fp32 parameters after each step: at 1 GB/s (an all-reduce of B bytes takes B ns, the
