@@ -34,6 +34,11 @@ _SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([
 _HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gradients
 
 
+def comm_hook(rec: dict[str, Any]) -> str:
+    """The run's ``--ddp-comm-hook`` ("none" without one, or for records before it)."""
+    return (rec.get("ddp_options") or {}).get("comm_hook", "none")
+
+
 def allreduced_bytes(rec: dict[str, Any]) -> int:
     """Bytes one step all-reduces: the gradient in the precision it travels in (fp16 for
     apex O2/O3, Horovod's fp16 compression and DDP's cast hooks), or the elements a
@@ -44,7 +49,7 @@ def allreduced_bytes(rec: dict[str, Any]) -> int:
     half = rec.get("precision") in _HALF_BYTES or (
         rec.get("strategy") == "horovod" and (rec.get("config") or {}).get(
             "hvd_compression") == "fp16") or (
-        (rec.get("ddp_options") or {}).get("comm_hook") in ("fp16", "bf16"))
+        comm_hook(rec) in ("fp16", "bf16"))
     return ((rec.get("model") or {}).get("parameters") or 0) * (2 if half else 4)
 
 
@@ -59,7 +64,7 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
     delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
                   for m in [_SLOW_COMM.search(note)] if m), 0.0)
     layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
-    hook = (rec.get("ddp_options") or {}).get("comm_hook", "none")
+    hook = comm_hook(rec)
     compressing = hook in ("fp16", "bf16", "powersgd")  # each fp32 bucket compressed
     return Workload(
         strategy=rec["strategy"], compute_step_s=float(compute),

@@ -209,8 +209,8 @@ class Workload:
         """(bytes sent, seconds into the step when ready) of each bucket, DDP closing one at
         ``cap`` bytes of the gradient it buckets: from the measured timeline, else evenly
         over backward."""
-        c, total, sent = self.compute_step_s, self.bucketed_bytes or self.gradient_bytes, (
-            self.sent_fraction)
+        c, sent = self.compute_step_s, self.sent_fraction
+        total = self.bucketed_bytes or self.gradient_bytes
         if self.timeline is not None:
             per_element = total / self.timeline.elements
             return [(size * sent, when * c)

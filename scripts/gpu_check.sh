@@ -137,9 +137,8 @@ item() {
   fi
 }
 # The commands items run (arrays, not functions: `timeout` runs them).
-small_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}"
-           "${narrow[@]}")
-model_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}")  # no --width
+model_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}")
+small_run=("${model_run[@]}" "${narrow[@]}")  # resnet18-cifar narrowed; other models take no --width
 full_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/table" "${full[@]}")
 
 if [ $plan = 0 ]; then

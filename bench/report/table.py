@@ -247,8 +247,7 @@ def row_flags(r) -> str:
     flags = []
     if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE:
         flags.append("efficiency > 100 %")
-    if r.status == "ok" and r.exposed_comm == r.exposed_comm and (
-            r.exposed_comm < -EXPOSED_COMM_NOISE):
+    if r.status == "ok" and r.exposed_comm < -EXPOSED_COMM_NOISE:  # False for NaN
         flags.append("exposed comm < 0")
     if r.oversubscribed:
         flags.append("CPU oversubscribed")
