@@ -312,8 +312,10 @@ class RunRecord:
         self.write()
 
     def add_epoch(self, epoch: int, train: TrainStats, evaluation: EvalStats,
-                  peak_mem_bytes: int) -> dict[str, Any]:
-        """Append epoch ``epoch`` (from 0; the first is the warm-up) and refresh the summary."""
+                  peak_mem_bytes: int, gpu_clocks: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+        """Append epoch ``epoch`` (from 0; the first is the warm-up) and refresh the summary.
+        ``gpu_clocks``: the epoch's timed window as the GPUs' clocks saw it (CUDA runs)."""
         entry = {
             "epoch": epoch + 1,
             "warmup": epoch == 0,
@@ -332,6 +334,8 @@ class RunRecord:
             "lr_last": train.lr_last,
             "data_order_sha1": train.data_order_sha1,
         }
+        if "gpu_clocks" in self.data:  # CUDA runs: sampled, or said why not
+            entry["gpu_clocks"] = gpu_clocks
         flops, peak = self.data.get("train_flops_per_image"), self.data.get("peak_tflops_per_gpu")
         entry["achieved_tflops"] = flops * entry["images_per_s"] / 1e12 if flops else None
         entry["mfu"] = (entry["achieved_tflops"] / (peak * self.data["world_size"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import secrets
@@ -15,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bench.gpu_clocks import clock_share
 
 RECORD_VERSION = 1
 
@@ -189,7 +192,7 @@ def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     timed = epochs[1:]
     top1 = [e["top1"] for e in epochs]
-    return {
+    return gpu_clock_figures(timed or epochs) | {
         "median_epoch_time_s": statistics.median(e["train_time_s"] for e in timed) if timed
         else None,
         "median_images_per_s": statistics.median(e["images_per_s"] for e in timed) if timed
@@ -202,6 +205,17 @@ def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_mem_bytes": max(e["peak_mem_bytes"] for e in epochs),
         "steady_peak_mem_bytes": max(e["peak_mem_bytes"] for e in timed or epochs),
     }
+
+
+def gpu_clock_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The timed epochs' GPU clocks (CUDA records that sampled them): the median epoch's
+    SM clock as a share of the maximum, and every clock-lowering reason seen."""
+    sampled = [e["gpu_clocks"] for e in epochs if e.get("gpu_clocks")]
+    shares = [s for s in map(clock_share, sampled) if not math.isnan(s)]
+    if not sampled:
+        return {}
+    return {"gpu_clock_share": statistics.median(shares) if shares else None,
+            "gpu_slowdowns": sorted({r for c in sampled for r in c.get("slowdowns", [])})}
 
 
 # --------------------------------------------------------------------------- environment

@@ -8,17 +8,14 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import strategies
 from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
 from bench.config import RunConfig, Topology
-from bench.data import SYNTHETIC_SIZES, prepare_cifar100
-from bench.datasets import check_memory, model_spec
+from bench.datasets import model_spec
 from bench.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -29,15 +26,25 @@ from bench.errors import (
     raise_interrupted,
 )
 from bench.flops import cached_train_flops_per_image
-from bench.folders import missing_folders, remove_created
+from bench.folders import remove_created
 from bench.mlperf_log import check_mllog_path
 from bench.models import check_model_builds
 from bench.parts import tf32_label
+from bench.preflight import (
+    check_output_writable,
+    check_srun_task,
+    check_strategy_options,
+    default_workers,
+    prepare_data,
+    resolve_device,
+    resolve_strategy,
+    shares_gpus,
+)
 from bench.record import RunRecord
-from bench.results import new_run_id, runs_dir
+from bench.results import new_run_id
 from bench.scratch import Scratch
 from bench.spec import WorkerSpec
-from strategies.base import Strategy, cpu_threads_per_process
+from strategies.base import cpu_threads_per_process
 
 
 def watchdog_timeout(timeout: float) -> float:
@@ -57,120 +64,6 @@ def shared_run_id(strategy: str, world: int, device_type: str, run_tag: str) -> 
 
     day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
     return f"{day}-{strategy}-{world}{device_type}-{run_tag}"
-
-
-def resolve_device(cfg: RunConfig) -> str:
-    """``cuda`` or ``cpu``; asking for GPUs that are not there is bad input naming --cpu."""
-    if cfg.cpu:
-        return "cpu"
-    import torch
-
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible == 0:
-        raise ConfigError(
-            f"no CUDA GPU is visible here; add --cpu to run {cfg.gpus} CPU process(es) instead"
-        )
-    if cfg.gpus > visible and cfg.backend != "gloo" and not (cfg.use_slurm and slurm_task()):
-        raise ConfigError(
-            f"--gpus {cfg.gpus} but only {visible} CUDA GPU(s) are visible; use --gpus "
-            f"{visible} or fewer, --cpu, or --backend gloo to let ranks share a GPU "
-            "(a correctness check: its timings are not comparable)"
-        )
-    return "cuda"
-
-
-def shares_gpus(cfg: RunConfig, device_type: str) -> bool:
-    """More ranks than GPUs on this machine (allowed with gloo only, see resolve_device)."""
-    if device_type != "cuda":
-        return False
-    import torch
-
-    return cfg.gpus > torch.cuda.device_count()
-
-
-def resolve_strategy(cfg: RunConfig) -> Strategy:
-    """The run's strategy, built with its own options; an unknown name is bad input."""
-    try:
-        return strategies.get(cfg.strategy, cfg.strategy_options)
-    except KeyError as exc:
-        raise ConfigError(exc.args[0]) from None
-
-
-def check_strategy_options(cfg: RunConfig, strategy: Strategy) -> None:
-    """Options that belong to some strategies only change nothing elsewhere: refused there
-    rather than recorded as if they had run."""
-    if cfg.ddp_comm_hook != "none" and not strategy.accepts_ddp_comm_hook:
-        instead = (" (its counterpart: --hvd-compression fp16)" if strategy.name == "horovod"
-                   else "")
-        raise ConfigError(f"--ddp-comm-hook is a torch DDP option; {strategy.name} does not "
-                          f"wrap the model in torch's DDP{instead}")
-    if not cfg.reshard_after_forward and strategy.name != "fsdp":
-        raise ConfigError("--no-reshard-after-forward is an fsdp option; drop it for "
-                          f"{strategy.name}")
-
-
-def check_srun_task(strategy: Strategy, alternative: str = "") -> None:
-    """Under srun each task is one rank: only strategies that find their rank in the
-    environment can run that way."""
-    if not strategy.runs_as_srun_task:
-        raise ConfigError(
-            f"under srun each task is one rank; {strategy.name} cannot run that way: use "
-            f"{', '.join(strategies.srun_capable())}{alternative}"
-        )
-
-
-def check_output_writable(output: str) -> tuple[Path, list[Path]]:
-    """The runs folder, made if absent and probed; also the folders this call created, so
-    that a run refused later can leave nothing behind."""
-    folder = runs_dir(output).absolute()
-    created: list[Path] = []
-    try:
-        created = missing_folders(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        # As long a name as a record's temporary file (.<run id>.json.XXXXXXXX.tmp), so a
-        # path too long for one fails here, before anything runs.
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-" + "x" * 56,
-                                         suffix=".tmp"):
-            pass
-    except OSError as exc:
-        remove_created(created)
-        where = str(folder) if len(str(folder)) <= 200 else str(folder)[:197] + "..."
-        raise ConfigError(
-            f"cannot write results to {where} ({exc.strerror or exc}); choose another --output"
-        ) from None
-    return folder, created
-
-
-def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
-    """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent);
-    a set this machine's ``processes`` cannot hold in memory is refused."""
-    if cfg.data == "synthetic":
-        train, test = SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["test"]
-        kind = "synthetic"
-    elif cfg.data == "imagefolder":
-        from bench.imagefolder import split_size
-
-        train, test = split_size(cfg.data_dir, "train"), split_size(cfg.data_dir, "test")
-        kind = "imagefolder"
-    else:
-        kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
-    train = min(train, cfg.train_limit or train)
-    test = min(test, cfg.test_limit or test)
-    if train < cfg.batch_size:
-        raise ConfigError(
-            f"{train} training images are fewer than one global batch ({cfg.batch_size}); "
-            "raise --train-limit or lower --batch-size"
-        )
-    check_memory(cfg, train, test, processes)
-    return kind, train, test
-
-
-def default_workers(device_type: str, replicas: int) -> int:
-    """Loader workers per replica: none on CPU (they would steal the compute cores),
-    up to 4 per GPU otherwise."""
-    if device_type == "cpu":
-        return 0
-    return max(0, min(4, cpu_threads_per_process(replicas) - 1))
 
 
 class RunPlan:

@@ -4,14 +4,11 @@ evaluate, record. It never names a strategy; what differs lives in the strategy 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
-import resource
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,42 +16,33 @@ import numpy as np
 import torch
 from torch import nn
 
+from bench.across_ranks import (
+    full_tensor,
+    global_mean,
+    initial_fingerprint,
+    replica_fingerprint,
+    slowest_rank,
+    sync_devices,
+)
 from bench.config import RunConfig
 from bench.errors import Diverged
 from bench.extra_steps import compute_only_steps, profile_steps
 from bench.faults import Fault
+from bench.gpu_clocks import (
+    INTERVAL_S,
+    ClockMonitor,
+    epoch_suffix,
+    start_monitor,
+)
 from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
 from bench.mlperf_log import MLPerfLog, NoLog
-from bench.model import initial_params_sha1, params_sha1
+from bench.model import initial_params_sha1
 from bench.parts import ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
+from bench.schedule import BatchSplit, lr_at
 from bench.scratch import Heartbeat
 from bench.timing import step_intervals, step_mark
 from strategies.base import Strategy
-
-
-def lr_at(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
-    """Linear warm-up from peak/warmup_steps to peak, then cosine decay to 0, per step."""
-    if step < warmup_steps:
-        return peak_lr * (step + 1) / warmup_steps
-    decay_steps = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
-    return 0.5 * peak_lr * (1.0 + math.cos(math.pi * progress))
-
-
-@dataclass(frozen=True)
-class BatchSplit:
-    """How the global batch is cut: per model replica, per process (DataParallel drives
-    several replicas from one), and per micro-step of gradient accumulation."""
-
-    per_replica: int
-    per_process: int
-    micro: int
-
-    @classmethod
-    def of(cls, global_batch: int, grad_accum: int, strategy: Strategy) -> BatchSplit:
-        per_process = global_batch // strategy.world_size
-        return cls(global_batch // strategy.replicas, per_process, per_process // grad_accum)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -65,56 +53,6 @@ def _percentile(values: list[float], q: float) -> float:
     low = int(pos)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
-def _sync(strategy: Strategy) -> None:
-    if strategy.device.type == "cuda":
-        for device in strategy.process_devices():
-            torch.cuda.synchronize(device)
-
-
-def peak_memory(strategy: Strategy) -> int:
-    """The largest GPU's max-allocated bytes; on CPU this process's peak RSS."""
-    if strategy.device.type == "cuda":
-        return max(torch.cuda.max_memory_allocated(d) for d in strategy.process_devices())
-    # ru_maxrss is in KiB on Linux: the peak resident set of this process so far.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """A sharded (DTensor) parameter gathered whole; others as they are. Collective."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-@torch.no_grad()
-def replica_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[bool | None, list[float]]:
-    """Whether every rank ends with bit-identical parameters, checked through three float64
-    fingerprints whose max and min over ranks must agree (None where parameters are sharded,
-    so that gathering them makes them equal by construction). Collective."""
-    params = [_full(p.detach()).double().reshape(-1)
-              for p in strategy.eval_module(model).parameters()]
-    flat = torch.cat(params)
-    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
-    local = torch.stack([flat.sum(), (flat * flat).sum(), (flat * weights).sum()])
-    high, low = local.clone(), -local
-    strategy.all_reduce(high, "max")
-    strategy.all_reduce(low, "max")
-    identical = bool(torch.equal(high, -low)) if strategy.replicates_parameters else None
-    return identical, high.tolist()
-
-
-@torch.no_grad()
-def initial_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[str, bool | None]:
-    """SHA-1 of rank 0's parameters as set up (broadcasts included, before any step), and
-    whether every rank holds the same (None where parameters are sharded). Collective."""
-    sha1 = params_sha1(_full(p) for p in strategy.eval_module(model).parameters())
-    mine = torch.tensor([float(int(sha1[:12], 16))], dtype=torch.float64,
-                        device=strategy.device)  # 48 bits: exact in float64
-    high, low = mine.clone(), -mine
-    strategy.all_reduce(high, "max")
-    strategy.all_reduce(low, "max")
-    same = bool(torch.equal(high, -low)) if strategy.replicates_parameters else None
-    return sha1, same
 
 
 class Trainer:
@@ -135,6 +73,8 @@ class Trainer:
         self.steps_per_epoch = len(loaders.train) // cfg.grad_accum  # optimizer steps
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
+        self.clocks: ClockMonitor | None = None  # GPU clocks while timed (CUDA runs)
+        self.window = (0.0, 0.0)  # the last epoch's timed region (perf_counter)
 
     def run(self) -> None:
         if self.cfg.verify_steps is not None:
@@ -143,6 +83,7 @@ class Trainer:
         start = initial_fingerprint(self.strategy, self.parts.model)
         compile_time = self.compile_warm_up()
         self.start_record(compile_time, *start)
+        self.start_clocks()
         self.mllog.run_start()
         try:
             self.train_epochs()
@@ -154,7 +95,22 @@ class Trainer:
             raise
         finally:
             self.mllog.close()
+            if self.clocks is not None:
+                self.clocks.close()
         finish_run(self)
+
+    def start_clocks(self) -> None:
+        """Sample the clocks of this process's GPUs while it trains (nothing on CPU)."""
+        if self.strategy.device.type != "cuda":
+            return
+        uuids = [str(torch.cuda.get_device_properties(d).uuid)
+                 for d in self.strategy.process_devices()]
+        self.clocks, how = start_monitor(uuids)
+        if self.record is not None:
+            self.record.data["gpu_clocks"] = (
+                f"nvml every {1000 * INTERVAL_S:.0f} ms, each rank's GPUs, reduced per epoch"
+                if self.clocks
+                else how)
 
     def train_epochs(self) -> None:
         cfg, log = self.cfg, self.mllog
@@ -166,13 +122,15 @@ class Trainer:
                 reason = self.record.diverged(epoch, train) if self.record is not None else ""
                 raise Diverged(reason or "training loss became non-finite")
             log.eval_start(epoch + 1)
-            train, evaluation, memory = slowest_rank(self.strategy, train, self.evaluate())
+            clocks = self.clocks.window(*self.window) if self.clocks is not None else None
+            train, evaluation, memory, clocks = slowest_rank(self.strategy, train,
+                                                             self.evaluate(), clocks)
             evaluated_at = time.perf_counter()  # the time-to-target clock stops here
             # top-1 is reduced over ranks: every rank takes the same decision
             reached = cfg.target_top1 is not None and 100 * evaluation.top1 >= cfg.target_top1
             log.eval_stop(epoch + 1, evaluation.top1, reached)
             if self.record is not None:
-                entry = self.record.add_epoch(epoch, train, evaluation, memory)
+                entry = self.record.add_epoch(epoch, train, evaluation, memory, clocks)
                 print(epoch_line(cfg.strategy, cfg.epochs, entry), flush=True)
                 if reached and not self.record.data["reached_target"]:
                     self.record.reached_target(epoch + 1, evaluated_at - self.clock)
@@ -218,7 +176,7 @@ class Trainer:
         step = epoch * self.steps_per_epoch
         self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
         s.barrier()
-        _sync(s)
+        sync_devices(s)
         start = time.perf_counter()
         if epoch == 0:
             self.clock = start  # time to target runs from the first step, never paused
@@ -262,8 +220,9 @@ class Trainer:
                 step_loss = torch.zeros((), device=s.device, dtype=sums)
                 if step >= cfg.verify_steps:
                     break
-        _sync(s)
-        train_time = time.perf_counter() - start
+        sync_devices(s)
+        end = time.perf_counter()
+        train_time, self.window = end - start, (start, end)
         # ---- end of timed region ----
         step_times = step_intervals(marks, cuda)
         self.beat(f"train epoch {epoch + 1} (end)", force=True)
@@ -309,7 +268,7 @@ class Trainer:
         s.broadcast_buffers(net)
         net.eval()
         totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
-        _sync(s)
+        sync_devices(s)
         start = time.perf_counter()
         for batch, (images, labels, valid) in enumerate(self.loaders.test):
             self.beat(f"eval batch {batch + 1}")
@@ -325,7 +284,7 @@ class Trainer:
             # One float64 add: apex O1 patches in-place ops and refuses float64 += float32.
             sums = (hits[:, 0].sum(), hits.any(dim=1).sum(), valid.sum(), (losses * valid).sum())
             totals += torch.stack([x.to(torch.float64) for x in sums])
-        _sync(s)
+        sync_devices(s)
         eval_time = time.perf_counter() - start
         s.all_reduce(totals, "sum")
         count = int(totals[2].item())
@@ -347,12 +306,12 @@ class Trainer:
             images, labels = next(iter(self.loaders.train))[:2]
         images = images.to(s.device, parts.dtype, memory_format=parts.memory_format)
         labels = labels.to(s.device)
-        _sync(s)
+        sync_devices(s)
         start = time.perf_counter()
         with parts.precision.autocast():
             loss = self.criterion(parts.forward(images), labels)
         s.backward(loss, parts.optimizer, parts.precision)
-        _sync(s)
+        sync_devices(s)
         seconds = time.perf_counter() - start
         s.discard_gradients(parts.optimizer)
         with torch.no_grad():
@@ -395,32 +354,6 @@ def run_verify(trainer: Trainer) -> None:
         trainer.record.finish_verify(trainer.strategy.norm, trainer.strategy.notes)
 
 
-def global_mean(strategy: Strategy, local_sum: torch.Tensor, local_count: int) -> float:
-    """Sum over ranks of ``local_sum`` divided by the summed counts. Collective."""
-    pair = torch.stack([local_sum, torch.tensor(float(local_count), device=strategy.device,
-                                                dtype=local_sum.dtype)])
-    strategy.all_reduce(pair, "sum")
-    return (pair[0] / pair[1]).item()
-
-
-def slowest_rank(strategy: Strategy, train: TrainStats,
-                 evaluation: EvalStats) -> tuple[TrainStats, EvalStats, int]:
-    """Times and peak memory of the slowest rank: a step is as slow as the slowest.
-    Collective."""
-    memory = peak_memory(strategy) if (strategy.device.type == "cuda" or strategy.is_main) else 0
-    times = torch.tensor(
-        [train.train_time_s, evaluation.eval_time_s, float(memory),
-         train.step_time_p50_s, train.step_time_p90_s],
-        device=strategy.device, dtype=torch.float64,
-    )
-    strategy.all_reduce(times, "max")
-    train = dataclasses.replace(train, train_time_s=times[0].item(),
-                                step_time_p50_s=times[3].item(),
-                                step_time_p90_s=times[4].item())
-    evaluation = dataclasses.replace(evaluation, eval_time_s=times[1].item())
-    return train, evaluation, int(times[2].item())
-
-
 def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
     """tqdm over one epoch's steps (rank 0 only), or None."""
     if not enabled:
@@ -439,7 +372,7 @@ def epoch_line(strategy: str, epochs: int, entry: dict[str, Any]) -> str:
         f"[{strategy}] epoch {entry['epoch']}/{epochs}  "
         f"train {entry['train_time_s']:.2f}s  {entry['images_per_s']:.0f} img/s  "
         f"loss {entry['train_loss']:.3f}  top1 {100 * entry['top1']:.2f}%  "
-        f"top5 {100 * entry['top5']:.2f}%"
+        f"top5 {100 * entry['top5']:.2f}%{epoch_suffix(entry.get('gpu_clocks'))}"
     )
 
 
@@ -447,7 +380,7 @@ def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Final parameters of the unwrapped model (DP, DDP, apex), gathered whole, on CPU in
     their own dtype (float64 under bench verify's fp32 check)."""
     module = getattr(model, "module", model)
-    return {k: _full(v.detach()).cpu().clone() for k, v in module.named_parameters()}
+    return {k: full_tensor(v.detach()).cpu().clone() for k, v in module.named_parameters()}
 
 
 def save_verify_outputs(out: Path, train: TrainStats, state: dict[str, torch.Tensor],

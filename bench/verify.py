@@ -44,7 +44,7 @@ from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.faults import DEFECT_ENV
 from bench.precision import Precision
 from bench.runner import RunPlan, execute
-from bench.trainer import lr_at
+from bench.schedule import lr_at
 from strategies.base import epoch_sampler
 
 VERIFY_LR = 0.001

@@ -31,9 +31,10 @@ from bench.mlperf_log import MLPerfLog
 from bench.models import mlperf_model_name
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
+from bench.schedule import BatchSplit
 from bench.scratch import Heartbeat
 from bench.spec import WorkerSpec
-from bench.trainer import BatchSplit, Trainer
+from bench.trainer import Trainer
 from strategies.base import Strategy, cpu_threads_per_process
 
 

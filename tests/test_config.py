@@ -7,9 +7,9 @@ import strategies
 from bench.config import STRATEGY_ORDER, RunConfig, Topology
 from bench.errors import ConfigError
 from bench.runner import RunPlan
+from bench.schedule import lr_at
 from bench.scratch import Scratch
 from bench.spec import WorkerSpec
-from bench.trainer import lr_at
 
 
 def test_lr_scales_linearly_from_batch_128():

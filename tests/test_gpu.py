@@ -30,19 +30,29 @@ def _two_ranks() -> list[str]:
 
 def test_ddp_on_cuda_uses_nccl(tmp_path):
     world = min(2, _gpus())
-    assert_ok(_run(tmp_path, "--strategy", "ddp", "--gpus", str(world)))
+    proc = _run(tmp_path, "--strategy", "ddp", "--gpus", str(world))
+    assert_ok(proc)
     rec = only_record(tmp_path)
     assert rec["device"] == "cuda" and rec["env"]["gpus"] and rec["env"]["nccl"]
     assert rec["backend"] == "nccl"
     assert rec["per_epoch"][-1]["test_images"] == 100
     # CUDA max-allocated memory of a small model is far below a CPU process's RSS.
     assert 0 < rec["per_epoch"][-1]["peak_mem_bytes"] < 4 * 2**30
+    # Every epoch's timed window has the GPUs' clocks (NVML comes with the driver), and the
+    # epoch's line shows them.
+    assert rec["gpu_clocks"].startswith("nvml"), rec["gpu_clocks"]
+    for entry in rec["per_epoch"]:
+        clocks = entry["gpu_clocks"]
+        assert clocks["samples"] >= 1 and 0 < clocks["sm_mhz_median"] <= clocks["sm_mhz_max"]
+        assert 0 < clocks["temperature_c_max"] < 120, clocks
+    assert proc.stdout.count(" MHz ") == len(rec["per_epoch"]), proc.stdout
 
 
 def test_ddp_on_cuda_syncs_batchnorm_across_two_ranks(tmp_path):
     assert_ok(_run(tmp_path, "--strategy", "ddp", *_two_ranks()))
     rec = only_record(tmp_path)
     assert rec["world_size"] == 2 and rec["norm"] == "syncbn" and rec["replicas_identical"]
+    assert all(e["gpu_clocks"]["samples"] >= 1 for e in rec["per_epoch"])  # reduced over ranks
 
 
 def test_ddp_no_syncbn_flag_is_recorded(tmp_path):

@@ -11,8 +11,10 @@ from typing import Any
 
 from bench.config import STRATEGY_ORDER
 from bench.errors import ConfigError
+from bench.gpu_clocks import ABNORMAL
 from bench.models import DEFAULT_MODEL, ModelSpec, short_name
 from bench.record import current_status
+from bench.report.flags import clock_gaps, row_flags, slow_runs
 from bench.results import summarise_epochs
 from bench.stats import mean_ci, welch
 
@@ -54,12 +56,6 @@ COLUMNS = [
     ("flags", "flags"),
     ("status", "status"),
 ]
-
-# Plausibility: what makes a row's figures suspect (flagged in the row, warned, drawn).
-EFFICIENCY_NOISE = 0.05  # efficiency above 1 + this cannot be scaling: the N=1 run was slowed
-SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
-SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
-EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
 
 
 def _number(value: float | None) -> float:
@@ -227,35 +223,11 @@ def run_rows(records: list[dict[str, Any]]):
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
+                "clock_share": _number(figures.get("gpu_clock_share")),
+                "slowdowns": figures.get("gpu_slowdowns") or [],
             }
         )
     return pd.DataFrame(rows)
-
-
-def slow_runs(ok) -> list[tuple[str, float, float]]:
-    """(run id, its epoch time, the row's median) for each repeat more than SLOW_RUN_FACTOR
-    slower than the median of its row's ok runs."""
-    times = [(i, t) for i, t in zip(ok["run_id"], ok["epoch_time_s"]) if not math.isnan(t)]
-    if len(times) < SLOW_RUN_MIN_RUNS:
-        return []
-    median = statistics.median(t for _, t in times)
-    return [(i, t, median) for i, t in times if t > SLOW_RUN_FACTOR * median]
-
-
-def row_flags(r) -> str:
-    """Why a row's figures are suspect, in a few words each ('' when nothing is)."""
-    flags = []
-    if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE:
-        flags.append("efficiency > 100 %")
-    if r.status == "ok" and r.exposed_comm < -EXPOSED_COMM_NOISE:  # False for NaN
-        flags.append("exposed comm < 0")
-    if r.oversubscribed:
-        flags.append("CPU oversubscribed")
-    if r.gpu_shared:
-        flags.append("shared GPUs")
-    if r.slow_runs:
-        flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
-    return ", ".join(flags)
 
 
 def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
@@ -307,6 +279,9 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
+            clock_share=_median(list(ok["clock_share"])),
+            abnormal_slowdowns=sorted({r for rs in ok["slowdowns"] for r in rs
+                                       if r in ABNORMAL}),
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
@@ -326,6 +301,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
+    table["clock_gap"] = clock_gaps(table)
     table["flags"] = [row_flags(r) for r in table.itertuples()]
     table = add_parity(table, reference)
     order = {name: i for i, name in enumerate(STRATEGY_ORDER)}

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from bench.report.flags import CLOCK_GAP
 from bench.report.table import COLUMN_INDEX, COLUMNS, workload
 
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
@@ -109,6 +110,14 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
                          "compute-only steps ran slower than its real ones, which communicate "
                          "more; they were slowed (a loaded machine?): rerun it")
+        if r.clock_gap > CLOCK_GAP:
+            lines.append(f"{row}: its GPUs ran at {100 * r.clock_share:.0f} % of their maximum "
+                         f"SM clock, {100 * r.clock_gap:.0f} points below the best row of its "
+                         "workload: its times were measured on a slower GPU (power cap, heat, "
+                         "another job?); rerun it when the GPU is cool and idle")
+        if r.abnormal_slowdowns:
+            lines.append(f"{row}: the GPU lowered its clocks for {', '.join(r.abnormal_slowdowns)}"
+                         " during timed epochs: its times depend on cooling, not on the strategy")
         if r.gpu_shared:
             lines.append(f"{row}: ranks shared GPUs (--backend gloo): its times are not "
                          "comparable with any other row")

@@ -1,0 +1,58 @@
+"""Plausibility: what makes a row's figures suspect. Each flag goes in the row (`ok ⚠ ...`,
+the CSV's `flags`), in a warning under the table naming the likely cause (views), and in
+the plots (hatched)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+EFFICIENCY_NOISE = 0.05  # efficiency above 1 + this cannot be scaling: the N=1 run was slowed
+SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
+SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
+EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
+CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
+
+
+def slow_runs(ok) -> list[tuple[str, float, float]]:
+    """(run id, its epoch time, the row's median) for each repeat more than SLOW_RUN_FACTOR
+    slower than the median of its row's ok runs."""
+    times = [(i, t) for i, t in zip(ok["run_id"], ok["epoch_time_s"]) if not math.isnan(t)]
+    if len(times) < SLOW_RUN_MIN_RUNS:
+        return []
+    median = statistics.median(t for _, t in times)
+    return [(i, t, median) for i, t in times if t > SLOW_RUN_FACTOR * median]
+
+
+def clock_gaps(table) -> list[float]:
+    """How far each row's GPU clock (median SM clock over its timed epochs, as a share of
+    the maximum) fell below the best row of its workload and device: rows measured at
+    different clocks are not a fair comparison. NaN for rows without clocks."""
+    best: dict[tuple, float] = {}
+    for r in table.itertuples():
+        if r.status == "ok" and not math.isnan(r.clock_share):
+            key = (r.workload, r.device)
+            best[key] = max(best.get(key, 0.0), r.clock_share)
+    return [best[(r.workload, r.device)] - r.clock_share
+            if (r.workload, r.device) in best and r.status == "ok" else math.nan
+            for r in table.itertuples()]
+
+
+def row_flags(r) -> str:
+    """Why a row's figures are suspect, in a few words each ('' when nothing is)."""
+    flags = []
+    if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE:
+        flags.append("efficiency > 100 %")
+    if r.status == "ok" and r.exposed_comm < -EXPOSED_COMM_NOISE:  # False for NaN
+        flags.append("exposed comm < 0")
+    if r.oversubscribed:
+        flags.append("CPU oversubscribed")
+    if r.gpu_shared:
+        flags.append("shared GPUs")
+    if r.clock_gap > CLOCK_GAP:  # False for NaN
+        flags.append(f"GPU clock -{100 * r.clock_gap:.0f} %")
+    if r.abnormal_slowdowns:
+        flags.append("GPU " + " / ".join(r.abnormal_slowdowns))
+    if r.slow_runs:
+        flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
+    return ", ".join(flags)
