@@ -5,7 +5,8 @@
 #
 #   scripts/gpu_check.sh --plan [--phase P]               items and estimated seconds (H100)
 #   scripts/gpu_check.sh [--deps DIR] --phase P OUTDIR    run phase P: build | core | options |
-#                                                         variants | table | calibrate | all
+#                                                         variants | table | calibrate | all |
+#                                                         next (what the first check left)
 #   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (CI)
 #
 #   --deps DIR     what the machine cannot download: horovod-wheelhouse/ and apex-25.05.tar.gz
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --cpu) mode=cpu; shift ;;
     --deps) deps=$(cd "${2:?--deps DIR}" && pwd) || exit 2; shift 2 ;;
-    --phase) phase=${2:?--phase build|core|options|variants|table|calibrate|all}; shift 2 ;;
+    --phase) phase=${2:?--phase build|core|options|variants|table|calibrate|all|next}; shift 2 ;;
     --budget) budget=${2:?--budget SECONDS}; shift 2 ;;
     --plan) plan=1; shift ;;
     --again) again=1; shift ;;
@@ -37,8 +38,8 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-case $phase in build|core|options|variants|table|calibrate|all) ;;
-  *) echo "gpu_check.sh: --phase must be build, core, options, variants, table, calibrate or all" >&2
+case $phase in build|core|options|variants|table|calibrate|all|next) ;;
+  *) echo "gpu_check.sh: --phase must be build, core, options, variants, table, calibrate, all or next" >&2
      exit 2 ;;
 esac
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; exit 2; }
@@ -100,11 +101,20 @@ fi
 passed=0 failed=0 skipped=0 deferred=0 earlier=0 planned=0
 say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi; }
 
+# Phase `next`: what the first check (one H100, 2026-11-23) left, in one lease (~21 min): the
+# builds a fresh machine needs, every item that never passed on a GPU (Horovod, the variants,
+# the deferred fastest path and throughput, the GPU tests cut by the item limit, now with the
+# GPU clock checks), and fsdp and the fastest path again at full size: their step times
+# drifted between epochs, and records now carry each epoch's GPU clocks.
+next_items='^(build_.*|pytest_gpu|n1_horovod|fastest_path|throughput|table_(horovod|fsdp|fastest|report))$'
+
 # item PHASE NAME ESTIMATE_S CMD...: run unless another phase, passed before, or over budget.
 # Exit 3 (strategy unavailable) is a skip with the reason; the log is OUTDIR/NAME.log.
 item() {
   local item_phase=$1 name=$2 estimate=$3; shift 3
-  [ "$phase" = all ] || [ "$phase" = "$item_phase" ] || return 0
+  [ "$phase" = all ] || [ "$phase" = "$item_phase" ] ||
+    { [ "$phase" = next ] && { [ "$item_phase" = variants ] || [[ $name =~ $next_items ]]; }; } ||
+    return 0
   [ -z "$items" ] || [[ $name =~ $items ]] || return 0
   [ $mode = cpu ] && estimate=$((estimate * 2))  # tiny sizes, but 2 slow cores
   if [ $plan = 1 ]; then
