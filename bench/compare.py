@@ -13,6 +13,7 @@ from typing import Any
 
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
+from bench.report.flags import CLOCK_GAP
 from bench.results import load_records, read_record
 from bench.stats import welch
 
@@ -89,6 +90,9 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
                   rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure))
         if delta < 0 and p < 0.05:
             reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
+        clocks = clock_note(ra.get("clock_share", math.nan), rb.get("clock_share", math.nan))
+        if clocks and (reasons or unsure):
+            (reasons or unsure).append(clocks)
         row.update(
             runs=f"{ra['runs']}/{rb['runs']}",
             images_per_s_a=f"{ra['images_per_s']:.0f}{_spread(ra['run_images_per_s'])}",
@@ -104,6 +108,16 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
         )
         out.append(row)
     return out
+
+
+def clock_note(share_a: float, share_b: float) -> str | None:
+    """When B's GPUs ran at a lower clock than A's (median SM clock as a share of the
+    maximum, by more than the report's CLOCK_GAP), say so beside its slow-down: a hotter or
+    power-capped GPU, not necessarily slower software."""
+    if math.isnan(share_a) or math.isnan(share_b) or share_a - share_b <= CLOCK_GAP:
+        return None
+    return (f"B's GPUs ran at {100 * share_b:.0f} % of their maximum clock, A's at "
+            f"{100 * share_a:.0f} %")
 
 
 def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,

@@ -68,3 +68,34 @@ def test_one_run_a_side_or_overlapping_runs_are_not_a_regression(tmp_path):
     assert "within the runs' range: noise" in json.loads(proc.stdout)[0]["verdict"]
     markdown = run_bench("compare", str(one_a), str(one_b)).stdout
     assert "| img/s A [range] |" in markdown.splitlines()[0]
+
+
+def _at_clock(rec, mhz):
+    """The record with every epoch at this median SM clock of a 1,980 MHz GPU."""
+    clocks = {"samples": 20, "sm_mhz_median": mhz, "sm_mhz_low": mhz, "sm_mhz_max": 1980.0,
+              "temperature_c_max": 80.0, "power_w_median": 690.0, "slowdown_share": 1.0,
+              "slowdowns": ["power cap"]}
+    return {**rec, "per_epoch": [{**e, "gpu_clocks": clocks} for e in rec["per_epoch"]]}
+
+
+def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
+    """B about 20 % slower beyond the runs' range, its GPUs at 1,700 MHz (86 % of 1,980) where A's
+    ran at 1,960 (99 %): still a regression on that machine, with the clocks beside it. At
+    equal clocks (and in A/B without clocks) nothing is added."""
+    a = [_at_clock(_slower(_repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100), 1960.0)
+         for i in range(3)]
+    b = [_at_clock(_slower(_repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100), 1700.0)
+         for i in range(3)]
+    proc = run_bench("compare", str(_write(tmp_path / "a", a)), str(_write(tmp_path / "b", b)),
+                     "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)
+    # median slow-down 1.21 / 1.01: img/s -16.5 %, time to target +19.8 %
+    assert row["verdict"] == ("REGRESSED: img/s -16.5 %, outside both sides' run-to-run "
+                              "range, time to target +19.8 %, outside both sides' run-to-run "
+                              "range, B's GPUs ran at 86 % of their maximum clock, A's at 99 %")
+    hot_a = [_at_clock(r, 1700.0) for r in a]
+    proc = run_bench("compare", str(_write(tmp_path / "hot_a", hot_a)), str(tmp_path / "b"),
+                     "--format", "json")
+    assert json.loads(proc.stdout)[0]["verdict"].endswith("time to target +19.8 %, outside "
+                                                          "both sides' run-to-run range")
