@@ -361,7 +361,11 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
         median, speed = summary.get("median_epoch_time_s"), summary.get("median_images_per_s")
         timing = (f"median epoch {median:.2f}s  {speed:.0f} img/s" if median is not None
                   else "no timed epoch (the only epoch is the warm-up)")
-        print(f"bench: ok  {timing}  final top1 "
+        share = summary.get("gpu_clock_share")
+        clock = f"  GPU clock {100 * share:.0f} % of max" if share is not None else ""
+        if summary.get("gpu_slowdowns"):
+            clock += f" ({', '.join(summary['gpu_slowdowns'])})"
+        print(f"bench: ok  {timing}{clock}  final top1 "
               f"{100 * summary.get('final_top1', float('nan')):.2f}%  -> {plan.record_path}")
         return EXIT_OK
     print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)

@@ -46,6 +46,7 @@ def test_ddp_on_cuda_uses_nccl(tmp_path):
         assert clocks["samples"] >= 1 and 0 < clocks["sm_mhz_median"] <= clocks["sm_mhz_max"]
         assert 0 < clocks["temperature_c_max"] < 120, clocks
     assert proc.stdout.count(" MHz ") == len(rec["per_epoch"]), proc.stdout
+    assert 0 < rec["summary"]["gpu_clock_share"] <= 1 and "% of max" in proc.stdout
 
 
 def test_ddp_on_cuda_syncs_batchnorm_across_two_ranks(tmp_path):
