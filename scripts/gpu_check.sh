@@ -101,12 +101,13 @@ fi
 passed=0 failed=0 skipped=0 deferred=0 earlier=0 planned=0
 say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi; }
 
-# Phase `next`: what the first check (one H100, 2026-11-23) left, in one lease (~21 min): the
+# Phase `next`: what the first check (one H100, 2026-11-23) left, in one lease (~23 min with the start): the
 # builds a fresh machine needs, every item that never passed on a GPU (Horovod, the variants,
 # the deferred fastest path and throughput, the GPU tests cut by the item limit, now with the
-# GPU clock checks), and fsdp and the fastest path again at full size: their step times
-# drifted between epochs, and records now carry each epoch's GPU clocks.
-next_items='^(build_.*|pytest_gpu|n1_horovod|fastest_path|throughput|table_(horovod|fsdp|fastest|report))$'
+# GPU clock checks), a profiler trace again (the variants' report then shows its Holistic
+# Trace Analysis breakdown from a real CUDA trace), and fsdp and the fastest path again at
+# full size: their step times drifted between epochs; records now carry each epoch's clocks.
+next_items='^(build_.*|pytest_gpu|n1_horovod|profile_trace|fastest_path|throughput|table_(horovod|fsdp|fastest|report))$'
 
 # item PHASE NAME ESTIMATE_S CMD...: run unless another phase, passed before, or over budget.
 # Exit 3 (strategy unavailable) is a skip with the reason; the log is OUTDIR/NAME.log.
