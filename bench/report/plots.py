@@ -62,7 +62,10 @@ def make_figures(records: list[dict[str, Any]],
         if flags:
             bar.set(hatch="//", edgecolor="tab:red", label=_FLAGGED)
     if ok["flags"].astype(bool).any():
-        _legend(ax, fontsize=8)
+        top = ok["epoch_time_s"].max()
+        if top == top:  # room above the bars for the legend (NaN: nothing to make room for)
+            ax.set_ylim(0, 1.15 * top)
+        _legend(ax, fontsize=8, loc="upper right")
     ax.set_xticks(range(len(ok)), labels, fontsize=8, rotation=30, ha="right")
     ax.set_ylabel("epoch time (s)")
     ax.set_title("Epoch time per strategy and world size (median, warm-up excluded)")
