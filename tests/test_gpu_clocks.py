@@ -173,9 +173,9 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()
             if line.split()[:1] in (["ddp"], ["fsdp"], ["ddp-amp"])}
-    assert rows["ddp"].endswith("ok"), rows
-    assert rows["fsdp"].endswith("ok ⚠ GPU clock -14 %"), rows
-    assert rows["ddp-amp"].endswith("ok ⚠ GPU hw thermal"), rows
+    assert rows["ddp"].endswith("100%   ok"), rows  # the clock column, then the status
+    assert rows["fsdp"].endswith("86%    ok ⚠ GPU clock -14 %"), rows
+    assert rows["ddp-amp"].endswith("97%    ok ⚠ GPU hw thermal"), rows
     assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): its GPUs ran at 86 % of "
             "their maximum SM clock, 14 points below the best row") in proc.stderr
     assert "ddp-amp N=1 (synthetic 50000 img, batch 512, resnet18): the GPU lowered its " \

@@ -53,6 +53,7 @@ COLUMNS = [
     ("mfu", "MFU (%)"),
     ("comm_ceiling", "ideal all-reduce / step (ms)"),
     ("projected_efficiency", "projected eff. at 64 / 512 GPUs (bench project)"),
+    ("clock_share", "GPU clock (% of max)"),
     ("flags", "flags"),
     ("status", "status"),
 ]
