@@ -162,6 +162,11 @@ side by side took longer; build_horovod and the variants phase are estimates: th
 fi
 
 # --- build: Horovod (NCCL) and apex 25.05 from the carried sources, into OUTDIR/site --------
+if [ -z "$deps" ] && [ $plan = 0 ] && [ $mode = gpu ] && { [ "$phase" = build ] ||
+   [ "$phase" = next ] || [ "$phase" = all ]; }; then
+  say "no --deps DIR: Horovod and apex are not built (their items say unavailable); carry \
+.cache/gpu-deps (make gpu-deps GPU_PYTHON=3.12) and add --deps .cache/gpu-deps"
+fi
 if [ -n "$deps" ] || [ $plan = 1 ]; then
   built=${deps:-DIR}/built
   item build build_horovod 200 env HOROVOD_WHEEL_CACHE="$built/horovod" "$py" \
