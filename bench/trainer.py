@@ -103,14 +103,17 @@ class Trainer:
         """Sample the clocks of this process's GPUs while it trains (nothing on CPU)."""
         if self.strategy.device.type != "cuda":
             return
-        uuids = [str(torch.cuda.get_device_properties(d).uuid)
-                 for d in self.strategy.process_devices()]
-        self.clocks, how = start_monitor(uuids)
+        try:
+            uuids = [str(torch.cuda.get_device_properties(d).uuid)
+                     for d in self.strategy.process_devices()]
+        except Exception as e:  # a torch without device UUIDs: say so, train on
+            self.clocks, how = None, f"not sampled: no CUDA device UUID ({e})"
+        else:
+            self.clocks, how = start_monitor(uuids)
         if self.record is not None:
             self.record.data["gpu_clocks"] = (
                 f"nvml every {1000 * INTERVAL_S:.0f} ms, each rank's GPUs, reduced per epoch"
-                if self.clocks
-                else how)
+                if self.clocks else how)
 
     def train_epochs(self) -> None:
         cfg, log = self.cfg, self.mllog
