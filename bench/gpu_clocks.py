@@ -92,6 +92,12 @@ class Nvml:
             reasons=int(reasons.value) if rc == 0 else 0,
         )
 
+    def power_limits(self, device: ctypes.c_void_p) -> list[float]:
+        """[the power limit in force, the GPU's default limit] in W (NaN where unknown): a
+        lowered limit lowers the clocks a run gets under load."""
+        return [self._uint(self.lib.nvmlDeviceGetEnforcedPowerLimit, device) / 1000,
+                self._uint(self.lib.nvmlDeviceGetPowerManagementDefaultLimit, device) / 1000]
+
     def close(self) -> None:
         self.lib.nvmlShutdown()
 
@@ -136,6 +142,14 @@ class ClockMonitor:
             inside = [s for s in self._samples if start <= s.t <= end]
             self._samples = [s for s in self._samples if s.t > end]
         return summarise(inside)
+
+    def power_limits(self) -> list[list[float | None]]:
+        """Each GPU's [enforced, default] power limit in W (None where unknown)."""
+        try:
+            limits = [self.nvml.power_limits(d) for d in self.devices]
+        except Exception:
+            return []
+        return [[None if math.isnan(w) else w for w in pair] for pair in limits]
 
     def close(self) -> None:
         self._stop.set()

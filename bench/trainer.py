@@ -114,6 +114,8 @@ class Trainer:
             self.record.data["gpu_clocks"] = (
                 f"nvml every {1000 * INTERVAL_S:.0f} ms, each rank's GPUs, reduced per epoch"
                 if self.clocks else how)
+            if self.clocks is not None:  # rank 0's GPUs
+                self.record.data["gpu_power_limits_w"] = self.clocks.power_limits()
 
     def train_epochs(self) -> None:
         cfg, log = self.cfg, self.mllog

@@ -47,6 +47,7 @@ def test_ddp_on_cuda_uses_nccl(tmp_path):
         assert 0 < clocks["temperature_c_max"] < 120, clocks
     assert proc.stdout.count(" MHz ") == len(rec["per_epoch"]), proc.stdout
     assert 0 < rec["summary"]["gpu_clock_share"] <= 1 and "% of max" in proc.stdout
+    assert all(enforced > 0 and default > 0 for enforced, default in rec["gpu_power_limits_w"])
 
 
 def test_ddp_on_cuda_syncs_batchnorm_across_two_ranks(tmp_path):

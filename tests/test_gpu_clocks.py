@@ -34,6 +34,8 @@ int nvmlDeviceGetMaxClockInfo(void *d, int type, unsigned int *v) {
 int nvmlDeviceGetTemperature(void *d, int sensor, unsigned int *v) {
   if (sensor != 0) return 2; *v = clock_mhz > 1500 ? 55 : 87; return 0; }
 int nvmlDeviceGetPowerUsage(void *d, unsigned int *mw) { *mw = 650500; return 0; }
+int nvmlDeviceGetEnforcedPowerLimit(void *d, unsigned int *mw) { *mw = 500000; return 0; }
+int nvmlDeviceGetPowerManagementDefaultLimit(void *d, unsigned int *mw) { *mw = 700000; return 0; }
 #ifndef OLD_DRIVER
 int nvmlDeviceGetCurrentClocksEventReasons(void *d, unsigned long long *v) {
   *v = reasons; return 0; }
@@ -84,6 +86,7 @@ def test_the_sampler_summarises_each_window_and_stops(fake_nvml, driver):
         time.sleep(0.3)
         end = time.perf_counter()
         cool, hot = monitor.window(start, middle), monitor.window(middle, end)
+        assert monitor.power_limits() == [[500.0, 700.0]]  # enforced, default
     finally:
         monitor.close()
     assert not any(t.name == "bench-gpu-clocks" for t in threading.enumerate())
@@ -142,8 +145,10 @@ def test_two_gpus_are_summarised_by_the_slower_and_reduced_over_ranks():
     assert from_vector(to_vector(None)) is None
 
 
-def _gpu_record(run_id: str, strategy: str, precision: str, clocks: list[tuple]) -> dict:
-    """A finished N=1 CUDA record whose epochs ran at these (median MHz, reasons) clocks."""
+def _gpu_record(run_id: str, strategy: str, precision: str, clocks: list[tuple],
+                limit_w: float = 700.0) -> dict:
+    """A finished N=1 CUDA record whose epochs ran at these (median MHz, reasons) clocks, on
+    a GPU whose default power limit of 700 W was set to ``limit_w``."""
     epochs = [{"epoch": i + 1, "train_time_s": 2.0, "images_per_s": 25000.0, "top1": 0.5,
                "top5": 0.8, "peak_mem_bytes": 2**30, "train_loss": 1.0, "eval_time_s": 0.1,
                "gpu_clocks": {"samples": 20, "sm_mhz_median": mhz, "sm_mhz_low": mhz,
@@ -156,17 +161,20 @@ def _gpu_record(run_id: str, strategy: str, precision: str, clocks: list[tuple])
             "norm": "per-replica-bn", "dataset": "synthetic", "train_size": 50000,
             "global_batch": 512, "model": {"width": 1.0}, "per_epoch": epochs,
             "gpu_clocks": "nvml every 100 ms, each rank's GPUs, reduced per epoch",
+            "gpu_power_limits_w": [[limit_w, 700.0]],
             "env": {"cpu": "Test CPU", "cpu_count": 16, "torch": "x", "python": "3"}}
 
 
 def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_path):
-    """ddp ran at full clock; fsdp's timed epochs at 1,700 MHz (86 % of 1,980: 14 points
-    below ddp; its warm-up at full clock does not count); ddp-amp at 1,930 MHz (97 %: 3
-    points, within the 5 allowed) but in a hardware thermal slowdown."""
+    """ddp ran at full clock (its power limit 680 of 700 W: within 5 %); fsdp's timed epochs
+    at 1,700 MHz (86 % of 1,980: 14 points below ddp; its warm-up at full clock does not
+    count) under a power limit lowered to 500 W; ddp-amp at 1,930 MHz (97 %: 3 points, within
+    the 5 allowed) but in a hardware thermal slowdown."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    for rec in (_gpu_record("a", "ddp", "tf32", [(1980.0, [])] * 3),
-                _gpu_record("b", "fsdp", "tf32", [(1980.0, [])] + [(1700.0, ["power cap"])] * 2),
+    for rec in (_gpu_record("a", "ddp", "tf32", [(1980.0, [])] * 3, limit_w=680.0),
+                _gpu_record("b", "fsdp", "tf32", [(1980.0, [])] + [(1700.0, ["power cap"])] * 2,
+                            limit_w=500.0),
                 _gpu_record("c", "ddp-amp", "bf16", [(1930.0, ["hw thermal"])] * 3)):
         (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
@@ -174,9 +182,12 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()
             if line.split()[:1] in (["ddp"], ["fsdp"], ["ddp-amp"])}
     assert rows["ddp"].endswith("100%   ok"), rows  # the clock column, then the status
-    assert rows["fsdp"].endswith("86%    ok ⚠ GPU clock -14 %"), rows
+    assert rows["fsdp"].endswith("86%    ok ⚠ GPU clock -14 %, GPU power limit lowered"), rows
     assert rows["ddp-amp"].endswith("97%    ok ⚠ GPU hw thermal"), rows
     assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): its GPUs ran at 86 % of "
             "their maximum SM clock, 14 points below the best row") in proc.stderr
     assert "ddp-amp N=1 (synthetic 50000 img, batch 512, resnet18): the GPU lowered its " \
            "clocks for hw thermal during timed epochs" in proc.stderr
+    assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): a GPU ran under a power "
+            "limit of 500 W, below its default 700 W") in proc.stderr
+    assert proc.stderr.count("power limit") == 1

@@ -12,6 +12,7 @@ SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch t
 SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
 EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
 CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
+POWER_LIMIT_CUT = 0.05  # a GPU power limit this far below the GPU's default
 
 
 def slow_runs(ok) -> list[tuple[str, float, float]]:
@@ -38,6 +39,17 @@ def clock_gaps(table) -> list[float]:
             for r in table.itertuples()]
 
 
+def lowered_power_limit(rec: dict) -> tuple[float, float] | None:
+    """(enforced, default) W of the record's GPU whose power limit was cut most, when one was
+    set more than POWER_LIMIT_CUT below its default (`nvidia-smi -pl`); else None."""
+    pairs = [(e, d) for e, d in rec.get("gpu_power_limits_w") or []
+             if isinstance(e, (int, float)) and isinstance(d, (int, float)) and d > 0]
+    if not pairs:
+        return None
+    enforced, default = min(pairs, key=lambda p: p[0] / p[1])
+    return (enforced, default) if enforced < (1 - POWER_LIMIT_CUT) * default else None
+
+
 def row_flags(r) -> str:
     """Why a row's figures are suspect, in a few words each ('' when nothing is)."""
     flags = []
@@ -51,6 +63,8 @@ def row_flags(r) -> str:
         flags.append("shared GPUs")
     if r.clock_gap > CLOCK_GAP:  # False for NaN
         flags.append(f"GPU clock -{100 * r.clock_gap:.0f} %")
+    if r.power_limit:
+        flags.append("GPU power limit lowered")
     if r.abnormal_slowdowns:
         flags.append("GPU " + " / ".join(r.abnormal_slowdowns))
     if r.slow_runs:

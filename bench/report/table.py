@@ -14,7 +14,7 @@ from bench.errors import ConfigError
 from bench.gpu_clocks import ABNORMAL
 from bench.models import DEFAULT_MODEL, ModelSpec, short_name
 from bench.record import current_status
-from bench.report.flags import clock_gaps, row_flags, slow_runs
+from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
 from bench.results import summarise_epochs
 from bench.stats import mean_ci, welch
 
@@ -226,6 +226,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
                 "clock_share": _number(figures.get("gpu_clock_share")),
                 "slowdowns": figures.get("gpu_slowdowns") or [],
+                "power_limit": lowered_power_limit(rec),
             }
         )
     return pd.DataFrame(rows)
@@ -283,6 +284,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             clock_share=_median(list(ok["clock_share"])),
             abnormal_slowdowns=sorted({r for rs in ok["slowdowns"] for r in rs
                                        if r in ABNORMAL}),
+            power_limit=next((p for p in ok["power_limit"] if p), None),
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],

@@ -115,6 +115,10 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
                          f"SM clock, {100 * r.clock_gap:.0f} points below the best row of its "
                          "workload: its times were measured on a slower GPU (power cap, heat, "
                          "another job?); rerun it when the GPU is cool and idle")
+        if r.power_limit:
+            lines.append(f"{row}: a GPU ran under a power limit of {r.power_limit[0]:.0f} W, below "
+                         f"its default {r.power_limit[1]:.0f} W (nvidia-smi -pl): it clocks "
+                         "lower under load than the same GPU at its default")
         if r.abnormal_slowdowns:
             lines.append(f"{row}: the GPU lowered its clocks for {', '.join(r.abnormal_slowdowns)}"
                          " during timed epochs: its times depend on cooling, not on the strategy")
