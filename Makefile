@@ -51,14 +51,16 @@ apex: $(STAMP)
 	$(BIN)/python scripts/build_apex.py
 
 # What a GPU machine without network needs, in one folder to carry there (APEX_SRC: a tarball
-# of apex 25.05, else it is cloned):
+# of apex 25.05; APEX_GIT: a git mirror of NVIDIA/apex holding the tag; else it is cloned):
 # scripts/gpu_check.sh --deps $(GPU_DEPS) OUTDIR builds both offline.
 GPU_DEPS ?= .cache/gpu-deps
 GPU_PYTHON ?= 3.12
 gpu-deps: $(STAMP)
 	$(BIN)/python scripts/build_horovod.py --fill-only --python-version $(GPU_PYTHON) \
 	  --wheelhouse $(GPU_DEPS)/horovod-wheelhouse
-	if [ -n "$(APEX_SRC)" ]; then cp "$(APEX_SRC)" $(GPU_DEPS)/apex-25.05.tar.gz; else \
+	if [ -n "$(APEX_SRC)" ]; then cp "$(APEX_SRC)" $(GPU_DEPS)/apex-25.05.tar.gz; \
+	elif [ -n "$(APEX_GIT)" ]; then git --git-dir="$(APEX_GIT)" archive --prefix=apex-25.05/ \
+	  -o $(abspath $(GPU_DEPS))/apex-25.05.tar.gz 25.05; else \
 	  rm -rf $(GPU_DEPS)/apex-clone && \
 	  git clone --quiet --depth 1 --branch 25.05 https://github.com/NVIDIA/apex $(GPU_DEPS)/apex-clone && \
 	  git -C $(GPU_DEPS)/apex-clone archive --prefix=apex-25.05/ \
