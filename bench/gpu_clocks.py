@@ -1,6 +1,7 @@
 """The GPU clocks a run's times were measured at. A thread of each rank polls NVML (the
 driver's own library, through ctypes: nothing to install) every 100 ms for the GPUs of its
-process: SM clock and its maximum, temperature, power and the clock-event reasons. Each
+process: SM clock and its maximum, temperature, power, the clock-event reasons and the
+utilization (the share of time a kernel ran: low when the input pipeline starves it). Each
 epoch's timed window is summarised and reduced over ranks (the lowest clock, the hottest GPU),
 so a record shows whether its GPUs ran at full clock and, if not, what held them down: two
 rows measured at different clocks are not a fair comparison.
@@ -42,6 +43,11 @@ class Sample:
     temperature_c: float
     power_w: float
     reasons: int
+    util_pct: float = math.nan
+
+
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
 
 class NvmlError(RuntimeError):
@@ -75,28 +81,35 @@ class Nvml:
                     f"nvmlDeviceGetHandleByUUID({name})")
         return device
 
-    def _uint(self, call, *args) -> float:
+    def _read(self, name: str, value: ctypes._SimpleCData | ctypes.Structure, *args) -> bool:
+        """Call NVML's ``name``(*args, &value); False when it failed or this driver lacks it
+        (a figure it cannot give is NaN, never the end of sampling)."""
+        call = getattr(self.lib, name, None)
+        return call is not None and call(*args, ctypes.byref(value)) == 0
+
+    def _uint(self, name: str, *args) -> float:
         value = ctypes.c_uint()
-        return float(value.value) if call(*args, ctypes.byref(value)) == 0 else math.nan
+        return float(value.value) if self._read(name, value, *args) else math.nan
 
     def read(self, device: ctypes.c_void_p, gpu: int) -> Sample:
-        reasons = ctypes.c_ulonglong()
-        rc = self._reasons(device, ctypes.byref(reasons))
+        reasons, busy = ctypes.c_ulonglong(), _Utilization()
+        known = self._reasons(device, ctypes.byref(reasons)) == 0
         return Sample(
             t=time.perf_counter(), gpu=gpu,
-            sm_mhz=self._uint(self.lib.nvmlDeviceGetClockInfo, device, _NVML_CLOCK_SM),
-            max_sm_mhz=self._uint(self.lib.nvmlDeviceGetMaxClockInfo, device, _NVML_CLOCK_SM),
-            temperature_c=self._uint(self.lib.nvmlDeviceGetTemperature, device,
-                                     _NVML_TEMPERATURE_GPU),
-            power_w=self._uint(self.lib.nvmlDeviceGetPowerUsage, device) / 1000,
-            reasons=int(reasons.value) if rc == 0 else 0,
+            sm_mhz=self._uint("nvmlDeviceGetClockInfo", device, _NVML_CLOCK_SM),
+            max_sm_mhz=self._uint("nvmlDeviceGetMaxClockInfo", device, _NVML_CLOCK_SM),
+            temperature_c=self._uint("nvmlDeviceGetTemperature", device, _NVML_TEMPERATURE_GPU),
+            power_w=self._uint("nvmlDeviceGetPowerUsage", device) / 1000,
+            reasons=int(reasons.value) if known else 0,
+            util_pct=(float(busy.gpu) if self._read("nvmlDeviceGetUtilizationRates", busy, device)
+                      else math.nan),
         )
 
     def power_limits(self, device: ctypes.c_void_p) -> list[float]:
         """[the power limit in force, the GPU's default limit] in W (NaN where unknown): a
         lowered limit lowers the clocks a run gets under load."""
-        return [self._uint(self.lib.nvmlDeviceGetEnforcedPowerLimit, device) / 1000,
-                self._uint(self.lib.nvmlDeviceGetPowerManagementDefaultLimit, device) / 1000]
+        return [self._uint("nvmlDeviceGetEnforcedPowerLimit", device) / 1000,
+                self._uint("nvmlDeviceGetPowerManagementDefaultLimit", device) / 1000]
 
     def close(self) -> None:
         self.lib.nvmlShutdown()
@@ -181,8 +194,8 @@ def _median(values: list[float]) -> float:
 def summarise(samples: list[Sample]) -> dict[str, Any] | None:
     """One window's figures over the GPUs sampled: the lowest GPU's median and lowest SM
     clock, the highest maximum clock, temperature and median power, the largest share of a
-    GPU's samples with a clock-lowering reason, and every such reason seen. None without
-    samples."""
+    GPU's samples with a clock-lowering reason, every such reason seen, and the least busy
+    GPU's median utilization. None without samples."""
     if not samples:
         return None
     per_gpu: dict[int, list[Sample]] = {}
@@ -207,6 +220,8 @@ def summarise(samples: list[Sample]) -> dict[str, Any] | None:
         "slowdown_share": max(sum(bool(s.reasons & SLOWDOWN_MASK) for s in g) / len(g)
                               for g in per_gpu.values()),
         "slowdowns": [name for bit, name in SLOWDOWNS.items() if seen & bit],
+        "util_pct_median": worst([_median([s.util_pct for s in g]) for g in per_gpu.values()],
+                                 min),
     }
 
 
@@ -214,7 +229,7 @@ def summarise(samples: list[Sample]) -> dict[str, Any] | None:
 # absent figure (NaN, or a rank without samples) as ABSENT, which loses to any value.
 _REDUCED = (("samples", min), ("sm_mhz_median", min), ("sm_mhz_low", min),
             ("sm_mhz_max", max), ("temperature_c_max", max), ("power_w_median", max),
-            ("slowdown_share", max))
+            ("slowdown_share", max), ("util_pct_median", min))
 ABSENT = -1e300
 VECTOR_LENGTH = len(_REDUCED) + len(SLOWDOWNS)
 
@@ -258,6 +273,8 @@ def epoch_suffix(entry: dict[str, Any] | None) -> str:
     text = f"  SM {entry['sm_mhz_median']:.0f}/{entry['sm_mhz_max']:.0f} MHz"
     if entry.get("temperature_c_max") is not None:
         text += f" {entry['temperature_c_max']:.0f}°C"
+    if entry.get("util_pct_median") is not None:
+        text += f" util {entry['util_pct_median']:.0f}%"
     if entry["slowdowns"]:
         text += f" ({', '.join(entry['slowdowns'])} {100 * entry['slowdown_share']:.0f} %)"
     return text

@@ -44,7 +44,7 @@ def test_ddp_on_cuda_uses_nccl(tmp_path):
     for entry in rec["per_epoch"]:
         clocks = entry["gpu_clocks"]
         assert clocks["samples"] >= 1 and 0 < clocks["sm_mhz_median"] <= clocks["sm_mhz_max"]
-        assert 0 < clocks["temperature_c_max"] < 120, clocks
+        assert 0 < clocks["temperature_c_max"] < 120 and 0 < clocks["util_pct_median"] <= 100
     assert proc.stdout.count(" MHz ") == len(rec["per_epoch"]), proc.stdout
     assert 0 < rec["summary"]["gpu_clock_share"] <= 1 and "% of max" in proc.stdout
     assert all(enforced > 0 and default > 0 for enforced, default in rec["gpu_power_limits_w"])

@@ -4,6 +4,7 @@ hand-computed values, and the report's flags. A real GPU's clocks: test_gpu.py."
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import shutil
@@ -17,7 +18,8 @@ from conftest import run_bench
 from bench.gpu_clocks import Sample, from_vector, start_monitor, summarise, to_vector
 
 # The NVML calls bench makes, with their C signatures (nvml.h); the clock and the reasons
-# are what the test sets. Built with -DOLD_DRIVER it lacks the reasons call's R535 name.
+# are what the test sets. Built with -DOLD_DRIVER it lacks the reasons call's R535 name,
+# and the utilization call: a figure the driver cannot give is NaN, sampling goes on.
 FAKE_NVML = r"""
 static unsigned int clock_mhz = 1980; static unsigned long long reasons = 0;
 static int device = 7;
@@ -34,9 +36,12 @@ int nvmlDeviceGetMaxClockInfo(void *d, int type, unsigned int *v) {
 int nvmlDeviceGetTemperature(void *d, int sensor, unsigned int *v) {
   if (sensor != 0) return 2; *v = clock_mhz > 1500 ? 55 : 87; return 0; }
 int nvmlDeviceGetPowerUsage(void *d, unsigned int *mw) { *mw = 650500; return 0; }
+typedef struct { unsigned int gpu, memory; } utilization;
 int nvmlDeviceGetEnforcedPowerLimit(void *d, unsigned int *mw) { *mw = 500000; return 0; }
 int nvmlDeviceGetPowerManagementDefaultLimit(void *d, unsigned int *mw) { *mw = 700000; return 0; }
 #ifndef OLD_DRIVER
+int nvmlDeviceGetUtilizationRates(void *d, utilization *u) {
+  u->gpu = clock_mhz > 1500 ? 97 : 60; u->memory = 40; return 0; }
 int nvmlDeviceGetCurrentClocksEventReasons(void *d, unsigned long long *v) {
   *v = reasons; return 0; }
 #endif
@@ -95,6 +100,10 @@ def test_the_sampler_summarises_each_window_and_stops(fake_nvml, driver):
     assert cool["slowdowns"] == [] and cool["slowdown_share"] == 0
     assert cool["temperature_c_max"] == 55 and cool["power_w_median"] == 650.5
     assert hot["sm_mhz_median"] == 1410 and hot["temperature_c_max"] == 87
+    if driver == "new":
+        assert cool["util_pct_median"] == 97 and hot["util_pct_median"] == 60
+    else:  # no utilization call: NaN, and the other figures are there
+        assert math.isnan(cool["util_pct_median"]) and math.isnan(hot["util_pct_median"])
     # the sample at the switch may have read either clock; the reasons are read with it
     assert hot["slowdowns"] == ["power cap", "hw thermal"] and hot["slowdown_share"] > 0.85
 
@@ -120,28 +129,31 @@ def test_why_clocks_were_not_sampled_is_said(fake_nvml, tmp_path):
 
 
 def test_two_gpus_are_summarised_by_the_slower_and_reduced_over_ranks():
-    """Rank 0 drives 2 GPUs (dp): the slower GPU's median speaks for the window. Rank 1's
-    GPU ran hotter and capped; rank 2 had no sample. Reduced as the all-reduce (max) does."""
+    """Rank 0 drives 2 GPUs (dp): the slower GPU's median clock and the less busy GPU's
+    median utilization speak for the window. Rank 1's GPU ran hotter and capped; rank 2 had
+    no sample. Reduced as the all-reduce (max) does."""
     import torch
 
-    rank0 = summarise([Sample(0.1, 0, 1980, 1980, 60, 400, 0),
-                       Sample(0.2, 0, 1980, 1980, 61, 420, 0),
-                       Sample(0.1, 1, 1800, 1980, 58, 500, 0x4),
-                       Sample(0.2, 1, 1900, 1980, 59, 520, 0),
-                       Sample(0.3, 1, 1600, 1980, 59, 510, 0x4)])
+    rank0 = summarise([Sample(0.1, 0, 1980, 1980, 60, 400, 0, 90),
+                       Sample(0.2, 0, 1980, 1980, 61, 420, 0, 94),
+                       Sample(0.1, 1, 1800, 1980, 58, 500, 0x4, 99),
+                       Sample(0.2, 1, 1900, 1980, 59, 520, 0, 97),
+                       Sample(0.3, 1, 1600, 1980, 59, 510, 0x4, 98)])
     assert rank0 == {"samples": 2, "sm_mhz_median": 1800, "sm_mhz_low": 1600,
                      "sm_mhz_max": 1980, "temperature_c_max": 61, "power_w_median": 510,
-                     "slowdown_share": 2 / 3, "slowdowns": ["power cap"]}
-    rank1 = summarise([Sample(0.1, 0, 1755, 1980, 83, 690, 0x20),
-                       Sample(0.2, 0, 1755, 1980, 84, 700, 0x20),
-                       Sample(0.3, 0, math.nan, 1980, 84, 700, 0x20)])
+                     "slowdown_share": 2 / 3, "slowdowns": ["power cap"],
+                     "util_pct_median": 92}
+    rank1 = summarise([Sample(0.1, 0, 1755, 1980, 83, 690, 0x20, 100),
+                       Sample(0.2, 0, 1755, 1980, 84, 700, 0x20, 100),
+                       Sample(0.3, 0, math.nan, 1980, 84, 700, 0x20, 99)])
     assert rank1["sm_mhz_median"] == 1755 and rank1["slowdown_share"] == 1.0
     vectors = torch.tensor([to_vector(rank0), to_vector(rank1), to_vector(None)],
                            dtype=torch.float64)
     reduced = from_vector(vectors.max(dim=0).values.tolist())
     assert reduced == {"samples": 2, "sm_mhz_median": 1755, "sm_mhz_low": 1600,
                        "sm_mhz_max": 1980, "temperature_c_max": 84, "power_w_median": 700,
-                       "slowdown_share": 1.0, "slowdowns": ["power cap", "sw thermal"]}
+                       "slowdown_share": 1.0, "slowdowns": ["power cap", "sw thermal"],
+                       "util_pct_median": 92}  # the least busy GPU's
     assert from_vector(to_vector(None)) is None
 
 
@@ -154,7 +166,7 @@ def _gpu_record(run_id: str, strategy: str, precision: str, clocks: list[tuple],
                "gpu_clocks": {"samples": 20, "sm_mhz_median": mhz, "sm_mhz_low": mhz,
                               "sm_mhz_max": 1980.0, "temperature_c_max": 70.0,
                               "power_w_median": 600.0, "slowdown_share": 1.0 if why else 0,
-                              "slowdowns": why}}
+                              "slowdowns": why, "util_pct_median": 90.0 + i}}
               for i, (mhz, why) in enumerate(clocks)]
     return {"run_id": run_id, "started_at": run_id, "status": "ok", "strategy": strategy,
             "device": "cuda", "world_size": 1, "processes": 1, "precision": precision,
@@ -191,3 +203,8 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): a GPU ran under a power "
             "limit of 500 W, below its default 700 W") in proc.stderr
     assert proc.stderr.count("power limit") == 1
+    table = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
+    rows = {r["strategy"]: r for r in csv.DictReader(table.stdout.splitlines())}
+    # utilization of the timed epochs (91, 92): median 91.5; the clock share 1700 / 1980
+    assert float(rows["fsdp"]["gpu_util"]) == 91.5
+    assert float(rows["fsdp"]["clock_share"]) == 1700 / 1980

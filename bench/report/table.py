@@ -54,6 +54,7 @@ COLUMNS = [
     ("comm_ceiling", "ideal all-reduce / step (ms)"),
     ("projected_efficiency", "projected eff. at 64 / 512 GPUs (bench project)"),
     ("clock_share", "GPU clock (% of max)"),
+    ("gpu_util", "GPU util (%)"),
     ("flags", "flags"),
     ("status", "status"),
 ]
@@ -225,6 +226,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
                 "clock_share": _number(figures.get("gpu_clock_share")),
+                "gpu_util": _number(figures.get("gpu_util_median")),
                 "slowdowns": figures.get("gpu_slowdowns") or [],
                 "power_limit": lowered_power_limit(rec),
             }
@@ -282,6 +284,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
             clock_share=_median(list(ok["clock_share"])),
+            gpu_util=_median(list(ok["gpu_util"])),
             abnormal_slowdowns=sorted({r for rs in ok["slowdowns"] for r in rs
                                        if r in ABNORMAL}),
             power_limit=next((p for p in ok["power_limit"] if p), None),

@@ -52,7 +52,7 @@ def _fmt(value: Any, column: str) -> str:
         return "—"
     if column in ("epoch_time_s", "epoch_time_spread_s"):
         return f"{value:.2f}"
-    if column in ("images_per_s", "peak_mem_mib"):
+    if column in ("images_per_s", "peak_mem_mib", "gpu_util"):
         return f"{value:.0f}"
     if column in ("speedup",):
         return f"{value:.2f}×"
