@@ -17,13 +17,15 @@ TERMINAL_COLUMNS = [
     ("precision", "prec."), ("options", "options"), ("runs", "runs"),
     ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
     ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
-    ("same_start", "start"), ("clock_share", "clock"), ("status", "status"),
+    ("same_start", "start"), ("clock_share", "clock"), ("gpu_util", "util"),
+    ("status", "status"),
 ]
 
 
 # Columns said once in a block's heading when every row has the same value: name -> label.
 _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "eff.": "eff.",
-              "start": "same start", "options": "options", "clock": "GPU clock"}
+              "start": "same start", "options": "options", "clock": "GPU clock",
+              "util": "GPU util"}
 
 
 _SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ","}
@@ -170,6 +172,7 @@ def to_text(table, width: int = 120) -> str:
         row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
         row[9] = row[9].replace(" %", "%")
         row[13] = row[13].replace(" %", "%")  # the GPU clock
+        row[14] += "%" if row[14] != "—" else ""  # the GPU utilization
         if record.get("flags"):
             row[-1] += f" ⚠ {record['flags']}"
         blocks.setdefault(record["workload"], []).append(row)
