@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
-from bench.report.flags import CLOCK_GAP
+from bench.report.flags import clock_gap_matters
 from bench.results import load_records, read_record
 from bench.stats import welch
 
@@ -112,9 +112,9 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
 
 def clock_note(share_a: float, share_b: float) -> str | None:
     """When B's GPUs ran at a lower clock than A's (median SM clock as a share of the
-    maximum, by more than the report's CLOCK_GAP), say so beside its slow-down: a hotter or
+    maximum, by a gap the report flags too), say so beside its slow-down: a hotter or
     power-capped GPU, not necessarily slower software."""
-    if math.isnan(share_a) or math.isnan(share_b) or share_a - share_b <= CLOCK_GAP:
+    if not clock_gap_matters(share_a - share_b):  # NaN (a side without clocks): False
         return None
     return (f"B's GPUs ran at {100 * share_b:.0f} % of their maximum clock, A's at "
             f"{100 * share_a:.0f} %")

@@ -360,6 +360,13 @@ class RunRecord:
         self.data["profile_trace"] = str(path)
         return path
 
+    def gpu_sampling(self, how: str, power_limits_w: list | None) -> None:
+        """How the GPUs' clocks are sampled (or why not), and rank 0's GPUs' [enforced,
+        default] power limits (None when not sampled); each epoch then keeps its clocks."""
+        self.data["gpu_clocks"] = how
+        if power_limits_w is not None:
+            self.data["gpu_power_limits_w"] = power_limits_w
+
     def comm_probe(self, steps: int, compute_step_s: float | None, note: str | None,
                    timeline: dict | None = None) -> None:
         """The compute-only steps: their median against the timed steps' median (epochs 2..,

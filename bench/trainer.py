@@ -110,12 +110,14 @@ class Trainer:
             self.clocks, how = None, f"not sampled: no CUDA device UUID ({e})"
         else:
             self.clocks, how = start_monitor(uuids)
-        if self.record is not None:
-            self.record.data["gpu_clocks"] = (
-                f"nvml every {1000 * INTERVAL_S:.0f} ms, each rank's GPUs, reduced per epoch"
-                if self.clocks else how)
-            if self.clocks is not None:  # rank 0's GPUs
-                self.record.data["gpu_power_limits_w"] = self.clocks.power_limits()
+        if self.record is None:
+            return
+        if self.clocks is None:
+            self.record.gpu_sampling(how, None)
+        else:
+            self.record.gpu_sampling(
+                f"nvml every {1000 * INTERVAL_S:.0f} ms, each rank's GPUs, reduced per epoch",
+                self.clocks.power_limits())
 
     def train_epochs(self) -> None:
         cfg, log = self.cfg, self.mllog

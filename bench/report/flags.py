@@ -39,6 +39,12 @@ def clock_gaps(table) -> list[float]:
             for r in table.itertuples()]
 
 
+def clock_gap_matters(gap: float) -> bool:
+    """A clock share this far below another's (more than CLOCK_GAP) makes two measurements
+    unequal; False for NaN (no clocks)."""
+    return gap > CLOCK_GAP
+
+
 def lowered_power_limit(rec: dict) -> tuple[float, float] | None:
     """(enforced, default) W of the record's GPU whose power limit was cut most, when one was
     set more than POWER_LIMIT_CUT below its default (`nvidia-smi -pl`); else None."""
@@ -61,7 +67,7 @@ def row_flags(r) -> str:
         flags.append("CPU oversubscribed")
     if r.gpu_shared:
         flags.append("shared GPUs")
-    if r.clock_gap > CLOCK_GAP:  # False for NaN
+    if clock_gap_matters(r.clock_gap):
         flags.append(f"GPU clock -{100 * r.clock_gap:.0f} %")
     if r.power_limit:
         flags.append("GPU power limit lowered")

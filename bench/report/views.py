@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from bench.report.flags import CLOCK_GAP
+from bench.report.flags import clock_gap_matters
 from bench.report.table import COLUMN_INDEX, COLUMNS, workload
 
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
@@ -112,7 +112,7 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
                          "compute-only steps ran slower than its real ones, which communicate "
                          "more; they were slowed (a loaded machine?): rerun it")
-        if r.clock_gap > CLOCK_GAP:
+        if clock_gap_matters(r.clock_gap):
             lines.append(f"{row}: its GPUs ran at {100 * r.clock_share:.0f} % of their maximum "
                          f"SM clock, {100 * r.clock_gap:.0f} points below the best row of its "
                          "workload: its times were measured on a slower GPU (power cap, heat, "
