@@ -7,6 +7,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 from typing import NoReturn
 
 from bench import __version__
@@ -105,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--threshold", type=float, default=5.0,
                          help="percent slower in img/s or time to target that counts as a "
                               "regression (default 5); top-1 regresses at p < 0.05")
-    compare.add_argument("--format", choices=("markdown", "csv", "json"), default="markdown",
-                         help="output format (default markdown)")
+    compare.add_argument("--format", choices=("text", "markdown", "csv", "json"),
+                         default="text",
+                         help="text (a block per workload, 120 columns; default), markdown "
+                              "(every column), csv or json")
     probe = sub.add_parser(
         "probe", help="all-reduce bandwidth (algbw, busbw) for a backend and world size: the "
                       "comm ceiling the report compares runs with")
@@ -188,7 +191,8 @@ def cmd_list() -> int:
     print(f"(device here: {device_type})")
     if reasons:
         print("not available here:")
-        print("\n".join(reasons))
+        for reason in reasons:
+            print(textwrap.fill(reason, width=120, subsequent_indent="    "))
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from bench.report.flags import clock_gap_matters
 from bench.results import load_records, read_record
 from bench.stats import welch
 
-FORMATS = ("markdown", "csv", "json")
+FORMATS = ("text", "markdown", "csv", "json")
+WIDTH = 120
 COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "grad_accum",
            "runs", "images_per_s_a", "images_per_s_b", "speed_ratio", "time_to_target_a",
            "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b", "delta_top1",
@@ -141,7 +143,86 @@ def _top1(row: dict[str, Any]) -> str:
     return f"{row['final_top1']:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}")
 
 
+def _number(cell: Any, fmt: str, suffix: str = "") -> str:
+    return "—" if cell is None or (isinstance(cell, float) and math.isnan(cell)) else (
+        f"{cell:{fmt}}{suffix}")
+
+
+def _figure(cell: Any) -> str:
+    """The leading number of a cell ('990 [980–1000]' -> '990'); a time to target that
+    was missed ('did not converge (...)') -> 'missed'."""
+    if cell is None or cell == "—":
+        return "—"
+    first = str(cell).split(" ")[0]
+    try:
+        float(first)
+    except ValueError:
+        return "missed"
+    return first
+
+
+def _a_to_b(a: Any, b: Any) -> str:
+    """'990→826': A's figure, then B's (ranges, CIs and how a time to target was scored are
+    in --format markdown)."""
+    a, b = _figure(a), _figure(b)
+    return "—" if a == b == "—" else f"{a}→{b}"
+
+
+def _text_row(row: dict[str, Any]) -> dict[str, str]:
+    """The terminal cells of one compared row (the verdict's reasons go below it)."""
+    delta, p = row.get("delta_top1"), row.get("p_value")
+    strategy = row["strategy"] + (f", accum {row['grad_accum']}"
+                                  if row.get("grad_accum", 1) != 1 else "")
+    return {
+        "strategy": strategy, "N": str(row["world_size"]), "dev": str(row["device"]),
+        "prec.": str(row["precision"]), "runs A/B": row.get("runs") or "—",
+        "img/s A→B": _a_to_b(row.get("images_per_s_a"), row.get("images_per_s_b")),
+        "B/A": _number(row.get("speed_ratio"), ".2f", "×"),
+        "to target s A→B": _a_to_b(row.get("time_to_target_a"), row.get("time_to_target_b")),
+        "B/A ": _number(row.get("time_to_target_ratio"), ".2f", "×"),
+        "top-1 % A→B": _a_to_b(row.get("top1_a"), row.get("top1_b")),
+        "Δ top-1 (p)": "—" if delta is None else (
+            f"{delta:+.2f}" + ("" if p is None else f" (p {p:.2g})")),
+        "verdict": str(row["verdict"]),
+    }
+
+
+# Said once in a block's heading when every row has the same value.
+_SAID_ONCE = {"dev": "", "prec.": "", "runs A/B": "runs A/B"}
+
+
+def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
+    """A block per workload, at most ``width`` columns: a column empty in every row of a
+    block is left out, one with a single value said in the heading; a verdict's reasons on
+    the lines below its row."""
+    blocks: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        blocks.setdefault(str(row["workload"]), []).append(_text_row(row))
+    out: list[str] = []
+    for name, cells in blocks.items():
+        names = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
+        same = []
+        for key, label in _SAID_ONCE.items():
+            values = {c[key] for c in cells}
+            if key in names and len(values) == 1:
+                same.append(f"{label} {values.pop()}".strip())
+                names.remove(key)
+        out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
+        table = [{k: k.strip() for k in names}] + [
+            {**c, "verdict": c["verdict"].partition(": ")[0]} for c in cells]
+        widths = {k: max(len(r[k]) for r in table) for k in names}
+        for i, r in enumerate(table):
+            out.append("  ".join(r[k].ljust(widths[k]) for k in names).rstrip())
+            reason = cells[i - 1]["verdict"].partition(": ")[2] if i else ""
+            if reason:
+                out += textwrap.wrap(reason, width, initial_indent="    ",
+                                     subsequent_indent="    ")
+    return "\n".join(out) + "\n"
+
+
 def render(rows: list[dict[str, Any]], fmt: str) -> str:
+    if fmt == "text":
+        return to_text(rows)
     if fmt == "json":
         return json.dumps(rows, indent=2, default=str) + "\n"
     import pandas as pd

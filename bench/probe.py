@@ -167,7 +167,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     print(probe_table(record), end="")
     print(f"bench probe: one {short_name(model)} gradient ({grad / MIB:.1f} MiB) "
           "all-reduces in "
-          f"{1000 * at_grad['time_s']:.2f} ms at best -> {path}")
+          f"{1000 * at_grad['time_s']:.2f} ms at best\nbench probe: record {path}")
     return EXIT_OK
 
 

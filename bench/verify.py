@@ -31,6 +31,7 @@ import os
 import shutil
 import sys
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +80,7 @@ TOLERANCE = {
 }
 # fp16 + GradScaler uses the mixed tolerance, which was set from bf16 on CPU. One H100 run
 # (2026-11-23, 2 ranks sharing the GPU, 20 steps) gave 3.9e-5 (loss) and 2.8e-5 (params).
-FP16_TOLERANCE_NOTE = "tolerance set on CPU bf16 (one H100 fp16 run: 3.9e-5 / 2.8e-5)"
+FP16_TOLERANCE_NOTE = "its tolerance was set on CPU bf16 (one H100 fp16 run: 3.9e-5 / 2.8e-5)"
 
 
 @dataclass
@@ -94,14 +95,25 @@ class Outcome:
     detail: str = ""
 
     def line(self) -> str:
+        """One row of HEADER's table, wrapped to 120 columns."""
         if self.status == "skipped":
-            return f"{self.strategy:<11} skipped  {self.detail}"
-        return (
-            f"{self.strategy:<11} {self.status:<4}  {self.precision:<5} {self.norm:<14} "
-            f"max loss diff {self.loss_diff:.1e} (tolerance {self.tolerance.loss:.0e})  "
-            f"param diff {self.param_diff:.1e} (tolerance {self.tolerance.params:.0e})"
-            f"{'  ' + self.detail if self.detail else ''}"
-        )
+            return textwrap.fill(f"{self.strategy:<11} skipped  {self.detail}", width=WIDTH,
+                                 subsequent_indent=" " * 21)
+        row = (f"{self.strategy:<11} {self.status:<7}  {self.precision:<7}  {self.norm:<14}  "
+               f"{_against(self.loss_diff, self.tolerance.loss):<16}  "
+               f"{_against(self.param_diff, self.tolerance.params):<17}  ")
+        return textwrap.fill(row + self.detail, width=WIDTH,
+                             subsequent_indent=" " * len(row)) if self.detail else row.rstrip()
+
+
+WIDTH = 120
+HEADER = (f"{'strategy':<11} {'result':<7}  {'prec.':<7}  {'BatchNorm':<14}  "
+          f"{'loss diff (tol.)':<16}  {'param diff (tol.)':<17}  reference")
+
+
+def _against(diff: float, tolerance: float) -> str:
+    """'3.9e-05 (5e-04)': the largest relative difference and its tolerance."""
+    return "—" if math.isnan(diff) else f"{diff:.1e} ({tolerance:.0e})"
 
 
 @dataclass(frozen=True)
@@ -114,7 +126,8 @@ class Layout:
     sync: bool = False  # SyncBatchNorm: one statistic over all replicas' micro-batch
 
     def describe(self) -> str:
-        kind = "sync" if self.sync else f"{self.processes * self.replicas_per_process} replicas"
+        replicas = self.processes * self.replicas_per_process
+        kind = "sync" if self.sync else f"{replicas} replica{'s' if replicas > 1 else ''}"
         return f"BN {kind} x {self.accum} micro"
 
 
@@ -286,10 +299,8 @@ class Checker:
         skipped = meta.get("scaler_skipped_steps")
         if skipped is not None and ref_skipped is not None:
             # Same initial scale on both sides: a different skip is a different update.
-            detail += f", scaler skipped {skipped} step(s), reference {ref_skipped}"
+            detail += f", {skipped} scaler skips (ref {ref_skipped})"
             ok = ok and skipped == ref_skipped
-        if meta["precision"] == "fp16":
-            detail += f", {FP16_TOLERANCE_NOTE}"
         return Outcome(name, "pass" if ok else "FAIL", meta["precision"], meta["norm"],
                        loss_diff, param_diff, tol, detail=detail)
 
@@ -332,8 +343,8 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
         raise next(iter(refused.values()))
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
           f"width {base.width}, {base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, "
-          "no augmentation; reference: one plain process with the strategy's BatchNorm "
-          "grouping; fp32 strategies run in float64", flush=True)
+          "no augmentation\nreference: one plain process with the strategy's BatchNorm "
+          "grouping; fp32 strategies run in float64\n" + HEADER, flush=True)
     checker = Checker(base, steps)
     outcomes = [Outcome(name, "skipped", detail=f"refused: {exc}") for name, exc in refused.items()]
     for line in (o.line() for o in outcomes):
@@ -349,6 +360,8 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
             outcomes.append(checker.check(plan))
         print(f"{outcomes[-1].line()}\033[K" if sys.stdout.isatty() else outcomes[-1].line(),
               flush=True)
+    if any(o.precision == "fp16" for o in outcomes):
+        print(f"fp16: {FP16_TOLERANCE_NOTE}")
     failed = [o for o in outcomes if o.status == "FAIL"]
     print(f"bench verify: {sum(o.status == 'pass' for o in outcomes)} passed, "
           f"{len(failed)} failed, {sum(o.status == 'skipped' for o in outcomes)} skipped")

@@ -18,16 +18,14 @@ from strategies.horovod import HorovodStrategy
 # part that is its own (DDP knobs, apex, Horovod), never the whole config.
 REGISTRY: dict[str, Callable[[StrategyOptions], Strategy]] = {
     "dp": lambda o: DataParallelStrategy("dp"),
-    "ddp": lambda o: DDPStrategy(
-        "ddp", ddp=o.ddp, launcher="torchrun", summary="DDP, ranks started by torchrun"
-    ),
+    "ddp": lambda o: DDPStrategy("ddp", ddp=o.ddp, launcher="torchrun"),
     "ddp-spawn": lambda o: DDPStrategy(
         "ddp-spawn", ddp=o.ddp, launcher="spawn",
-        summary="DDP, ranks started by torch.multiprocessing.spawn",
+        summary="DDP, ranks started by mp.spawn instead of torchrun",
     ),
     "ddp-launch": lambda o: DDPStrategy(
         "ddp-launch", ddp=o.ddp, launcher="torch.distributed.launch",
-        summary="DDP, ranks started by the deprecated torch.distributed.launch (--local-rank)",
+        summary="DDP, ranks by the deprecated launcher (--local-rank)",
     ),
     "ddp-amp": lambda o: DDPAmpStrategy("ddp-amp", ddp=o.ddp),
     "ddp-zero": lambda o: DDPZeroStrategy("ddp-zero", ddp=o.ddp),

@@ -65,7 +65,7 @@ def _apex_allreduce_off(model: nn.Module):
 
 
 class ApexStrategy(DDPStrategy):
-    summary = "DDP + NVIDIA apex AMP (amp.initialize, apex.parallel DDP), ranks by torchrun"
+    summary = "NVIDIA apex AMP (amp.initialize) + apex.parallel DDP"
 
     def __init__(self, name: str, *, apex: ApexOptions | None = None,
                  ddp: DDPOptions | None = None, launcher: str | None = None) -> None:

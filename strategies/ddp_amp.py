@@ -9,7 +9,7 @@ from strategies.ddp import DDPStrategy
 
 
 class DDPAmpStrategy(DDPStrategy):
-    summary = "DDP + torch.amp (fp16 + GradScaler on CUDA, bf16 on CPU), ranks by torchrun"
+    summary = "DDP + torch.amp (CUDA: fp16 + GradScaler; CPU: bf16)"
 
     def default_precision(self, device_type: str) -> str:
         return "fp16" if device_type == "cuda" else "bf16"

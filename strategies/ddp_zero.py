@@ -13,7 +13,7 @@ from strategies.ddp import DDPStrategy, ddp_still_communicating
 
 
 class DDPZeroStrategy(DDPStrategy):
-    summary = "DDP + ZeroRedundancyOptimizer (optimizer state sharded, ZeRO-1), torchrun"
+    summary = "DDP + ZeroRedundancyOptimizer (optimizer state sharded: ZeRO-1)"
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module, *,
                        grad_accum: int) -> torch.optim.Optimizer:

@@ -30,7 +30,7 @@ def fsdp_api():
 
 
 class FSDPStrategy(DDPStrategy):
-    summary = "FSDP2 fully_shard per residual stage + root, ranks started by torchrun"
+    summary = "FSDP2: fully_shard per residual stage + root"
     collective_forward = True  # every forward all-gathers: ranks must evaluate in lockstep
     replicates_parameters = False  # each rank holds a shard: "replicas identical" has no object
     accepts_ddp_comm_hook = False

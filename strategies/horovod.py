@@ -30,7 +30,7 @@ def horovodrun_command() -> list[str]:
 
 class HorovodStrategy(Strategy):
     launcher = "horovodrun"
-    summary = "Horovod DistributedOptimizer, ranks started by horovodrun --gloo"
+    summary = "Horovod DistributedOptimizer (horovodrun --gloo)"
 
     def __init__(self, name: str, *, options: HorovodOptions | None = None,
                  launcher: str | None = None) -> None:

@@ -66,7 +66,7 @@ def test_one_run_a_side_or_overlapping_runs_are_not_a_regression(tmp_path):
                      str(_write(tmp_path / "sb", spread_b)), "--format", "json")
     assert proc.returncode == 0, proc.stdout
     assert "within the runs' range: noise" in json.loads(proc.stdout)[0]["verdict"]
-    markdown = run_bench("compare", str(one_a), str(one_b)).stdout
+    markdown = run_bench("compare", str(one_a), str(one_b), "--format", "markdown").stdout
     assert "| img/s A [range] |" in markdown.splitlines()[0]
 
 
@@ -94,6 +94,18 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
     assert row["verdict"] == ("REGRESSED: img/s -16.5 %, outside both sides' run-to-run "
                               "range, time to target +19.8 %, outside both sides' run-to-run "
                               "range, B's GPUs ran at 86 % of their maximum clock, A's at 99 %")
+    # On a terminal: a block per workload in 120 columns, A's figure then B's, the verdict's
+    # reasons wrapped below its row.
+    text = run_bench("compare", str(tmp_path / "a"), str(tmp_path / "b")).stdout
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120, text
+    assert lines[0].endswith(" — cpu, fp32, runs A/B 3/3"), text
+    head, cells = lines[1].split(), lines[2].split()
+    assert head[:4] == ["strategy", "N", "img/s", "A→B"] and cells[-1] == "REGRESSED", text
+    assert cells[2:4] == ["990→826", "0.83×"], text  # medians of 1.01 and 1.21 slower runs
+    assert lines[3].startswith("    img/s -16.5 %"), text
+    assert " ".join(line.strip() for line in lines[3:]) == row["verdict"].removeprefix(
+        "REGRESSED: "), text
     hot_a = [_at_clock(r, 1700.0) for r in a]
     proc = run_bench("compare", str(_write(tmp_path / "hot_a", hot_a)), str(tmp_path / "b"),
                      "--format", "json")

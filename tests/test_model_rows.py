@@ -11,8 +11,9 @@ import pytest
 from conftest import FAST, PROBE, assert_comm_probe, assert_ok, only_record, run_bench
 
 SMALL = ["--cpu", "--gpus", "2", "--steps", "6", "--width", "0.125", "--batch-size", "64"]
-LINE = re.compile(r"^(\S+)\s+(pass|FAIL|skipped)\s+\S+\s+\S+\s+max loss diff (\S+) "
-                  r"\(tolerance (\S+)\)\s+param diff (\S+) \(tolerance (\S+)\)", re.M)
+# strategy, result, loss diff (tolerance), param diff (tolerance) of bench verify's table
+LINE = re.compile(r"^(\S+)\s+(pass|FAIL|skipped)\s+\S+\s+\S+\s+(\S+) \((\S+)\)\s+"
+                  r"(\S+) \((\S+)\)", re.M)
 RUN = ["--cpu", "--gpus", "2", "--epochs", "2", "--data", "synthetic", "--train-limit", "256",
        "--test-limit", "32", *FAST]
 

@@ -4,6 +4,7 @@ fixture through the real loader."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -147,10 +148,13 @@ TARGET = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--data", "synthetic",
 
 
 def test_time_to_target_stops_at_the_first_evaluation_above_it(tmp_path):
-    assert_ok(run_bench("run", *TARGET, "--epochs", "8", "--target-top1", "3",
-                        "--stop-at-target", "--output", str(tmp_path)))
+    proc = run_bench("run", *TARGET, "--epochs", "8", "--target-top1", "3",
+                     "--stop-at-target", "--output", str(tmp_path))
+    assert_ok(proc)
     rec = only_record(tmp_path)
     epochs = rec["per_epoch"]
+    last = proc.stdout.splitlines()[-1]
+    assert re.search(rf"  3 % reached in \d+\.\d s \({len(epochs)} epochs?\)$", last), last
     top1 = [100 * e["top1"] for e in epochs]
     assert rec["reached_target"] is True and rec["target_top1"] == 3.0
     assert rec["epochs_to_target"] == len(epochs) < 8  # stopped there
@@ -162,8 +166,10 @@ def test_time_to_target_stops_at_the_first_evaluation_above_it(tmp_path):
 
 
 def test_a_target_not_reached_is_recorded_as_such(tmp_path):
-    assert_ok(run_bench("run", *TARGET, "--epochs", "2", "--target-top1", "100",
-                        "--output", str(tmp_path)))
+    proc = run_bench("run", *TARGET, "--epochs", "2", "--target-top1", "100",
+                     "--output", str(tmp_path))
+    assert_ok(proc)
+    assert proc.stdout.rstrip().endswith("%  100 % not reached"), proc.stdout
     rec = only_record(tmp_path)
     assert rec["reached_target"] is False and len(rec["per_epoch"]) == 2
     assert rec["time_to_target_s"] is None and rec["epochs_to_target"] is None

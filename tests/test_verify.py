@@ -10,8 +10,9 @@ import pytest
 from conftest import run_bench
 
 SMALL = ["--cpu", "--gpus", "2", "--steps", "6", "--width", "0.125", "--batch-size", "64"]
-LINE = re.compile(r"^(\S+)\s+(pass|FAIL|skipped)\s+(\S+)\s+\S+\s+max loss diff (\S+) "
-                  r"\(tolerance (\S+)\)\s+param diff (\S+) \(tolerance (\S+)\)", re.M)
+# strategy, result, precision, BatchNorm, loss diff (tolerance), param diff (tolerance)
+LINE = re.compile(r"^(\S+)\s+(pass|FAIL|skipped)\s+(\S+)\s+\S+\s+(\S+) \((\S+)\)\s+"
+                  r"(\S+) \((\S+)\)", re.M)
 
 
 def test_verify_passes_every_cpu_strategy_with_a_wide_margin():
