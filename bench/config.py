@@ -24,6 +24,8 @@ HVD_COMPRESSION = ("none", "fp16")
 DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 LOADERS = ("torch", "gpu")
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+# torch.compile modes; reduce-overhead and max-autotune replay CUDA graphs on a GPU
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TF32 = ("on", "off")
 BACKENDS = ("nccl", "gloo")
 SYNTHETIC_DIFFICULTY = 1.0  # default: accuracy does not saturate (top-1 capped near 70 %)
@@ -151,6 +153,7 @@ class RunConfig:
     loader: str = "torch"  # torch: DataLoader + per-image transforms; gpu: on-device batches
     channels_last: bool = False
     compile: bool = False  # torch.compile; compile time measured apart from epoch time
+    compile_mode: str = "default"  # torch.compile mode (COMPILE_MODES)
     optimizer_impl: str = "default"  # SGD implementation: default | foreach | fused
     cudnn_benchmark: bool = True
     tf32: str | None = None  # on | off; None = torch's default (cuDNN convolutions in TF32)
@@ -295,6 +298,7 @@ class RunConfig:
             ("--ddp-comm-hook", self.ddp_comm_hook, DDP_COMM_HOOKS),
             ("--loader", self.loader, LOADERS),
             ("--optimizer-impl", self.optimizer_impl, OPTIMIZER_IMPLS),
+            ("--compile", self.compile_mode, COMPILE_MODES),
             ("--tf32", self.tf32, (None, *TF32)),
             ("--backend", self.backend, (None, *BACKENDS)),
         ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -57,6 +58,50 @@ def make_optimizer(cfg: RunConfig) -> OptimizerFactory:
     return build
 
 
+# torch.compile modes that replay the compiled graphs as CUDA graphs on a GPU
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+_CUDAGRAPH_LOG = "torch._inductor.cudagraph_utils.__cudagraphs"  # torch's skip warnings
+
+
+class CudaGraphWatch:
+    """Whether a compile mode that replays CUDA graphs really did. Inductor skips them, with
+    a warning and a counter, for a graph it cannot capture (and always on CPU): the record
+    says which, instead of a mode name that promises what did not run."""
+
+    def __init__(self) -> None:
+        from torch._dynamo.utils import counters
+
+        self.counters = counters["inductor"]
+        self.skips_before = self.counters["cudagraph_skips"]
+        self.reasons: list[str] = []
+        watch = self
+
+        class _Reasons(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                message = record.getMessage()
+                if message not in watch.reasons:
+                    watch.reasons.append(message)
+
+        self.handler = _Reasons(logging.WARNING)
+        logging.getLogger(_CUDAGRAPH_LOG).addHandler(self.handler)
+
+    def verdict(self, device_type: str) -> str:
+        """'used', or why not: 'not on CPU', 'skipped for N graph(s): <torch's reasons>'."""
+        logging.getLogger(_CUDAGRAPH_LOG).removeHandler(self.handler)
+        if device_type != "cuda":
+            return "not on CPU (CUDA graphs need a GPU)"
+        skipped = self.counters["cudagraph_skips"] - self.skips_before
+        if not skipped:
+            return "used"
+        return (f"skipped for {skipped} graph(s)"
+                + (f": {'; '.join(self.reasons)}" if self.reasons else ""))
+
+
+def compiled(model: nn.Module, mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``torch.compile`` in the run's mode (torch's own default when "default")."""
+    return torch.compile(model) if mode == "default" else torch.compile(model, mode=mode)
+
+
 def tf32_label(label: str, allow_tf32: bool) -> str:
     """An "fp32" GPU run whose convolutions run in TF32 (10-bit mantissa) is called tf32."""
     return "tf32" if label == "fp32" and allow_tf32 else label
@@ -88,7 +133,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     return ModelParts(
         model=model,
         spec=spec,
-        forward=torch.compile(model) if cfg.compile else model,
+        forward=compiled(model, cfg.compile_mode) if cfg.compile else model,
         optimizer=optimizer,
         precision=precision,
         memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,

@@ -198,7 +198,9 @@ class RunRecord:
             "loader": cfg.loader,
             "channels_last": cfg.channels_last,
             "compile": cfg.compile,
+            "compile_mode": cfg.compile_mode if cfg.compile else None,
             "compile_time_s": None,
+            "cudagraphs": None,  # --compile reduce-overhead / max-autotune: used, or why not
             "loss_scale": None,  # fp16: the GradScaler's final scale
             "scaler_skipped_steps": None,  # fp16: optimizer steps it skipped (inf/nan grads)
             "optimizer_impl": cfg.optimizer_impl,
@@ -359,6 +361,11 @@ class RunRecord:
         path = self.path.parent.parent / "traces" / f"{self.data['run_id']}.trace.json"
         self.data["profile_trace"] = str(path)
         return path
+
+    def cuda_graphs(self, verdict: str) -> None:
+        """Whether the compiled graphs ran as CUDA graphs (modes that replay them)."""
+        self.data["cudagraphs"] = verdict
+        self.write()
 
     def gpu_sampling(self, how: str, power_limits_w: list | None) -> None:
         """How the GPUs' clocks are sampled (or why not), and rank 0's GPUs' [enforced,

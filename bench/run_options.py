@@ -107,8 +107,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                        help="TF32 for fp32 convolutions and matmuls on Ampere+ GPUs (default: "
                             "torch's, i.e. convolutions in TF32); recorded as allow_tf32")
     speed.add_argument("--channels-last", action="store_true", help="NHWC memory format")
-    speed.add_argument("--compile", action="store_true",
-                       help="torch.compile the model (compile time recorded apart)")
+    speed.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                       help="torch.compile the model (compile time recorded apart); MODE: "
+                            "default, reduce-overhead (CUDA graphs), max-autotune or "
+                            "max-autotune-no-cudagraphs")
     speed.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
                        help="SGD implementation")
     speed.add_argument("--no-cudnn-benchmark", action="store_true",
@@ -186,6 +188,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     for name, value in vars(args).items():
         if name in _NEGATED:
             values[_NEGATED[name]] = not value
+        elif name == "compile":  # --compile [MODE]: on, in that mode
+            values["compile"], values["compile_mode"] = value is not None, value or "default"
         else:
             values[name] = value
     return RunConfig.from_dict(values)

@@ -37,7 +37,7 @@ from bench.gpu_clocks import (
 from bench.loaders import Loaders, order_digest, served_order_lanes, unchanged_randomness
 from bench.mlperf_log import MLPerfLog, NoLog
 from bench.model import initial_params_sha1
-from bench.parts import ModelParts
+from bench.parts import CUDA_GRAPH_MODES, CudaGraphWatch, ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
 from bench.schedule import BatchSplit, lr_at
 from bench.scratch import Heartbeat
@@ -74,6 +74,9 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
         self.clocks: ClockMonitor | None = None  # GPU clocks while timed (CUDA runs)
+        # --compile in a mode that replays CUDA graphs: whether it did
+        self.graphs = CudaGraphWatch() if cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES \
+            else None
         self.window = (0.0, 0.0)  # the last epoch's timed region (perf_counter)
 
     def run(self) -> None:
@@ -87,6 +90,8 @@ class Trainer:
         self.mllog.run_start()
         try:
             self.train_epochs()
+            if self.graphs is not None and self.record is not None:
+                self.record.cuda_graphs(self.graphs.verdict(self.strategy.device.type))
             # MLPerf's success is reaching the target (its run_stop came there already);
             # a run without a target succeeds by finishing its epochs
             self.mllog.run_stop(success=self.cfg.target_top1 is None)

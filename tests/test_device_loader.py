@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from bench.data import CifarTensorDataset, ImageSet
 from bench.device_loader import DeviceLoader, random_crop_flip
 from bench.loaders import Indexed, unchanged_randomness
+from bench.report import summary_table
 
 N = 100  # label i marks image i, so the labels show which images a rank drew
 
@@ -74,18 +75,26 @@ def test_augmentation_matches_torchvision_semantics():
 def test_speed_flags_are_recorded_and_change_no_batch(tmp_path):
     """The GPU loader (batch-wide crop/flip) with channels_last, foreach SGD and compile (whose
     warm-up draws a batch before the timed epochs) serves the same global batches, epoch by
-    epoch, as the DataLoader with none of them."""
+    epoch, as the DataLoader with none of them. Compiled in the CUDA-graph mode, a CPU run
+    says that no CUDA graph ran, and its report row says so too."""
     common = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
               "synthetic", "--train-limit", "256", "--test-limit", "10", "--width", "0.125",
               "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
     assert_ok(run_bench("run", *common, "--loader", "torch", "--output", str(tmp_path / "torch")))
     assert_ok(run_bench("run", *common, "--loader", "gpu", "--channels-last", "--optimizer-impl",
-                        "foreach", "--compile", "--output", str(tmp_path / "fast"),
+                        "foreach", "--compile", "reduce-overhead", "--output",
+                        str(tmp_path / "fast"),
                         timeout=600))
     plain, fast = only_record(tmp_path / "torch"), only_record(tmp_path / "fast")
     assert fast["loader"] == "gpu" and fast["channels_last"] is True
     assert fast["optimizer_impl"] == "foreach" and fast["compile"] is True
     assert fast["compile_time_s"] > 0 and plain["compile"] is False
+    assert fast["compile_mode"] == "reduce-overhead" and plain["compile_mode"] is None
+    assert fast["cudagraphs"] == "not on CPU (CUDA graphs need a GPU)"
+    assert plain["cudagraphs"] is None
+    rows = summary_table([plain, fast])
+    assert set(rows["options"]) == {"—", "gpu loader, channels_last, compile reduce-overhead "
+                                         "(no CUDA graphs), foreach SGD"}
     assert fast["cudnn_benchmark"] is None  # CPU run: not applicable
     assert [e["test_images"] for e in fast["per_epoch"]] == [10, 10]
     assert fast["replicas_identical"] is True

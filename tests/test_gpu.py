@@ -135,6 +135,18 @@ def test_horovod_syncbn_across_two_gpus(tmp_path):
     assert only_record(tmp_path)["norm"] == "syncbn"
 
 
+def test_compile_reduce_overhead_replays_cuda_graphs(tmp_path):
+    """The fastest path with CUDA graphs: the record says whether inductor really replayed
+    them (it skips a graph it cannot capture, with its reason), and the report's row names
+    the mode."""
+    assert_ok(_run(tmp_path, "--strategy", "ddp-amp", "--precision", "bf16", "--loader", "gpu",
+                   "--channels-last", "--optimizer-impl", "fused", "--compile",
+                   "reduce-overhead"))
+    rec = only_record(tmp_path)
+    assert rec["compile_mode"] == "reduce-overhead" and rec["cudagraphs"] == "used", rec
+    assert rec["replicas_identical"] and math.isfinite(rec["per_epoch"][-1]["train_loss"])
+
+
 def test_tf32_is_explicit_and_labelled(tmp_path):
     assert_ok(_run(tmp_path / "default", "--strategy", "ddp", "--gpus", "1"))
     default = only_record(tmp_path / "default")

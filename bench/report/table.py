@@ -143,7 +143,11 @@ def speed_options(rec: dict[str, Any]) -> str:
     if rec.get("channels_last"):
         chosen.append("channels_last")
     if rec.get("compile"):
-        chosen.append("compile")
+        mode = rec.get("compile_mode") or "default"
+        graphs = rec.get("cudagraphs")
+        # a mode whose CUDA graphs were skipped ran as plain compiled code: not the same row
+        chosen.append("compile" + ("" if mode == "default" else f" {mode}")
+                      + (" (no CUDA graphs)" if graphs not in (None, "used") else ""))
     if rec.get("optimizer_impl") not in (None, "default"):
         chosen.append(f"{rec['optimizer_impl']} SGD")
     return ", ".join(chosen) or "—"

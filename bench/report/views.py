@@ -28,7 +28,10 @@ _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "ef
               "util": "GPU util"}
 
 
-_SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ","}
+_SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ",",
+                  "compile reduce-overhead": "compile:ro",
+                  " max-autotune-no-cudagraphs": ":max-nocg", "compile max-autotune": "compile:max",
+                  " (no CUDA graphs)": "-nograph"}
 
 
 def short_options(text: str) -> str:
