@@ -179,7 +179,7 @@ if [ -n "$deps" ] || [ $plan = 1 ]; then
 fi
 
 # --- core: the GPU tests, every strategy at N=1, 2 ranks (sharing one GPU), verify ----------
-[ $mode = gpu ] && item core pytest_gpu 300 "$py" -m pytest -v -rfEs -p no:cacheprovider -m gpu tests
+[ $mode = gpu ] && item core pytest_gpu 360 "$py" -m pytest -v -rfEs -p no:cacheprovider -m gpu tests
 for s in $("$py" -c "import strategies; print(' '.join(strategies.names()))"); do
   item core "n1_$s" 25 "${small_run[@]}" --strategy "$s" --gpus 1
 done
