@@ -1,7 +1,7 @@
 """``bench compare A B``: did B (a new driver, torch, machine) get slower or less accurate
-than A? Rows are matched by workload, strategy, device, N, precision and accumulation; the
-exit code is 1 when a row regressed beyond the threshold in speed or significantly in
-accuracy, so the command can gate a CI job."""
+than A? Rows are matched by workload, strategy, device, N, precision, speed options and
+accumulation; the exit code is 1 when a row regressed beyond the threshold in speed or
+significantly in accuracy, so the command can gate a CI job."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from typing import Any
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
 from bench.report.flags import clock_gap_matters
+from bench.report.views import short_options
 from bench.results import load_records, read_record
 from bench.stats import welch
 
 FORMATS = ("text", "markdown", "csv", "json")
 WIDTH = 120
-COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "grad_accum",
+COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "options", "grad_accum",
            "runs", "images_per_s_a", "images_per_s_b", "speed_ratio", "time_to_target_a",
            "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b", "delta_top1",
            "p_value", "verdict"]
@@ -151,7 +152,7 @@ def _number(cell: Any, fmt: str, suffix: str = "") -> str:
 def _figure(cell: Any) -> str:
     """The leading number of a cell ('990 [980–1000]' -> '990'); a time to target that
     was missed ('did not converge (...)') -> 'missed'."""
-    if cell is None or cell == "—":
+    if cell is None or cell == "—" or (isinstance(cell, float) and math.isnan(cell)):
         return "—"
     first = str(cell).split(" ")[0]
     try:
@@ -175,7 +176,8 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
                                   if row.get("grad_accum", 1) != 1 else "")
     return {
         "strategy": strategy, "N": str(row["world_size"]), "dev": str(row["device"]),
-        "prec.": str(row["precision"]), "runs A/B": row.get("runs") or "—",
+        "prec.": str(row["precision"]), "options": short_options(str(row["options"])),
+        "runs A/B": row.get("runs") or "—",
         "img/s A→B": _a_to_b(row.get("images_per_s_a"), row.get("images_per_s_b")),
         "B/A": _number(row.get("speed_ratio"), ".2f", "×"),
         "to target s A→B": _a_to_b(row.get("time_to_target_a"), row.get("time_to_target_b")),
@@ -188,7 +190,7 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
 
 
 # Said once in a block's heading when every row has the same value.
-_SAID_ONCE = {"dev": "", "prec.": "", "runs A/B": "runs A/B"}
+_SAID_ONCE = {"dev": "", "prec.": "", "options": "options", "runs A/B": "runs A/B"}
 
 
 def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:

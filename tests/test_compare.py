@@ -111,3 +111,26 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
                      "--format", "json")
     assert json.loads(proc.stdout)[0]["verdict"].endswith("time to target +19.8 %, outside "
                                                           "both sides' run-to-run range")
+
+
+def test_rows_that_differ_only_in_speed_options_stay_apart(tmp_path):
+    """The fastest path (GPU loader, channels_last, compile, fused SGD) and plain ddp-amp are
+    two rows of one workload: every format names their options, so they are never read as
+    one configuration twice. A time to target that no run reached reads 'missed', one that
+    was never asked for is left out."""
+    plain = [{**_repeat(f"p{i}", "ddp-amp", 1, 50, None), "precision": "bf16"} for i in range(2)]
+    fast = [{**r, "run_id": f"f{i}", "loader": "gpu", "channels_last": True, "compile": True,
+             "optimizer_impl": "fused", "target_top1": None, "reached_target": None}
+            for i, r in enumerate(plain)]
+    a = _write(tmp_path / "a", plain + fast)
+    rows = json.loads(run_bench("compare", str(a), str(a), "--format", "json").stdout)
+    assert sorted(r["options"] for r in rows) == ["gpu loader, channels_last, compile, fused SGD",
+                                                  "—"]
+    assert "| options |" in run_bench("compare", str(a), str(a), "--format",
+                                      "markdown").stdout.splitlines()[0]
+    text = run_bench("compare", str(a), str(a)).stdout.splitlines()
+    header = text[1].split()
+    assert header[:5] == ["strategy", "N", "options", "img/s", "A→B"], text
+    cells = {line.split()[2]: line.split() for line in text[2:]}
+    assert set(cells) == {"gpu-data,NHWC,compile,fused", "—"}, text
+    assert cells["—"][5] == "missed→missed" and cells["gpu-data,NHWC,compile,fused"][5] == "—"
