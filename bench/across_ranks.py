@@ -11,7 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.gpu_clocks import VECTOR_LENGTH, from_vector, to_vector
+from bench.gpu_clocks import (
+    VECTOR_LENGTH,
+    energy_slots,
+    from_vector,
+    to_vector,
+    total_energy,
+)
 from bench.model import params_sha1
 from bench.record import EvalStats, TrainStats
 from strategies.base import Strategy
@@ -79,12 +85,15 @@ def slowest_rank(strategy: Strategy, train: TrainStats, evaluation: EvalStats,
                  clocks: dict[str, Any] | None = None
                  ) -> tuple[TrainStats, EvalStats, int, dict[str, Any] | None]:
     """Times and peak memory of the slowest rank (a step is as slow as the slowest) and, on
-    CUDA, the GPU clocks of the epoch over all ranks (the lowest, the hottest). Collective."""
+    CUDA, the GPU clocks of the epoch over all ranks (the lowest, the hottest) and the
+    energy all their GPUs took. Collective."""
     cuda = strategy.device.type == "cuda"
     memory = peak_memory(strategy) if (cuda or strategy.is_main) else 0
+    gpus = (to_vector(clocks) + energy_slots(clocks, strategy.rank, strategy.world_size)
+            if cuda else [])
     times = torch.tensor(
         [train.train_time_s, evaluation.eval_time_s, float(memory),
-         train.step_time_p50_s, train.step_time_p90_s] + (to_vector(clocks) if cuda else []),
+         train.step_time_p50_s, train.step_time_p90_s, *gpus],
         device=strategy.device, dtype=torch.float64,
     )
     strategy.all_reduce(times, "max")
@@ -93,4 +102,6 @@ def slowest_rank(strategy: Strategy, train: TrainStats, evaluation: EvalStats,
                                 step_time_p90_s=times[4].item())
     evaluation = dataclasses.replace(evaluation, eval_time_s=times[1].item())
     clocks = from_vector(times[5:5 + VECTOR_LENGTH].tolist()) if cuda else None
+    if clocks is not None:
+        clocks["energy_j"] = total_energy(times[5 + VECTOR_LENGTH:].tolist())
     return train, evaluation, int(times[2].item()), clocks

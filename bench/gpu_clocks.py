@@ -44,6 +44,7 @@ class Sample:
     power_w: float
     reasons: int
     util_pct: float = math.nan
+    energy_mj: float = math.nan  # the GPU's energy counter (mJ since the driver loaded)
 
 
 class _Utilization(ctypes.Structure):
@@ -91,6 +92,10 @@ class Nvml:
         value = ctypes.c_uint()
         return float(value.value) if self._read(name, value, *args) else math.nan
 
+    def _ulonglong(self, name: str, *args) -> float:
+        value = ctypes.c_ulonglong()
+        return float(value.value) if self._read(name, value, *args) else math.nan
+
     def read(self, device: ctypes.c_void_p, gpu: int) -> Sample:
         reasons, busy = ctypes.c_ulonglong(), _Utilization()
         known = self._reasons(device, ctypes.byref(reasons)) == 0
@@ -103,6 +108,7 @@ class Nvml:
             reasons=int(reasons.value) if known else 0,
             util_pct=(float(busy.gpu) if self._read("nvmlDeviceGetUtilizationRates", busy, device)
                       else math.nan),
+            energy_mj=self._ulonglong("nvmlDeviceGetTotalEnergyConsumption", device),
         )
 
     def power_limits(self, device: ctypes.c_void_p) -> list[float]:
@@ -145,6 +151,7 @@ class ClockMonitor:
         """The summary of the samples taken within [start, end] (perf_counter); older ones
         are dropped (windows come in order). A window shorter than the interval gets one
         sample taken now, as the GPU ends it."""
+        duration = end - start
         with self._lock:
             empty = not any(start <= s.t <= end for s in self._samples)
         if empty:
@@ -154,7 +161,7 @@ class ClockMonitor:
         with self._lock:
             inside = [s for s in self._samples if start <= s.t <= end]
             self._samples = [s for s in self._samples if s.t > end]
-        return summarise(inside)
+        return summarise(inside, duration)
 
     def power_limits(self) -> list[list[float | None]]:
         """Each GPU's [enforced, default] power limit in W (None where unknown)."""
@@ -191,11 +198,26 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
-def summarise(samples: list[Sample]) -> dict[str, Any] | None:
+def _energy_j(samples: list[Sample], duration_s: float) -> float:
+    """The energy a window of ``duration_s`` took on every GPU sampled: each GPU's energy
+    counter's rate between its first and last sample in the window, times the window (NaN
+    where a GPU has no counter, or fewer than two samples)."""
+    total = 0.0
+    for gpu in {s.gpu for s in samples}:
+        read = [s for s in samples if s.gpu == gpu and not math.isnan(s.energy_mj)]
+        if len(read) < 2 or read[-1].t <= read[0].t:
+            return math.nan
+        rate_w = (read[-1].energy_mj - read[0].energy_mj) / 1000 / (read[-1].t - read[0].t)
+        total += rate_w * duration_s
+    return total
+
+
+def summarise(samples: list[Sample], duration_s: float = math.nan) -> dict[str, Any] | None:
     """One window's figures over the GPUs sampled: the lowest GPU's median and lowest SM
     clock, the highest maximum clock, temperature and median power, the largest share of a
-    GPU's samples with a clock-lowering reason, every such reason seen, and the least busy
-    GPU's median utilization. None without samples."""
+    GPU's samples with a clock-lowering reason, every such reason seen, the least busy
+    GPU's median utilization, and the energy all of them took (``duration_s``: the window's
+    length). None without samples."""
     if not samples:
         return None
     per_gpu: dict[int, list[Sample]] = {}
@@ -222,6 +244,7 @@ def summarise(samples: list[Sample]) -> dict[str, Any] | None:
         "slowdowns": [name for bit, name in SLOWDOWNS.items() if seen & bit],
         "util_pct_median": worst([_median([s.util_pct for s in g]) for g in per_gpu.values()],
                                  min),
+        "energy_j": _energy_j(samples, duration_s),
     }
 
 
@@ -259,6 +282,21 @@ def from_vector(vector: list[float]) -> dict[str, Any] | None:
     return out
 
 
+def energy_slots(summary: dict[str, Any] | None, rank: int, world_size: int) -> list[float]:
+    """This rank's energy in its own of ``world_size`` slots, ABSENT in the others: after an
+    all-reduce with max, every rank's (the run's energy is their sum)."""
+    slots = [ABSENT] * world_size
+    energy = summary.get("energy_j", math.nan) if summary else math.nan
+    if not math.isnan(energy):
+        slots[rank] = energy
+    return slots
+
+
+def total_energy(slots: list[float]) -> float | None:
+    """The sum of every rank's energy; None when a rank could not measure its own."""
+    return None if any(v <= ABSENT for v in slots) else sum(slots)
+
+
 def clock_share(entry: dict[str, Any] | None) -> float:
     """An epoch's median SM clock as a share of the maximum (NaN when not sampled)."""
     if not entry or not entry.get("sm_mhz_median") or not entry.get("sm_mhz_max"):
@@ -267,7 +305,8 @@ def clock_share(entry: dict[str, Any] | None) -> float:
 
 
 def epoch_suffix(entry: dict[str, Any] | None) -> str:
-    """What an epoch's line adds: '  SM 1980/1980 MHz 61°C' (and the reasons, if any)."""
+    """What an epoch's line adds: '  SM 1980/1980 MHz 61°C util 97% 950 J' (and the reasons,
+    if any)."""
     if not entry or entry.get("sm_mhz_median") is None:
         return ""
     text = f"  SM {entry['sm_mhz_median']:.0f}/{entry['sm_mhz_max']:.0f} MHz"
@@ -275,6 +314,8 @@ def epoch_suffix(entry: dict[str, Any] | None) -> str:
         text += f" {entry['temperature_c_max']:.0f}°C"
     if entry.get("util_pct_median") is not None:
         text += f" util {entry['util_pct_median']:.0f}%"
+    if entry.get("energy_j") is not None:
+        text += f" {entry['energy_j']:.0f} J"
     if entry["slowdowns"]:
         text += f" ({', '.join(entry['slowdowns'])} {100 * entry['slowdown_share']:.0f} %)"
     return text

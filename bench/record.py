@@ -337,6 +337,8 @@ class RunRecord:
             "data_order_sha1": train.data_order_sha1,
         }
         if "gpu_clocks" in self.data:  # CUDA runs: sampled, or said why not
+            if gpu_clocks and self.data.get("gpu_shared"):  # each rank counted the one GPU
+                gpu_clocks = {**gpu_clocks, "energy_j": None}
             entry["gpu_clocks"] = gpu_clocks
         flops, peak = self.data.get("train_flops_per_image"), self.data.get("peak_tflops_per_gpu")
         entry["achieved_tflops"] = flops * entry["images_per_s"] / 1e12 if flops else None

@@ -210,16 +210,23 @@ def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def gpu_clock_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
     """The timed epochs' GPU clocks (CUDA records that sampled them): the median epoch's
-    SM clock as a share of the maximum, every clock-lowering reason seen, and the median
-    epoch's GPU utilization (%)."""
+    SM clock as a share of the maximum, every clock-lowering reason seen, the median
+    epoch's GPU utilization (%), and its energy (J, all GPUs) and training images per
+    joule."""
     sampled = [e["gpu_clocks"] for e in epochs if e.get("gpu_clocks")]
     shares = [s for s in map(clock_share, sampled) if not math.isnan(s)]
     busy = [c["util_pct_median"] for c in sampled if c.get("util_pct_median") is not None]
+    measured = [e for e in epochs if (e.get("gpu_clocks") or {}).get("energy_j")]
     if not sampled:
         return {}
     return {"gpu_clock_share": statistics.median(shares) if shares else None,
             "gpu_slowdowns": sorted({r for c in sampled for r in c.get("slowdowns", [])}),
-            "gpu_util_median": statistics.median(busy) if busy else None}
+            "gpu_util_median": statistics.median(busy) if busy else None,
+            "energy_j_per_epoch": statistics.median(e["gpu_clocks"]["energy_j"]
+                                                    for e in measured) if measured else None,
+            "images_per_joule": statistics.median(
+                e["images_per_s"] * e["train_time_s"] / e["gpu_clocks"]["energy_j"]
+                for e in measured) if measured else None}
 
 
 # --------------------------------------------------------------------------- environment

@@ -377,6 +377,8 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
         clock = f"  GPU clock {100 * share:.0f} % of max" if share is not None else ""
         if summary.get("gpu_slowdowns"):
             clock += f" ({', '.join(summary['gpu_slowdowns'])})"
+        if summary.get("images_per_joule"):
+            clock += f"  {summary['images_per_joule']:.1f} img/J"
         print(f"bench: ok  {timing}{clock}  final top1 "
               f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
         return EXIT_OK

@@ -48,6 +48,12 @@ def test_ddp_on_cuda_uses_nccl(tmp_path):
     assert proc.stdout.count(" MHz ") == len(rec["per_epoch"]), proc.stdout
     assert 0 < rec["summary"]["gpu_clock_share"] <= 1 and "% of max" in proc.stdout
     assert all(enforced > 0 and default > 0 for enforced, default in rec["gpu_power_limits_w"])
+    # the energy counter (Volta and newer): each epoch's joules, the run's images per joule,
+    # within what the GPUs' power limits allow over the epoch's time
+    for entry in rec["per_epoch"]:
+        limit_w = max(e for e, _ in rec["gpu_power_limits_w"]) * rec["world_size"]
+        assert 0 < entry["gpu_clocks"]["energy_j"] <= 1.1 * limit_w * entry["train_time_s"]
+    assert rec["summary"]["images_per_joule"] > 0 and " img/J" in proc.stdout
 
 
 def test_ddp_on_cuda_syncs_batchnorm_across_two_ranks(tmp_path):
@@ -195,5 +201,7 @@ def test_ranks_sharing_a_gpu_are_recorded_and_marked(tmp_path):
     assert_ok(_run(tmp_path, "--strategy", "ddp", "--gpus", str(gpus), "--backend", "gloo"))
     rec = only_record(tmp_path)
     assert rec["gpu_shared"] is True and rec["backend"] == "gloo" and rec["norm"] == "syncbn"
+    # each rank would count the shared GPU's energy: none is recorded
+    assert all(e["gpu_clocks"]["energy_j"] is None for e in rec["per_epoch"]), rec["per_epoch"]
     report = run_bench("report", "--results", str(tmp_path))
     assert "not comparable" in report.stdout

@@ -15,12 +15,22 @@ import time
 import pytest
 from conftest import run_bench
 
-from bench.gpu_clocks import Sample, from_vector, start_monitor, summarise, to_vector
+from bench.gpu_clocks import (
+    Sample,
+    energy_slots,
+    from_vector,
+    start_monitor,
+    summarise,
+    to_vector,
+    total_energy,
+)
 
 # The NVML calls bench makes, with their C signatures (nvml.h); the clock and the reasons
 # are what the test sets. Built with -DOLD_DRIVER it lacks the reasons call's R535 name,
-# and the utilization call: a figure the driver cannot give is NaN, sampling goes on.
+# the utilization call and the energy counter: a figure the driver cannot give is NaN,
+# sampling goes on.
 FAKE_NVML = r"""
+#include <time.h>
 static unsigned int clock_mhz = 1980; static unsigned long long reasons = 0;
 static int device = 7;
 void fake_set(unsigned int mhz, unsigned long long why) { clock_mhz = mhz; reasons = why; }
@@ -40,6 +50,9 @@ typedef struct { unsigned int gpu, memory; } utilization;
 int nvmlDeviceGetEnforcedPowerLimit(void *d, unsigned int *mw) { *mw = 500000; return 0; }
 int nvmlDeviceGetPowerManagementDefaultLimit(void *d, unsigned int *mw) { *mw = 700000; return 0; }
 #ifndef OLD_DRIVER
+int nvmlDeviceGetTotalEnergyConsumption(void *d, unsigned long long *mj) {
+  struct timespec now; clock_gettime(CLOCK_MONOTONIC, &now);
+  *mj = (unsigned long long)((now.tv_sec + now.tv_nsec * 1e-9) * 650500.0); return 0; }
 int nvmlDeviceGetUtilizationRates(void *d, utilization *u) {
   u->gpu = clock_mhz > 1500 ? 97 : 60; u->memory = 40; return 0; }
 int nvmlDeviceGetCurrentClocksEventReasons(void *d, unsigned long long *v) {
@@ -102,8 +115,12 @@ def test_the_sampler_summarises_each_window_and_stops(fake_nvml, driver):
     assert hot["sm_mhz_median"] == 1410 and hot["temperature_c_max"] == 87
     if driver == "new":
         assert cool["util_pct_median"] == 97 and hot["util_pct_median"] == 60
-    else:  # no utilization call: NaN, and the other figures are there
+        # the energy counter runs at 650.5 W (CLOCK_MONOTONIC, perf_counter's clock)
+        assert cool["energy_j"] == pytest.approx(650.5 * (middle - start), rel=0.01)
+        assert hot["energy_j"] == pytest.approx(650.5 * (end - middle), rel=0.01)
+    else:  # no utilization or energy call: NaN, and the other figures are there
         assert math.isnan(cool["util_pct_median"]) and math.isnan(hot["util_pct_median"])
+        assert math.isnan(cool["energy_j"])
     # the sample at the switch may have read either clock; the reasons are read with it
     assert hot["slowdowns"] == ["power cap", "hw thermal"] and hot["slowdown_share"] > 0.85
 
@@ -131,22 +148,26 @@ def test_why_clocks_were_not_sampled_is_said(fake_nvml, tmp_path):
 def test_two_gpus_are_summarised_by_the_slower_and_reduced_over_ranks():
     """Rank 0 drives 2 GPUs (dp): the slower GPU's median clock and the less busy GPU's
     median utilization speak for the window. Rank 1's GPU ran hotter and capped; rank 2 had
-    no sample. Reduced as the all-reduce (max) does."""
+    no sample. Reduced as the all-reduce (max) does. Energy over a 0.5 s window from each
+    GPU's counter: rank 0's GPUs drew 400 W (40 J in 0.1 s) and 500 W (100 J in 0.2 s), 450
+    J; rank 1's 700 W, 350 J; the run's is their sum, or None while a rank has none."""
     import torch
 
-    rank0 = summarise([Sample(0.1, 0, 1980, 1980, 60, 400, 0, 90),
-                       Sample(0.2, 0, 1980, 1980, 61, 420, 0, 94),
-                       Sample(0.1, 1, 1800, 1980, 58, 500, 0x4, 99),
-                       Sample(0.2, 1, 1900, 1980, 59, 520, 0, 97),
-                       Sample(0.3, 1, 1600, 1980, 59, 510, 0x4, 98)])
+    rank0 = summarise([Sample(0.1, 0, 1980, 1980, 60, 400, 0, 90, 1000.0),
+                       Sample(0.2, 0, 1980, 1980, 61, 420, 0, 94, 41000.0),
+                       Sample(0.1, 1, 1800, 1980, 58, 500, 0x4, 99, 5000.0),
+                       Sample(0.2, 1, 1900, 1980, 59, 520, 0, 97, 55000.0),
+                       Sample(0.3, 1, 1600, 1980, 59, 510, 0x4, 98, 105000.0)], 0.5)
+    assert rank0.pop("energy_j") == pytest.approx(200 + 250)
     assert rank0 == {"samples": 2, "sm_mhz_median": 1800, "sm_mhz_low": 1600,
                      "sm_mhz_max": 1980, "temperature_c_max": 61, "power_w_median": 510,
                      "slowdown_share": 2 / 3, "slowdowns": ["power cap"],
                      "util_pct_median": 92}
-    rank1 = summarise([Sample(0.1, 0, 1755, 1980, 83, 690, 0x20, 100),
-                       Sample(0.2, 0, 1755, 1980, 84, 700, 0x20, 100),
-                       Sample(0.3, 0, math.nan, 1980, 84, 700, 0x20, 99)])
+    rank1 = summarise([Sample(0.1, 0, 1755, 1980, 83, 690, 0x20, 100, 0.0),
+                       Sample(0.2, 0, 1755, 1980, 84, 700, 0x20, 100, 70000.0),
+                       Sample(0.3, 0, math.nan, 1980, 84, 700, 0x20, 99, 140000.0)], 0.5)
     assert rank1["sm_mhz_median"] == 1755 and rank1["slowdown_share"] == 1.0
+    assert rank1["energy_j"] == pytest.approx(350)
     vectors = torch.tensor([to_vector(rank0), to_vector(rank1), to_vector(None)],
                            dtype=torch.float64)
     reduced = from_vector(vectors.max(dim=0).values.tolist())
@@ -155,18 +176,29 @@ def test_two_gpus_are_summarised_by_the_slower_and_reduced_over_ranks():
                        "slowdown_share": 1.0, "slowdowns": ["power cap", "sw thermal"],
                        "util_pct_median": 92}  # the least busy GPU's
     assert from_vector(to_vector(None)) is None
+    rank0["energy_j"] = 450.0
+    slots = torch.tensor([energy_slots(s, rank, 3) for rank, s in
+                          enumerate((rank0, rank1, None))], dtype=torch.float64)
+    assert total_energy(slots.max(dim=0).values.tolist()) is None  # rank 2 measured none
+    two = torch.tensor([energy_slots(rank0, 0, 2), energy_slots(rank1, 1, 2)])
+    assert total_energy(two.max(dim=0).values.tolist()) == pytest.approx(800)
+    # one sample of a GPU gives no rate: no energy for the window
+    assert math.isnan(summarise([Sample(0.1, 0, 1980, 1980, 60, 400, 0, 90, 1000.0)],
+                                0.5)["energy_j"])
 
 
 def _gpu_record(run_id: str, strategy: str, precision: str, clocks: list[tuple],
                 limit_w: float = 700.0) -> dict:
     """A finished N=1 CUDA record whose epochs ran at these (median MHz, reasons) clocks, on
-    a GPU whose default power limit of 700 W was set to ``limit_w``."""
+    a GPU whose default power limit of 700 W was set to ``limit_w``; each 2 s epoch took
+    1,200 J."""
     epochs = [{"epoch": i + 1, "train_time_s": 2.0, "images_per_s": 25000.0, "top1": 0.5,
                "top5": 0.8, "peak_mem_bytes": 2**30, "train_loss": 1.0, "eval_time_s": 0.1,
                "gpu_clocks": {"samples": 20, "sm_mhz_median": mhz, "sm_mhz_low": mhz,
                               "sm_mhz_max": 1980.0, "temperature_c_max": 70.0,
                               "power_w_median": 600.0, "slowdown_share": 1.0 if why else 0,
-                              "slowdowns": why, "util_pct_median": 90.0 + i}}
+                              "slowdowns": why, "util_pct_median": 90.0 + i,
+                              "energy_j": 1200.0}}
               for i, (mhz, why) in enumerate(clocks)]
     return {"run_id": run_id, "started_at": run_id, "status": "ok", "strategy": strategy,
             "device": "cuda", "world_size": 1, "processes": 1, "precision": precision,
@@ -194,6 +226,8 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()
             if line.split()[:1] in (["ddp"], ["fsdp"], ["ddp-amp"])}
     assert rows["ddp"].endswith("100%   ok"), rows  # the clock column, then the status
+    # 50,000 images per 1,200 J in every row: said once, in the block's heading
+    assert "img/J 41.7" in proc.stdout.splitlines()[0], proc.stdout
     assert rows["fsdp"].endswith("86%    ok ⚠ GPU clock -14 %, GPU power limit lowered"), rows
     assert rows["ddp-amp"].endswith("97%    ok ⚠ GPU hw thermal"), rows
     assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): its GPUs ran at 86 % of "
@@ -208,3 +242,4 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     # utilization of the timed epochs (91, 92): median 91.5; the clock share 1700 / 1980
     assert float(rows["fsdp"]["gpu_util"]) == 91.5
     assert float(rows["fsdp"]["clock_share"]) == 1700 / 1980
+    assert float(rows["fsdp"]["images_per_joule"]) == pytest.approx(50000 / 1200)

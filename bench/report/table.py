@@ -55,6 +55,7 @@ COLUMNS = [
     ("projected_efficiency", "projected eff. at 64 / 512 GPUs (bench project)"),
     ("clock_share", "GPU clock (% of max)"),
     ("gpu_util", "GPU util (%)"),
+    ("images_per_joule", "img/J (GPUs)"),
     ("flags", "flags"),
     ("status", "status"),
 ]
@@ -231,6 +232,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
                 "clock_share": _number(figures.get("gpu_clock_share")),
                 "gpu_util": _number(figures.get("gpu_util_median")),
+                "images_per_joule": _number(figures.get("images_per_joule")),
                 "slowdowns": figures.get("gpu_slowdowns") or [],
                 "power_limit": lowered_power_limit(rec),
             }
@@ -289,6 +291,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             slow_runs=slow_runs(ok),
             clock_share=_median(list(ok["clock_share"])),
             gpu_util=_median(list(ok["gpu_util"])),
+            images_per_joule=_median(list(ok["images_per_joule"])),
             abnormal_slowdowns=sorted({r for rs in ok["slowdowns"] for r in rs
                                        if r in ABNORMAL}),
             power_limit=next((p for p in ok["power_limit"] if p), None),

@@ -18,6 +18,7 @@ TERMINAL_COLUMNS = [
     ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
     ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
     ("same_start", "start"), ("clock_share", "clock"), ("gpu_util", "util"),
+    ("images_per_joule", "img/J"),
     ("status", "status"),
 ]
 
@@ -25,7 +26,7 @@ TERMINAL_COLUMNS = [
 # Columns said once in a block's heading when every row has the same value: name -> label.
 _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "eff.": "eff.",
               "start": "same start", "options": "options", "clock": "GPU clock",
-              "util": "GPU util"}
+              "util": "GPU util", "img/J": "img/J"}
 
 
 _SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ",",
@@ -59,6 +60,8 @@ def _fmt(value: Any, column: str) -> str:
         return f"{value:.2f}"
     if column in ("images_per_s", "peak_mem_mib", "gpu_util"):
         return f"{value:.0f}"
+    if column == "images_per_joule":
+        return f"{value:.1f}"
     if column in ("speedup",):
         return f"{value:.2f}×"
     if column in ("efficiency", "clock_share"):
