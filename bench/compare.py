@@ -15,7 +15,7 @@ from typing import Any
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
 from bench.report.flags import clock_gap_matters
-from bench.report.views import short_options
+from bench.report.views import said_once, short_options
 from bench.results import load_records, read_record
 from bench.stats import welch
 
@@ -202,20 +202,17 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
         blocks.setdefault(str(row["workload"]), []).append(_text_row(row))
     out: list[str] = []
     for name, cells in blocks.items():
-        names = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
-        same = []
-        for key, label in _SAID_ONCE.items():
-            values = {c[key] for c in cells}
-            if key in names and len(values) == 1:
-                same.append(f"{label} {values.pop()}".strip())
-                names.remove(key)
+        filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
+        names, rows, same = said_once(filled, [[c[k] for k in filled] for c in cells],
+                                      _SAID_ONCE)
         out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
-        table = [{k: k.strip() for k in names}] + [
-            {**c, "verdict": c["verdict"].partition(": ")[0]} for c in cells]
-        widths = {k: max(len(r[k]) for r in table) for k in names}
-        for i, r in enumerate(table):
-            out.append("  ".join(r[k].ljust(widths[k]) for k in names).rstrip())
-            reason = cells[i - 1]["verdict"].partition(": ")[2] if i else ""
+        # the verdict's word in the row (its last column), its reasons below
+        table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]
+                                                for r in rows]
+        widths = [max(len(x) for x in column) for column in zip(*table)]
+        for i, line in enumerate(table):
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+            reason = rows[i - 1][-1].partition(": ")[2] if i else ""
             if reason:
                 out += textwrap.wrap(reason, width, initial_indent="    ",
                                      subsequent_indent="    ")

@@ -198,13 +198,14 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
-def _energy_j(samples: list[Sample], duration_s: float) -> float:
-    """The energy a window of ``duration_s`` took on every GPU sampled: each GPU's energy
-    counter's rate between its first and last sample in the window, times the window (NaN
-    where a GPU has no counter, or fewer than two samples)."""
+def _energy_j(per_gpu: list[list[Sample]], duration_s: float) -> float:
+    """The energy a window of ``duration_s`` took on every GPU sampled (``per_gpu``: each
+    GPU's samples in time order): each GPU's energy counter's rate between its first and
+    last sample in the window, times the window (NaN where a GPU has no counter, or fewer
+    than two samples)."""
     total = 0.0
-    for gpu in {s.gpu for s in samples}:
-        read = [s for s in samples if s.gpu == gpu and not math.isnan(s.energy_mj)]
+    for samples in per_gpu:
+        read = [s for s in samples if not math.isnan(s.energy_mj)]
         if len(read) < 2 or read[-1].t <= read[0].t:
             return math.nan
         rate_w = (read[-1].energy_mj - read[0].energy_mj) / 1000 / (read[-1].t - read[0].t)
@@ -244,7 +245,7 @@ def summarise(samples: list[Sample], duration_s: float = math.nan) -> dict[str, 
         "slowdowns": [name for bit, name in SLOWDOWNS.items() if seen & bit],
         "util_pct_median": worst([_median([s.util_pct for s in g]) for g in per_gpu.values()],
                                  min),
-        "energy_j": _energy_j(samples, duration_s),
+        "energy_j": _energy_j(list(per_gpu.values()), duration_s),
     }
 
 

@@ -74,9 +74,9 @@ class Trainer:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.warmup_steps = round(cfg.warmup_epochs * self.steps_per_epoch)
         self.clocks: ClockMonitor | None = None  # GPU clocks while timed (CUDA runs)
-        # --compile in a mode that replays CUDA graphs: whether it did
-        self.graphs = CudaGraphWatch() if cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES \
-            else None
+        # --compile in a mode that replays CUDA graphs: whether it did (said by the record's rank)
+        graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and record is not None
+        self.graphs = CudaGraphWatch() if graphs else None
         self.window = (0.0, 0.0)  # the last epoch's timed region (perf_counter)
 
     def run(self) -> None:
@@ -90,7 +90,7 @@ class Trainer:
         self.mllog.run_start()
         try:
             self.train_epochs()
-            if self.graphs is not None and self.record is not None:
+            if self.graphs is not None:
                 self.record.cuda_graphs(self.graphs.verdict(self.strategy.device.type))
             # MLPerf's success is reaching the target (its run_stop came there already);
             # a run without a target succeeds by finishing its epochs

@@ -161,6 +161,26 @@ def to_wide_text(table) -> str:
     return "\n".join(lines) + "\n"
 
 
+def said_once(names: list[str], rows: list[list[str]], labels: dict[str, str]
+              ) -> tuple[list[str], list[list[str]], list[str]]:
+    """A column of ``labels`` with one value in every row of a block leaves the table for
+    the block's heading ('label value'; a column of '—' just leaves): the names and rows
+    left, and the heading's parts."""
+    same = []
+    for name, label in labels.items():
+        if name not in names:
+            continue
+        i = names.index(name)
+        values = {row[i] for row in rows}
+        if len(values) == 1:
+            value = values.pop()
+            if value not in ("—", ""):
+                same.append(f"{label} {value}".strip())
+            names = names[:i] + names[i + 1:]
+            rows = [row[:i] + row[i + 1:] for row in rows]
+    return names, rows, same
+
+
 def to_text(table, width: int = 120) -> str:
     """The key columns, one block per workload, each line at most ``width`` characters."""
     header = [h for _, h in TERMINAL_COLUMNS]
@@ -184,17 +204,7 @@ def to_text(table, width: int = 120) -> str:
         blocks.setdefault(record["workload"], []).append(row)
     out = []
     for block, rows in blocks.items():
-        # A column with one value in the whole block is said once, in its heading.
-        names, same = list(header), []
-        for name in _SAID_ONCE:
-            i = names.index(name)
-            values = {row[i] for row in rows}
-            if len(values) == 1:
-                value = values.pop()
-                if value not in ("—", ""):
-                    same.append(f"{_SAID_ONCE[name]} {value}".strip())
-                names.pop(i)
-                rows = [row[:i] + row[i + 1:] for row in rows]
+        names, rows, same = said_once(list(header), rows, _SAID_ONCE)
         heading = block + (f" — {', '.join(same)}" if same else "")
         delta = names.index("Δ top-1 (p)")
         if not any("(p" in row[delta] for row in rows):
