@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
-from bench.report.flags import clock_gap_matters
+from bench.report.flags import clock_gap_matters, input_bound
 from bench.report.views import said_once, short_options
 from bench.results import load_records, read_record
 from bench.stats import welch
@@ -93,9 +93,10 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
                   rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure))
         if delta < 0 and p < 0.05:
             reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
-        clocks = clock_note(ra.get("clock_share", math.nan), rb.get("clock_share", math.nan))
-        if clocks and (reasons or unsure):
-            (reasons or unsure).append(clocks)
+        for note in (clock_note(ra.get("clock_share", math.nan),
+                                rb.get("clock_share", math.nan)), input_note(ra, rb)):
+            if note and (reasons or unsure):
+                (reasons or unsure).append(note)
         row.update(
             runs=f"{ra['runs']}/{rb['runs']}",
             images_per_s_a=f"{ra['images_per_s']:.0f}{_spread(ra['run_images_per_s'])}",
@@ -121,6 +122,18 @@ def clock_note(share_a: float, share_b: float) -> str | None:
         return None
     return (f"B's GPUs ran at {100 * share_b:.0f} % of their maximum clock, A's at "
             f"{100 * share_a:.0f} %")
+
+
+def input_note(ra, rb) -> str | None:
+    """When B trained at its input pipeline's pace (the report's input-bound), say so beside
+    its slow-down, with what each side's pipeline fed alone: a slower disk, CPU or fewer
+    workers, not necessarily a slower strategy."""
+    feed_b = rb.get("loader_alone", math.nan)
+    if not input_bound(rb["images_per_s"], feed_b):
+        return None
+    feed_a = ra.get("loader_alone", math.nan)
+    return (f"B was input-bound: its loader alone fed {feed_b:.0f} img/s"
+            + (f", A's {feed_a:.0f}" if feed_a == feed_a else ""))
 
 
 def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,

@@ -170,6 +170,7 @@ class RunConfig:
     stop_at_target: bool = False  # end the run there (MLPerf style)
     mllog: str | None = None  # MLPerf-format event log (rank 0; {run_id} in the name)
     comm_probe_steps: int = 20  # compute-only steps after the epochs (multi-rank; 0: none)
+    loader_probe_steps: int = 30  # input batches drawn alone after the epochs (0: none)
     profile_steps: int = 0  # torch.profiler trace of this many steps after the epochs
     # DDP's knobs (torch defaults)
     bucket_cap_mb: float = 25.0
@@ -342,6 +343,9 @@ class RunConfig:
         if self.comm_probe_steps < 0:
             raise ConfigError(f"--comm-probe-steps must be 0 or more (got "
                               f"{self.comm_probe_steps})")
+        if self.loader_probe_steps < 0:
+            raise ConfigError(f"--loader-probe-steps must be 0 or more (got "
+                              f"{self.loader_probe_steps})")
         if self.stop_at_target and self.target_top1 is None:
             raise ConfigError("--stop-at-target needs --target-top1 P")
         if not self.timeout > 0:

@@ -1,7 +1,9 @@
 """Steps after the timed epochs, the final evaluation and the replica check (so that no
 recorded figure changes).
 
-Exposed communication: K more training steps with gradient synchronisation switched off,
+The input pipeline's ceiling: K batches drawn from the run's own training loader and moved
+onto the device with no model, i.e. the most img/s the pipeline can feed. Exposed
+communication: K more training steps with gradient synchronisation switched off,
 timed like the epoch steps. Their median is the step's compute (plus whatever communication
 cannot be switched off, e.g. SyncBatchNorm's statistics); what the overlap with backward did
 not hide is ``1 - compute_step_s / step_time_p50_s``. ``--profile-steps``: ordinary steps
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from bench.across_ranks import sync_devices
 from bench.grad_timeline import GradientTimeline, TimelineProbe
 from bench.loaders import unchanged_randomness
 from bench.timing import step_intervals, step_mark
@@ -62,6 +66,33 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
     slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
     return CommProbe(steps, slowest.item(), sync_off.note, probe and probe.result)
+
+
+def loader_alone(trainer, steps: int) -> float:
+    """The img/s the run's input pipeline feeds at most: ``steps`` micro-batches drawn from
+    its own training loader (same workers, transforms and pinning; ``--loader gpu``: the
+    device-side crop and flip) and moved onto the device as the loop moves them, with no
+    model, after a warm-up that lets every worker deliver. Collective: every rank draws at
+    once (ranks on one machine share its cores, as they do in training); the result is
+    the rate of all ranks at the slowest rank's pace."""
+    s, parts = trainer.strategy, trainer.parts
+    warmup = trainer.workers + 2  # each worker has delivered a batch: steady state
+    trainer.beat("loader probe (waiting for the other ranks)", force=True)
+    s.barrier()
+    start = 0.0
+    with unchanged_randomness(trainer.loaders.train):
+        batches = _endless(trainer.loaders.train)
+        for batch in range(warmup + steps):
+            if batch == warmup:
+                sync_devices(s)
+                start = time.perf_counter()
+            trainer.beat(f"loader probe batch {batch + 1}")
+            images, labels = next(batches)[:2]
+            parts.to_device(images, labels, s.device)
+    sync_devices(s)
+    slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=s.device)
+    s.all_reduce(slowest, "max")
+    return steps * trainer.split.micro * s.world_size / slowest.item()
 
 
 def profile_steps(trainer, steps: int, trace: Path) -> None:

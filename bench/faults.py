@@ -136,3 +136,18 @@ def slow_communication_from_env(parts, strategy) -> None:
     parts.model.register_comm_hook(None, slow_allreduce)
     strategy.notes.append(f"SLOW COMMUNICATION INJECTED ({SLOW_COMM_ENV}): {delay * 1000:g} ms "
                           "before every gradient bucket's all-reduce")
+
+
+SLOW_LOADER_ENV = "BENCH_SLOW_LOADER_MS"
+
+
+def slow_loader_from_env(strategy) -> float:
+    """``BENCH_SLOW_LOADER_MS=M`` (a test hook): the seconds every training image of the
+    ``--loader torch`` pipeline waits before it is served, as a slow disk or decoder would
+    make it, so that the loader probe and the input-bound flag can be shown to respond to
+    the pipeline's cost; noted in the record. 0 without it."""
+    delay = float(os.environ.get(SLOW_LOADER_ENV) or 0) / 1000
+    if delay:
+        strategy.notes.append(f"SLOW LOADER INJECTED ({SLOW_LOADER_ENV}): {delay * 1000:g} ms "
+                              "before every training image")
+    return delay

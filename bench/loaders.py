@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,20 +16,24 @@ from torch.utils.data import DataLoader, Dataset
 from bench.config import RunConfig
 from bench.datasets import dataset, image_set
 from bench.device_loader import DeviceLoader
+from bench.faults import slow_loader_from_env
 from strategies.base import Strategy
 
 
 class Indexed(Dataset):
     """A training set whose items also carry their sample index, so that the loop can
-    prove which samples it was served (``data_order_sha1``)."""
+    prove which samples it was served (``data_order_sha1``). ``delay_s``: a test hook's
+    wait per image (BENCH_SLOW_LOADER_MS)."""
 
-    def __init__(self, base: Dataset) -> None:
-        self.base = base
+    def __init__(self, base: Dataset, delay_s: float = 0.0) -> None:
+        self.base, self.delay_s = base, delay_s
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, index: int):
+        if self.delay_s:
+            time.sleep(self.delay_s)
         image, label = self.base[index]
         return image, label, index
 
@@ -84,7 +89,8 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     eval_indices = strategy.eval_indices(len(test_set))
     sampler = strategy.train_sampler(train_set, cfg.seed)
     train = DataLoader(
-        Indexed(train_set), batch_size=micro_batch, sampler=sampler, drop_last=True,
+        Indexed(train_set, slow_loader_from_env(strategy)), batch_size=micro_batch,
+        sampler=sampler, drop_last=True,
         num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(aug_seed),
     )

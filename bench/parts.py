@@ -35,13 +35,19 @@ class ModelParts:
     dtype: torch.dtype  # of parameters and inputs: float32, or float64 under bench verify
     allow_tf32: bool | None  # cuDNN convolutions in TF32 (GPU); None on CPU
 
+    def to_device(self, images: torch.Tensor, labels: torch.Tensor, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch on the device in the run's dtype and memory format (without
+        waiting): the last stage of the input pipeline."""
+        return (images.to(device, self.dtype, non_blocking=True,
+                          memory_format=self.memory_format),
+                labels.to(device, non_blocking=True))
+
     def training_loss(self, criterion: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                       device: torch.device) -> torch.Tensor:
-        """One training micro-batch's loss: the batch moved to the device in the run's dtype
-        and memory format (without waiting), the forward under the run's autocast."""
-        images = images.to(device, self.dtype, non_blocking=True,
-                           memory_format=self.memory_format)
-        labels = labels.to(device, non_blocking=True)
+        """One training micro-batch's loss: the batch moved to the device (to_device), the
+        forward under the run's autocast."""
+        images, labels = self.to_device(images, labels, device)
         with self.precision.autocast():
             return criterion(self.forward(images), labels)
 

@@ -191,6 +191,19 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     return 0
 
 
+def _bottleneck(rec: dict[str, Any], p: Projection) -> str:
+    """The projection's bottleneck, except that a measured run that trained at its input
+    pipeline's pace (the report's input-bound) lent it an input-bound step: its "compute"
+    is the loader's."""
+    from bench.report.flags import input_bound
+    from bench.results import summarise_epochs
+
+    speed = summarise_epochs(rec.get("per_epoch") or []).get("median_images_per_s")
+    if p.bottleneck == "compute" and input_bound(speed, rec.get("loader_alone_images_per_s")):
+        return "input pipeline (as measured)"
+    return p.bottleneck
+
+
 def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
@@ -204,7 +217,7 @@ def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
             "images_per_s": round(speed) if speed else None,
             "efficiency": round(p.efficiency, 3) if finite else None,
             "exposed_comm": round(p.exposed_fraction, 3) if finite else None,
-            "bottleneck": p.bottleneck}
+            "bottleneck": _bottleneck(rec, p)}
 
 
 def _text(table: list[dict[str, Any]]) -> str:

@@ -220,6 +220,9 @@ class RunRecord:
             "comm_probe_note": None,
             "gradient_timeline": None,  # when each gradient is ready (bench project)
             "gradient_buckets": None,  # DDP: bytes of each bucket as its reducer built them
+            # the input pipeline alone after the epochs: the img/s it can feed at most
+            "loader_probe_steps": 0,
+            "loader_alone_images_per_s": None,
             # model FLOPs utilisation: per-image training FLOPs (FlopCounterMode) against
             # the GPU's dense peak for the run's precision (null: CPU, unknown GPU, shared)
             "train_flops_per_image": train_flops_per_image,
@@ -387,6 +390,10 @@ class RunRecord:
         self.data.update(comm_probe_steps=steps, compute_step_s=compute_step_s,
                          exposed_comm_fraction=exposed, comm_probe_note=note,
                          gradient_timeline=timeline)
+
+    def loader_probe(self, steps: int, images_per_s: float | None) -> None:
+        """The input pipeline drawn alone (no model): the most img/s it can feed."""
+        self.data.update(loader_probe_steps=steps, loader_alone_images_per_s=images_per_s)
 
     def finish(self, replicas_identical: bool | None, param_fingerprint: list[float],
                scaler_state: dict | None = None, gradient_buckets: list[int] | None = None,

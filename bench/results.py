@@ -37,6 +37,7 @@ RECORD_FIELDS = (
     "target_top1", "reached_target", "time_to_target_s", "train_time_to_target_s",
     "epochs_to_target", "backend", "gpu_shared", "comm_probe_steps", "compute_step_s",
     "exposed_comm_fraction", "comm_probe_note", "gradient_timeline",
+    "loader_probe_steps", "loader_alone_images_per_s",
     "gradient_buckets", "compressed_gradient_elements",
     "train_flops_per_image", "peak_tflops_per_gpu",
     "profile_steps", "profile_trace",

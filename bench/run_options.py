@@ -96,6 +96,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     why.add_argument("--comm-probe-steps", type=int, default=20,
                      help="after the epochs, this many steps with gradient sync off give "
                           "compute_step_s and exposed_comm_fraction (multi-rank; 0: none)")
+    why.add_argument("--loader-probe-steps", type=int, default=30,
+                     help="after the epochs, this many batches drawn from the input pipeline "
+                          "alone (onto the device, no model) give the img/s it can feed at "
+                          "most: a row near it is input-bound (0: none)")
     why.add_argument("--profile-steps", type=int, default=0,
                      help="after the epochs, a torch.profiler trace of this many steps in "
                           "OUTPUT/traces/ (Perfetto, TensorBoard)")

@@ -41,6 +41,7 @@ from bench.preflight import (
     shares_gpus,
 )
 from bench.record import RunRecord
+from bench.report.flags import input_bound
 from bench.results import new_run_id
 from bench.scratch import Scratch
 from bench.spec import WorkerSpec
@@ -379,6 +380,9 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
             clock += f" ({', '.join(summary['gpu_slowdowns'])})"
         if summary.get("images_per_joule"):
             clock += f"  {summary['images_per_joule']:.1f} img/J"
+        feed = final.data.get("loader_alone_images_per_s")
+        if input_bound(speed, feed):
+            clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
         print(f"bench: ok  {timing}{clock}  final top1 "
               f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
         return EXIT_OK

@@ -36,7 +36,7 @@ _NOT_IN_KEY = {"strategy", "gpus", "output", "progress", "master_port", "tag", "
                "data_dir", "download", "workers", "node_rank", "rdzv_endpoint", "rdzv_id",
                "max_restarts", "use_slurm",
                # steps taken after the timed epochs: they change no recorded figure
-               "comm_probe_steps", "profile_steps"}
+               "comm_probe_steps", "loader_probe_steps", "profile_steps"}
 
 
 @dataclass

@@ -26,7 +26,7 @@ from bench.across_ranks import (
 )
 from bench.config import RunConfig
 from bench.errors import Diverged
-from bench.extra_steps import compute_only_steps, profile_steps
+from bench.extra_steps import compute_only_steps, loader_alone, profile_steps
 from bench.faults import Fault
 from bench.gpu_clocks import (
     INTERVAL_S,
@@ -335,11 +335,15 @@ class Trainer:
 
 
 def finish_run(trainer: Trainer) -> None:
-    """After the last epoch: the replica check, then the profiled steps (--profile-steps)
-    and the compute-only probe steps, which change the model and so come after everything
-    recorded about it."""
+    """After the last epoch: the replica check, the input pipeline alone
+    (--loader-probe-steps), then the profiled steps (--profile-steps) and the compute-only
+    probe steps, which change the model and so come after everything recorded about it."""
     identical, fingerprint = replica_fingerprint(trainer.strategy, trainer.parts.model)
     scaler_state = trainer.parts.precision.scaler_state()  # before the extra steps move it
+    batches = trainer.cfg.loader_probe_steps
+    ceiling = loader_alone(trainer, batches) if batches else None
+    if trainer.record is not None and batches:
+        trainer.record.loader_probe(batches, ceiling)
     if trainer.cfg.profile_steps:
         trace = trainer.record.trace_path() if trainer.record is not None else None
         profile_steps(trainer, trainer.cfg.profile_steps, trace)

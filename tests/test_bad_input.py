@@ -76,6 +76,8 @@ CASES = {
                                  "2"], "--synthetic-difficulty must lie in [0, 1]"),
     "negative probe steps": (["run", "--strategy", "dp", *BASE, "--comm-probe-steps", "-1"],
                              "--comm-probe-steps"),
+    "negative loader probe": (["run", "--strategy", "dp", *BASE, "--loader-probe-steps", "-1"],
+                              "--loader-probe-steps must be 0 or more"),
     "mllog in a missing folder": (["run", "--strategy", "dp", *BASE, "--mllog",
                                    "{empty}/run.log"], "--mllog"),
     "mllog names a folder": (["run", "--strategy", "dp", *BASE, "--mllog", "{here}"],

@@ -113,6 +113,26 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
                                                           "both sides' run-to-run range")
 
 
+def test_a_slowdown_at_the_input_pipelines_pace_says_so(tmp_path):
+    """B about 20 % slower (833 img/s) where its input pipeline fed 850 img/s alone (98 %:
+    input-bound) and A's 2,000: the regression stands, the loaders' figures beside it. A B
+    whose pipeline fed 5,000 img/s adds nothing."""
+    a = [{**_slower(_repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100),
+          "loader_alone_images_per_s": 2000.0} for i in range(3)]
+    b = [{**_slower(_repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100),
+          "loader_alone_images_per_s": 850.0} for i in range(3)]
+    proc = run_bench("compare", str(_write(tmp_path / "a", a)), str(_write(tmp_path / "b", b)),
+                     "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["verdict"].endswith("range, B was input-bound: its loader alone fed 850 img/s, "
+                                   "A's 2000"), row["verdict"]
+    fed = [{**r, "loader_alone_images_per_s": 5000.0} for r in b]
+    proc = run_bench("compare", str(tmp_path / "a"), str(_write(tmp_path / "fed", fed)),
+                     "--format", "json")
+    assert "input-bound" not in json.loads(proc.stdout)[0]["verdict"]
+
+
 def test_rows_that_differ_only_in_speed_options_stay_apart(tmp_path):
     """The fastest path (GPU loader, channels_last, compile, fused SGD) and plain ddp-amp are
     two rows of one workload: every format names their options, so they are never read as

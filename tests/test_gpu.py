@@ -54,6 +54,12 @@ def test_ddp_on_cuda_uses_nccl(tmp_path):
         limit_w = max(e for e, _ in rec["gpu_power_limits_w"]) * rec["world_size"]
         assert 0 < entry["gpu_clocks"]["energy_j"] <= 1.1 * limit_w * entry["train_time_s"]
     assert rec["summary"]["images_per_joule"] > 0 and " img/J" in proc.stdout
+    # the input pipeline alone (pinned workers, copies to the GPU): training cannot have
+    # been fed faster than it can feed, give or take noise
+    trained = rec["summary"]["median_images_per_s"]
+    assert rec["loader_probe_steps"] == 30
+    assert rec["loader_alone_images_per_s"] >= 0.8 * trained, (rec["loader_alone_images_per_s"],
+                                                               trained)
 
 
 def test_ddp_on_cuda_syncs_batchnorm_across_two_ranks(tmp_path):

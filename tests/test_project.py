@@ -112,6 +112,26 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
     assert "Traceback" not in head.stderr and head.stdout.startswith("workload,"), head.stderr
 
 
+def test_a_run_measured_at_its_input_pipelines_pace_projects_an_input_bottleneck(tmp_path):
+    """The committed H100 ddp run trained at 18,868 img/s. Had its input pipeline fed only
+    19,800 img/s alone (training at 95 % of it), its step was the loader's, and so is every
+    projected step: the bottleneck says so. At 5x that feed it is compute."""
+    import json
+
+    from conftest import ROOT
+
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("*-ddp-1cuda-*.json")]
+    rec = json.loads(source.read_text())
+    for feed, expected in ((19_800.0, "input pipeline (as measured)"), (94_000.0, "compute")):
+        folder = tmp_path / str(int(feed)) / "runs"
+        folder.mkdir(parents=True)
+        (folder / source.name).write_text(json.dumps({**rec, "loader_alone_images_per_s": feed}))
+        proc = run_bench("project", str(folder.parent), "--gpus", "8", "--format", "json")
+        assert proc.returncode == 0, proc.stderr
+        (row,) = json.loads(proc.stdout)["rows"]
+        assert row["bottleneck"] == expected, row
+
+
 def test_published_scaling_points_are_predicted_within_ten_percent():
     """PyTorch's DDP benchmark (V100, 8 and 16 GPUs, 4 models) and NVIDIA's ResNet-50 TF32
     table (8 x A100) from their 1-GPU step times; the AMP point, which the published TF32

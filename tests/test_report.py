@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -395,11 +396,47 @@ def test_negative_exposed_communication_is_named_not_shown_as_a_figure(tmp_path)
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
     assert proc.returncode == 0, proc.stderr
     assert ("horovod N=2 (synthetic 1000 img, batch 100, resnet18): exposed communication "
-            "-62 %: its compute-only steps ran slower") in proc.stderr
+            "-62 %: its compute-only steps ran slower") in " ".join(proc.stderr.split())
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()
             if line.split()[:1] in (["ddp"], ["horovod"])}
     assert rows["horovod"].endswith("ok ⚠ exposed comm < 0"), rows
     assert rows["ddp"].endswith("ok"), rows
+
+
+def test_a_row_at_its_input_pipelines_pace_is_flagged_and_long_flags_wrap(tmp_path):
+    """img/s of the timed epochs: 1000 / 2 s = 500. A pipeline that feeds 550 img/s alone
+    (training at 91 % of it) makes the row input-bound; one that feeds 1000 (50 %) does not.
+    The N=2 row is also 4x faster than N=1 (efficiency 200 %) with -60 % exposed
+    communication: its flags no longer fit beside it in 120 columns and go below it."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    recs = [{**_record("a", "ddp", 1, [9.0, 2.0, 2.0], [0.1, 0.2, 0.3]),
+             "loader_alone_images_per_s": 1000.0},
+            {**_record("b", "ddp", 2, [9.0, 0.5, 0.5], [0.1, 0.2, 0.3]),
+             "loader_alone_images_per_s": 2100.0, "exposed_comm_fraction": -0.6},
+            {**_record("c", "fsdp", 1, [9.0, 2.0, 2.0], [0.1, 0.2, 0.3]),
+             "loader_alone_images_per_s": 550.0}]
+    for rec in recs:
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120, proc.stdout
+    rows = {(line.split()[0], line.split()[1]): i for i, line in enumerate(lines)
+            if line.split()[:1] in (["ddp"], ["fsdp"])}
+    assert lines[rows[("fsdp", "1")]].endswith("ok ⚠ input-bound"), proc.stdout
+    assert lines[rows[("ddp", "1")]].endswith("ok"), proc.stdout
+    two = rows[("ddp", "2")]
+    assert lines[two].endswith("ok ⚠"), proc.stdout
+    assert lines[two + 1].strip() == "⚠ efficiency > 100 %, exposed comm < 0, input-bound"
+    said = " ".join(proc.stderr.split())
+    assert ("fsdp N=1 (synthetic 1000 img, batch 100, resnet18): trained at 500 img/s, 91 % "
+            "of the 550 img/s its input pipeline feeds with no model") in said
+    assert "its compute-only steps waited for the input pipeline" in said
+    wide = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
+    by_strategy = {(r["strategy"], r["world_size"]): r
+                   for r in csv.DictReader(wide.stdout.splitlines())}
+    assert float(by_strategy[("fsdp", "1")]["loader_alone"]) == 550.0
 
 
 def test_a_repeat_much_slower_than_its_row_is_named(tmp_path):
@@ -413,7 +450,9 @@ def test_a_repeat_much_slower_than_its_row_is_named(tmp_path):
         (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
     assert proc.returncode == 0, proc.stderr
-    assert ("run r2 took 2.4× the row's median epoch time (10.00 s vs 4.20 s" in proc.stderr)
+    said = " ".join(proc.stderr.split())  # warnings are wrapped at 120 columns
+    assert "run r2 took 2.4× the row's median epoch time (10.00 s vs 4.20 s" in said
+    assert max(len(line) for line in proc.stderr.splitlines()) <= 120, proc.stderr
     assert "ok ⚠ 1 slow run" in proc.stdout
     (runs / "r0.json").unlink()
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")

@@ -47,6 +47,38 @@ def test_exposed_communication_responds_to_communication_cost(tmp_path):
     assert any(e.get("name", "").startswith("aten::convolution")
                for e in trace["traceEvents"])
     assert none["profile_trace"] is None
+    # the input pipeline alone (30 batches, no model) feeds far more than this run trains
+    assert plain["loader_probe_steps"] == 30
+    assert plain["loader_alone_images_per_s"] > 3 * plain["per_epoch"][1]["images_per_s"]
+
+
+@pytest.mark.serial  # compares a measured rate with training's: no neighbour's load
+def test_loader_alone_finds_an_input_bound_run(tmp_path):
+    """Every training image waits 20 ms before it is served (BENCH_SLOW_LOADER_MS, as a
+    slow disk would make it) and each of the 2 ranks has 2 loader workers: the pipeline
+    feeds at most 2 ranks x 2 workers x 50 img/s = 200 img/s. The loader probe must find
+    about that; the narrow model trains several times faster than that alone, so the run
+    trains at the pipeline's pace and `bench run` and the report call it input-bound."""
+    out = tmp_path / "slow"
+    slow_args = [*SMALL[:SMALL.index("--train-limit")], "--train-limit", "512",
+                 *SMALL[SMALL.index("--test-limit"):]]
+    proc = run_bench("run", *slow_args, "--workers", "2", "--comm-probe-steps", "0",
+                     "--loader-probe-steps", "20", "--output", str(out),
+                     env={"BENCH_SLOW_LOADER_MS": "20"})
+    assert_ok(proc)
+    rec = only_record(out)
+    assert any("SLOW LOADER INJECTED" in n for n in rec["notes"])
+    ceiling = rec["loader_alone_images_per_s"]
+    # at most 200 img/s, +10 % for the batch already on its way when the clock starts
+    assert rec["loader_probe_steps"] == 20 and 120 < ceiling < 220, ceiling
+    trained = rec["summary"]["median_images_per_s"]
+    assert trained >= 0.85 * ceiling, (trained, ceiling)
+    assert f"input-bound (the loader alone: {ceiling:.0f} img/s)" in proc.stdout
+    report = run_bench("report", "--results", str(out), "--no-write")
+    assert_ok(report)
+    assert "input-bound" in report.stdout
+    said = " ".join(report.stderr.split())  # the warning is wrapped at 120 columns
+    assert f"of the {ceiling:.0f} img/s its input pipeline feeds with no model" in said
 
 
 def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 from bench.errors import EXIT_FAILED, ConfigError
@@ -59,7 +60,8 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         print("\n" + format_rows(traced), end="")
     sys.stdout.flush()  # the warnings follow the table they are about, on a terminal too
     for line in plausibility_warnings(table, records):
-        print(f"bench report: {line}", file=sys.stderr)
+        print(textwrap.fill(f"bench report: {line}", 120, subsequent_indent="    ",
+                            break_on_hyphens=False), file=sys.stderr)
     if write:
         root = Path(results)
         root.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,15 @@ SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which o
 EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
 CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
 POWER_LIMIT_CUT = 0.05  # a GPU power limit this far below the GPU's default
+INPUT_BOUND_SHARE = 0.85  # training at this share of what the input pipeline feeds alone
+
+
+def input_bound(images_per_s: float | None, loader_alone: float | None) -> bool:
+    """Whether a run trained at INPUT_BOUND_SHARE or more of the img/s its input pipeline
+    feeds alone: then the pipeline, not the strategy, set its pace. False where either
+    figure is missing (None, NaN)."""
+    return (isinstance(images_per_s, (int, float)) and isinstance(loader_alone, (int, float))
+            and loader_alone > 0 and images_per_s >= INPUT_BOUND_SHARE * loader_alone)
 
 
 def slow_runs(ok) -> list[tuple[str, float, float]]:
@@ -63,6 +72,8 @@ def row_flags(r) -> str:
         flags.append("efficiency > 100 %")
     if r.status == "ok" and r.exposed_comm < -EXPOSED_COMM_NOISE:  # False for NaN
         flags.append("exposed comm < 0")
+    if r.status == "ok" and input_bound(r.images_per_s, r.loader_alone):
+        flags.append("input-bound")
     if r.oversubscribed:
         flags.append("CPU oversubscribed")
     if r.gpu_shared:

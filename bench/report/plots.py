@@ -43,6 +43,9 @@ def _ring_flagged(ax, rows, xs, ys) -> None:
                    linewidths=1.5, zorder=5, label=_FLAGGED)
 
 
+CEILING_SHOWN = 2.0  # the loader's ceiling is drawn where it is within this of training's rate
+
+
 def make_figures(records: list[dict[str, Any]],
                  probes: list[dict[str, Any]] | None = None, table=None) -> dict[str, Any]:
     """Matplotlib figures by name: epoch_time, scaling, top1, time_to_target,
@@ -73,10 +76,16 @@ def make_figures(records: list[dict[str, Any]],
     figures["epoch_time"] = fig
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    ceiling_label = f"loader alone (drawn within {CEILING_SHOWN:g}× of training)"
     for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
         grp = grp.sort_values("world_size")
-        ax.plot(grp["world_size"], grp["images_per_s"], "o-",
-                label=f"{strategy} ({device}, {precision})")
+        (line,) = ax.plot(grp["world_size"], grp["images_per_s"], "o-",
+                          label=f"{strategy} ({device}, {precision})")
+        near = grp[grp["loader_alone"] <= CEILING_SHOWN * grp["images_per_s"]]
+        if len(near):  # the input pipeline's ceiling, where it was close to limiting
+            ax.plot(near["world_size"], near["loader_alone"], "_", markersize=16, mew=2,
+                    color=line.get_color(), label=ceiling_label)
+            ceiling_label = None
         _ring_flagged(ax, list(grp.itertuples()), grp["world_size"], grp["images_per_s"])
         one = grp[grp["world_size"] == 1]
         if len(one):
@@ -87,7 +96,8 @@ def make_figures(records: list[dict[str, Any]],
     ax.set_ylim(bottom=0)
     if len(ok):
         ax.set_xticks(sorted({int(n) for n in ok["world_size"]}))
-    ax.set_title("Scaling (dotted: ideal linear from N=1)")
+    ax.set_title("Scaling (dotted: ideal linear from N=1; dash: loader alone)"
+                 if ceiling_label is None else "Scaling (dotted: ideal linear from N=1)")
     if len(ok):
         _legend(ax, fontsize=8)
     figures["scaling"] = fig

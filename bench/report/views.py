@@ -58,7 +58,7 @@ def _fmt(value: Any, column: str) -> str:
         return "—"
     if column in ("epoch_time_s", "epoch_time_spread_s"):
         return f"{value:.2f}"
-    if column in ("images_per_s", "peak_mem_mib", "gpu_util"):
+    if column in ("images_per_s", "loader_alone", "peak_mem_mib", "gpu_util"):
         return f"{value:.0f}"
     if column == "images_per_joule":
         return f"{value:.1f}"
@@ -114,10 +114,21 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
             lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %, "
                          "which no data-parallel run reaches: the N=1 run was slowed (a loaded "
                          "machine?); rerun both")
-        if "exposed comm < 0" in r.flags:
+        if "exposed comm < 0" in r.flags and "input-bound" in r.flags:
+            lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
+                         "compute-only steps waited for the input pipeline like its real ones "
+                         "(the row is input-bound), so their difference says nothing about "
+                         "communication")
+        elif "exposed comm < 0" in r.flags:
             lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
                          "compute-only steps ran slower than its real ones, which communicate "
                          "more; they were slowed (a loaded machine?): rerun it")
+        if "input-bound" in r.flags:
+            lines.append(f"{row}: trained at {r.images_per_s:.0f} img/s, "
+                         f"{100 * r.images_per_s / r.loader_alone:.0f} % of the "
+                         f"{r.loader_alone:.0f} img/s its input pipeline feeds with no model: "
+                         "the loader set its pace, not the strategy; feed it faster (--workers, "
+                         "--loader gpu) before comparing strategies on it")
         if clock_gap_matters(r.clock_gap):
             lines.append(f"{row}: its GPUs ran at {100 * r.clock_share:.0f} % of their maximum "
                          f"SM clock, {100 * r.clock_gap:.0f} points below the best row of its "
@@ -214,9 +225,15 @@ def to_text(table, width: int = 120) -> str:
         for cells in [names, *rows]:
             status, _, reason = cells[-1].partition(": ")
             text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
+            status, mark, flags = status.partition(" ⚠ ")
+            if len(text.rstrip()) > width and mark:  # the flags, on a line of their own
+                text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status + " ⚠"],
+                                                            widths))
+                reason = (f"⚠ {flags}" + (f"; {reason}" if reason else ""))
+                status = ""
             out.append(text.rstrip()[:width])
-            if reason:  # why a row is not ok, on a line of its own
-                out.append(f"    {status}: {reason}"[:width])
+            if reason:  # why a row is not ok (or what it is flagged for), on a line of its own
+                out.append(f"    {f'{status}: ' if status else ''}{reason}"[:width])
     out.append(f"(key columns; `--format wide`, summary.csv and summary.md have all "
                f"{len(COLUMNS)})")
     return "\n".join(out) + "\n"
