@@ -112,6 +112,30 @@ def test_readme_table_matches_the_committed_records():
         "run `bench report --update-readme`")
 
 
+def test_the_readme_has_a_table_per_workload_with_the_columns_that_differ():
+    """What every row of a workload shares goes beside its name (a run that never finished
+    has no figures and does not stop that), a column without any figure leaves, and with
+    one run a row Δ top-1 has no p-value to show. Two workloads: two tables."""
+    from bench.report.views import to_markdown_blocks
+
+    records = [_record("a", "ddp", 1, [5.0, 2.0], [0.1, 0.30]),
+               _record("b", "ddp", 2, [5.0, 1.0], [0.1, 0.32]),
+               _record("c", "horovod", 2, [], [], status="unavailable", error="no horovod"),
+               {**_record("d", "ddp", 1, [5.0, 2.0], [0.1, 0.3]), "train_size": 2000}]
+    text = to_markdown_blocks(summary_table(records))
+    lines = text.splitlines()
+    headings = [line for line in lines if line.startswith("**")]
+    assert headings == ["**synthetic 1000 img, batch 100, resnet18** — cpu, fp32, "
+                        "per-replica-bn, runs 1, scaling eff. 100 %",
+                        "**synthetic 2000 img, batch 100, resnet18** — cpu, N = 1, procs 1, "
+                        "fp32, per-replica-bn, runs 1"], text
+    first = lines[lines.index(headings[0]) + 2]
+    assert first == ("| strategy | N | procs | epoch time (s) | img/s | speed-up vs N=1 | "
+                     "final top-1 (%) | Δ top-1 vs ref | status |"), text
+    assert "| horovod | 2 | 2 | — | — | — | — | — | unavailable: no horovod |" in lines
+    assert "| ddp | 2 | 2 | 1.00 | 1000 | 2.00× | 32.00 | +2.00 | ok |" in lines
+
+
 def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
     one_epoch = _record("e", "ddp", 1, [7.0], [0.3])
     dp1 = {**_record("f", "dp", 1, [3.0, 2.0], [0.2, 0.3]), "gpus_requested": 1}

@@ -172,20 +172,24 @@ def to_wide_text(table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def said_once(names: list[str], rows: list[list[str]], labels: dict[str, str]
+def said_once(names: list[str], rows: list[list[str]], labels: dict[str, str],
+              counted: list[bool] | None = None, unsaid: frozenset = frozenset()
               ) -> tuple[list[str], list[list[str]], list[str]]:
     """A column of ``labels`` with one value in every row of a block leaves the table for
-    the block's heading ('label value'; a column of '—' just leaves): the names and rows
-    left, and the heading's parts."""
+    the block's heading ('label value'; a column of '—' just leaves, and so does a value in
+    ``unsaid``): the names and rows left, and the heading's parts. ``counted``: the rows
+    whose values count (the others must be '—' or that value: a run that did not finish
+    has no figures to differ)."""
+    counted = counted if counted is not None and any(counted) else [True] * len(rows)
     same = []
     for name, label in labels.items():
         if name not in names:
             continue
         i = names.index(name)
-        values = {row[i] for row in rows}
-        if len(values) == 1:
+        values = {row[i] for row, c in zip(rows, counted) if c}
+        if len(values) == 1 and all(row[i] in values or row[i] == "—" for row in rows):
             value = values.pop()
-            if value not in ("—", ""):
+            if value not in ("—", "") and f"{label} {value}".strip() not in unsaid:
                 same.append(f"{label} {value}".strip())
             names = names[:i] + names[i + 1:]
             rows = [row[:i] + row[i + 1:] for row in rows]
@@ -237,6 +241,64 @@ def to_text(table, width: int = 120) -> str:
     out.append(f"(key columns; `--format wide`, summary.csv and summary.md have all "
                f"{len(COLUMNS)})")
     return "\n".join(out) + "\n"
+
+
+# The README's view: a Markdown table per workload with what answers the question; a column
+# with one value in every row of a block is said once in its heading, one of '—' leaves.
+README_COLUMNS = [
+    ("strategy", "strategy"), ("device", "device"), ("world_size", "N"),
+    ("processes", "procs"), ("precision", "precision"), ("options", "options"),
+    ("grad_accum", "accum"), ("norm", "norm"), ("same_start", "same start"), ("runs", "runs"),
+    ("epoch_time_s", "epoch time (s)"), ("images_per_s", "img/s"),
+    ("speedup", "speed-up vs N=1"), ("efficiency", "scaling eff."),
+    ("time_to_target", "time to target (s)"), ("final_top1", "final top-1 (%)"),
+    ("delta_top1", "Δ top-1 vs ref (p)"), ("exposed_comm", "exposed comm (%)"),
+    ("mfu", "MFU (%)"), ("loader_alone", "loader alone (img/s)"),
+    ("clock_share", "GPU clock"), ("gpu_util", "GPU util (%)"),
+    ("images_per_joule", "img/J"), ("status", "status"),
+]
+_README_SAID_ONCE = {"device": "", "N": "N =", "procs": "procs", "precision": "",
+                     "options": "options", "accum": "accum", "norm": "", "same start": "same start",
+                     "runs": "runs", "speed-up vs N=1": "speed-up", "scaling eff.": "scaling eff.",
+                     "GPU clock": "GPU clock", "GPU util (%)": "GPU util %", "img/J": "img/J"}
+# Said once, these go without saying: the default accumulation, and where every row is at
+# N=1 (its own baseline) the speed-up and efficiency that follow from it.
+_README_UNSAID = frozenset({"accum 1"})
+_README_UNSAID_AT_1 = frozenset({"speed-up 1.00×", "scaling eff. 100 %"})
+
+
+def to_markdown_blocks(table) -> str:
+    """The README's tables: one per workload under its name and what all its rows share,
+    each with the columns that differ; `results/summary.md` keeps every column."""
+    header = [h for _, h in README_COLUMNS]
+    picked = [COLUMN_INDEX[c] for c, _ in README_COLUMNS]
+    blocks: dict[str, list[list[str]]] = {}
+    for record, cells in zip(table.to_dict("records"), _cells(table)):
+        row = [cells[i] for i in picked]
+        if record.get("flags"):
+            row[-1] += f" ⚠ {record['flags']}"
+        if record.get("status") != "ok":  # no ok run: no figures, nor a count of them
+            row[header.index("runs")] = "—"
+        blocks.setdefault(record["workload"], []).append(row)
+    out = []
+    for block, rows in blocks.items():
+        ok = [row[-1].startswith("ok") for row in rows]
+        at_1 = all(row[header.index("N")] == "1" for row in rows)
+        names, rows, same = said_once(list(header), rows, _README_SAID_ONCE, ok,
+                                      _README_UNSAID | (_README_UNSAID_AT_1 if at_1 else set()))
+        keep = [i for i, name in enumerate(names) if name in ("strategy", "status")
+                or any(row[i] != "—" for row in rows)]
+        names, rows = [names[i] for i in keep], [[row[i] for i in keep] for row in rows]
+        delta = names.index("Δ top-1 vs ref (p)")
+        if not any("(p" in row[delta] and "(p —)" not in row[delta] for row in rows):
+            names[delta] = "Δ top-1 vs ref"  # one run a row: no test, only the difference
+            for row in rows:
+                row[delta] = row[delta].replace(" (p —)", "")
+        out += [f"**{block}**" + (f" — {', '.join(same)}" if same else ""), "",
+                "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+        out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+        out.append("")
+    return "\n".join(out)
 
 
 def to_csv(table) -> str:
