@@ -109,8 +109,8 @@ say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi
 # full size: their step times drifted between epochs; records now carry each epoch's clocks.
 # And the fastest path with CUDA graphs (--compile reduce-overhead): its step times varied
 # as a host-bound loop's do (11.2 to 15.0 ms), so launch overhead may be what is left.
-# And bf16 with the DataLoader again: every --loader torch row trained at 19,000-24,000 img/s
-# whatever its precision; records now measure the input pipeline alone (input-bound or not).
+# And bf16 with the DataLoader again: the --loader torch rows but fsdp's trained at 18,900 to
+# 24,000 img/s whatever their precision; records now measure the input pipeline alone (input-bound or not).
 next_items='^(build_.*|pytest_gpu|n1_horovod|profile_trace|fastest_path|throughput|table_(horovod|fsdp|ddp-amp_bf16|fastest|fastest_graphs|report))$'
 
 # item PHASE NAME ESTIMATE_S CMD...: run unless another phase, passed before, or over budget.
