@@ -84,7 +84,8 @@ def global_mean(strategy: Strategy, local_sum: torch.Tensor, local_count: int) -
 def slowest_rank(strategy: Strategy, train: TrainStats, evaluation: EvalStats,
                  clocks: dict[str, Any] | None = None
                  ) -> tuple[TrainStats, EvalStats, int, dict[str, Any] | None]:
-    """Times and peak memory of the slowest rank (a step is as slow as the slowest) and, on
+    """Times, input wait and peak memory of the slowest rank (a step is as slow as the
+    slowest; the rank that waited longest for its batches) and, on
     CUDA, the GPU clocks of the epoch over all ranks (the lowest, the hottest) and the
     energy all their GPUs took. Collective."""
     cuda = strategy.device.type == "cuda"
@@ -93,15 +94,15 @@ def slowest_rank(strategy: Strategy, train: TrainStats, evaluation: EvalStats,
             if cuda else [])
     times = torch.tensor(
         [train.train_time_s, evaluation.eval_time_s, float(memory),
-         train.step_time_p50_s, train.step_time_p90_s, *gpus],
+         train.step_time_p50_s, train.step_time_p90_s, train.input_wait_s, *gpus],
         device=strategy.device, dtype=torch.float64,
     )
     strategy.all_reduce(times, "max")
     train = dataclasses.replace(train, train_time_s=times[0].item(),
                                 step_time_p50_s=times[3].item(),
-                                step_time_p90_s=times[4].item())
+                                step_time_p90_s=times[4].item(), input_wait_s=times[5].item())
     evaluation = dataclasses.replace(evaluation, eval_time_s=times[1].item())
-    clocks = from_vector(times[5:5 + VECTOR_LENGTH].tolist()) if cuda else None
+    clocks = from_vector(times[6:6 + VECTOR_LENGTH].tolist()) if cuda else None
     if clocks is not None:
-        clocks["energy_j"] = total_energy(times[5 + VECTOR_LENGTH:].tolist())
+        clocks["energy_j"] = total_energy(times[6 + VECTOR_LENGTH:].tolist())
     return train, evaluation, int(times[2].item()), clocks

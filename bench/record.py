@@ -103,6 +103,7 @@ class TrainStats:
     step_time_p90_s: float
     data_order_sha1: str  # of the samples every rank's loader served, in order
     step_losses: tuple[float, ...] = ()  # bench verify only: the global loss of every step
+    input_wait_s: float = 0.0  # the loop's host time waiting for batches (InputWait)
     # Set when the epoch's loss was not finite: the first such step (global index, on this
     # rank; None if only another rank saw it) and the mean loss of the step before it.
     diverged: bool = False
@@ -336,6 +337,7 @@ class RunRecord:
             "peak_mem_bytes": peak_mem_bytes,
             "step_time_p50_s": train.step_time_p50_s,
             "step_time_p90_s": train.step_time_p90_s,
+            "input_wait_s": train.input_wait_s,
             "lr_last": train.lr_last,
             "data_order_sha1": train.data_order_sha1,
         }

@@ -45,7 +45,8 @@ RECORD_FIELDS = (
 EPOCH_FIELDS = (
     "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",
     "train_loss", "test_loss", "top1", "top5", "test_images", "peak_mem_bytes", "lr_last",
-    "data_order_sha1", "step_time_p50_s", "step_time_p90_s", "achieved_tflops", "mfu",
+    "data_order_sha1", "step_time_p50_s", "step_time_p90_s", "input_wait_s", "achieved_tflops",
+    "mfu",
 )
 ENV_FIELDS = (
     "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_count", "cuda",
@@ -200,6 +201,10 @@ def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         "median_images_per_s": statistics.median(e["images_per_s"] for e in timed) if timed
         else None,
         "timed_epochs": len(timed),
+        # the share of a timed epoch the loop waited for batches (records since it was kept)
+        "input_wait_share": statistics.median(
+            e["input_wait_s"] / e["train_time_s"] for e in timed) if timed and all(
+            e.get("input_wait_s") is not None for e in timed) else None,
         "final_top1": top1[-1],
         "best_top1": max(top1),
         "final_top5": epochs[-1].get("top5"),

@@ -41,7 +41,7 @@ from bench.parts import CUDA_GRAPH_MODES, CudaGraphWatch, ModelParts
 from bench.record import EvalStats, RunRecord, TrainStats
 from bench.schedule import BatchSplit, lr_at
 from bench.scratch import Heartbeat
-from bench.timing import step_intervals, step_mark
+from bench.timing import InputWait, step_intervals, step_mark
 from strategies.base import Strategy
 
 
@@ -197,7 +197,8 @@ class Trainer:
         step_loss = torch.zeros((), device=s.device, dtype=sums)
         history: list[torch.Tensor] = []  # every micro-batch's loss sum, for divergence
         served = []  # sample indices as the loader served them (no host sync)
-        for micro, (images, labels, indices) in enumerate(self.loaders.train):
+        waited = InputWait()  # host time spent waiting for batches (the clock only)
+        for micro, (images, labels, indices) in enumerate(waited.batches(self.loaders.train)):
             if micro >= self.steps_per_epoch * accum:
                 break  # an incomplete group of micro-batches at the end is dropped
             served.append(indices)
@@ -262,6 +263,7 @@ class Trainer:
             step_time_p50_s=_percentile(step_times, 0.5),
             step_time_p90_s=_percentile(step_times, 0.9),
             step_losses=tuple(step_losses),
+            input_wait_s=waited.seconds,
         )
 
     def served_digest(self, served: list[torch.Tensor]) -> str:
@@ -383,13 +385,16 @@ def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
                 disable=not drawn, file=sys.stderr)
 
 
-def epoch_line(strategy: str, epochs: int, entry: dict[str, Any]) -> str:
-    return (
-        f"[{strategy}] epoch {entry['epoch']}/{epochs}  "
-        f"train {entry['train_time_s']:.2f}s  {entry['images_per_s']:.0f} img/s  "
-        f"loss {entry['train_loss']:.3f}  top1 {100 * entry['top1']:.2f}%  "
-        f"top5 {100 * entry['top5']:.2f}%{epoch_suffix(entry.get('gpu_clocks'))}"
-    )
+def epoch_line(strategy: str, epochs: int, entry: dict[str, Any], width: int = 120) -> str:
+    """One epoch on the terminal (top-5 is in the record); the GPUs' figures go on a line of
+    their own when both would not fit in ``width`` columns."""
+    waited = entry["input_wait_s"] / entry["train_time_s"]
+    line = (f"[{strategy}] epoch {entry['epoch']}/{epochs}  "
+            f"{entry['train_time_s']:.2f}s  {entry['images_per_s']:.0f} img/s  "
+            f"input wait {100 * waited:.0f}%  loss {entry['train_loss']:.3f}  "
+            f"top1 {100 * entry['top1']:.2f}%")
+    gpus = epoch_suffix(entry.get("gpu_clocks"))
+    return line + gpus if len(line + gpus) <= width else f"{line}\n  {gpus}"
 
 
 def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -58,6 +58,7 @@ def test_ddp_on_cuda_uses_nccl(tmp_path):
     # been fed faster than it can feed, give or take noise
     trained = rec["summary"]["median_images_per_s"]
     assert rec["loader_probe_steps"] == 30
+    assert all(0 <= e["input_wait_s"] <= e["train_time_s"] for e in rec["per_epoch"])
     assert rec["loader_alone_images_per_s"] >= 0.8 * trained, (rec["loader_alone_images_per_s"],
                                                                trained)
 

@@ -244,3 +244,20 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     assert float(rows["fsdp"]["gpu_util"]) == 91.5
     assert float(rows["fsdp"]["clock_share"]) == 1700 / 1980
     assert float(rows["fsdp"]["images_per_joule"]) == pytest.approx(50000 / 1200)
+
+
+def test_an_epochs_line_keeps_to_120_columns_with_its_gpu_figures():
+    """The longest strategy name, a 4-digit energy and a slowdown reason: the GPUs' figures
+    go on their own line; a short line keeps them beside it."""
+    from bench.trainer import epoch_line
+
+    clocks = {"sm_mhz_median": 1700.0, "sm_mhz_max": 1980.0, "temperature_c_max": 61.0,
+              "util_pct_median": 97.0, "energy_j": 1820.0, "slowdowns": ["power cap"],
+              "slowdown_share": 0.4}
+    entry = {"epoch": 4, "train_time_s": 2.63, "images_per_s": 18901.0, "input_wait_s": 0.3,
+             "train_loss": 3.123, "top1": 0.6898, "gpu_clocks": clocks}
+    long = epoch_line("ddp-launch", 30, entry).splitlines()
+    assert len(long) == 2 and max(map(len, long)) <= 120, long
+    assert "input wait 11%" in long[0] and long[1].strip().startswith("SM 1700/1980 MHz")
+    short = epoch_line("ddp", 4, {**entry, "gpu_clocks": {**clocks, "slowdowns": []}})
+    assert "\n" not in short and len(short) <= 120 and short.endswith("util 97% 1820 J"), short

@@ -50,6 +50,8 @@ def test_exposed_communication_responds_to_communication_cost(tmp_path):
     # the input pipeline alone (30 batches, no model) feeds far more than this run trains
     assert plain["loader_probe_steps"] == 30
     assert plain["loader_alone_images_per_s"] > 3 * plain["per_epoch"][1]["images_per_s"]
+    # ... and its loop hardly waits for batches (in-process synthetic images, no delay)
+    assert plain["summary"]["input_wait_share"] < 0.3, plain["summary"]
 
 
 @pytest.mark.serial  # compares a measured rate with training's: no neighbour's load
@@ -73,6 +75,12 @@ def test_loader_alone_finds_an_input_bound_run(tmp_path):
     assert rec["loader_probe_steps"] == 20 and 120 < ceiling < 220, ceiling
     trained = rec["summary"]["median_images_per_s"]
     assert trained >= 0.85 * ceiling, (trained, ceiling)
+    # a rank gets a batch of 16 every 160 ms (2 workers, 320 ms each) and computes it in a
+    # few tens of ms: its loop waits for batches most of each epoch, and says so
+    for epoch in rec["per_epoch"]:
+        assert epoch["input_wait_s"] > 0.5 * epoch["train_time_s"], epoch
+    assert rec["summary"]["input_wait_share"] > 0.5
+    assert proc.stdout.count("input wait ") == len(rec["per_epoch"]), proc.stdout
     assert f"input-bound (the loader alone: {ceiling:.0f} img/s)" in proc.stdout
     report = run_bench("report", "--results", str(out), "--no-write")
     assert_ok(report)

@@ -66,7 +66,7 @@ def _fmt(value: Any, column: str) -> str:
         return f"{value:.2f}×"
     if column in ("efficiency", "clock_share"):
         return f"{100 * value:.0f} %"
-    if column in ("exposed_comm", "mfu"):
+    if column in ("exposed_comm", "mfu", "input_wait"):
         return f"{100 * value:.1f}"
     if column in ("final_top1", "best_top1"):
         return f"{value:.2f}"
@@ -124,11 +124,13 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
                          "compute-only steps ran slower than its real ones, which communicate "
                          "more; they were slowed (a loaded machine?): rerun it")
         if "input-bound" in r.flags:
+            waited = (f" (its loop waited for batches {100 * r.input_wait:.0f} % of each epoch)"
+                      if r.input_wait == r.input_wait else "")
             lines.append(f"{row}: trained at {r.images_per_s:.0f} img/s, "
                          f"{100 * r.images_per_s / r.loader_alone:.0f} % of the "
-                         f"{r.loader_alone:.0f} img/s its input pipeline feeds with no model: "
-                         "the loader set its pace, not the strategy; feed it faster (--workers, "
-                         "--loader gpu) before comparing strategies on it")
+                         f"{r.loader_alone:.0f} img/s its input pipeline feeds with no model"
+                         f"{waited}: the loader set its pace, not the strategy; feed it faster "
+                         "(--workers, --loader gpu) before comparing strategies on it")
         if clock_gap_matters(r.clock_gap):
             lines.append(f"{row}: its GPUs ran at {100 * r.clock_share:.0f} % of their maximum "
                          f"SM clock, {100 * r.clock_gap:.0f} points below the best row of its "
@@ -254,6 +256,7 @@ README_COLUMNS = [
     ("time_to_target", "time to target (s)"), ("final_top1", "final top-1 (%)"),
     ("delta_top1", "Δ top-1 vs ref (p)"), ("exposed_comm", "exposed comm (%)"),
     ("mfu", "MFU (%)"), ("loader_alone", "loader alone (img/s)"),
+    ("input_wait", "input wait (%)"),
     ("clock_share", "GPU clock"), ("gpu_util", "GPU util (%)"),
     ("images_per_joule", "img/J"), ("status", "status"),
 ]
