@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
-from bench.report.flags import clock_gap_matters, input_bound
+from bench.report.flags import clock_gap_matters
 from bench.report.views import said_once, short_options
 from bench.results import load_records, read_record
 from bench.stats import welch
@@ -125,14 +125,13 @@ def clock_note(share_a: float, share_b: float) -> str | None:
 
 
 def input_note(ra, rb) -> str | None:
-    """When B trained at its input pipeline's pace (the report's input-bound), say so beside
-    its slow-down, with what each side's pipeline fed alone: a slower disk, CPU or fewer
-    workers, not necessarily a slower strategy."""
-    feed_b = rb.get("loader_alone", math.nan)
-    if not input_bound(rb["images_per_s"], feed_b):
+    """When B's row is flagged input-bound (it trained at its input pipeline's pace), say so
+    beside its slow-down, with what each side's pipeline fed alone: a slower disk, CPU or
+    fewer workers, not necessarily a slower strategy."""
+    if "input-bound" not in rb.get("flags", ""):
         return None
     feed_a = ra.get("loader_alone", math.nan)
-    return (f"B was input-bound: its loader alone fed {feed_b:.0f} img/s"
+    return (f"B was input-bound: its loader alone fed {rb['loader_alone']:.0f} img/s"
             + (f", A's {feed_a:.0f}" if feed_a == feed_a else ""))
 
 
