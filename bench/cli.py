@@ -1,5 +1,6 @@
 """bench: which PyTorch data-parallel strategy is fastest on your hardware, and does it cost
-accuracy? Commands: list, run, sweep, verify, report, compare, probe, project, slurm."""
+accuracy? Commands: list, run, sweep, verify, report, compare, probe, loader, project,
+slurm."""
 
 from __future__ import annotations
 
@@ -84,6 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --self-test: comma-separated defects to inject (default: "
                              "all five: sum-gradients, skip-allreduce, bn-grouping, "
                              "batch-order, lr-world-size)")
+    loader = sub.add_parser(
+        "loader", help="the input pipeline alone at each loader-worker count: how many "
+                       "--workers feed faster than the model trains",
+        description="Any other option is a `bench run` option (default --strategy ddp): the "
+                    "loader is built as that run would build it.",
+    )
+    loader.add_argument("--workers", default=None,
+                        help="comma-separated loader workers per GPU/replica (default 0, then "
+                             "powers of 2 up to the cores each process has)")
+    loader.add_argument("--steps", type=int, default=30,
+                        help="batches timed per count, after the workers' first (default 30)")
+    loader.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text (default) or json")
     slurm = sub.add_parser(
         "slurm", help="write (and optionally submit) an sbatch script for a multi-node run",
         description="Any other option is a `bench run` option, passed to every task.",
@@ -251,6 +265,17 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
     return 0
 
 
+def cmd_loader(args: argparse.Namespace, run_args: list[str]) -> int:
+    from bench.loader_sweep import cmd_loader as sweep_loader
+    from bench.sweep import parse_list
+
+    if not any(a == "--strategy" or a.startswith("--strategy=") for a in run_args):
+        run_args = ["--strategy", "ddp", *run_args]
+    run = build_parser().parse_args(["run", *run_args])
+    counts = parse_list(args.workers, "--workers", int) if args.workers is not None else None
+    return sweep_loader(config_from_args(run), counts, args.steps, args.format)
+
+
 def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     from bench.sweep import parse_list
     from bench.verify import VERIFY_WIDTH, default_strategies, run_self_test, run_verify
@@ -310,6 +335,9 @@ def _dispatch(argv: list[str]) -> int:
         if argv[:1] == ["slurm"]:
             args, run_args = parser.parse_known_args(argv)
             return cmd_slurm(args, run_args)
+        if argv[:1] == ["loader"]:
+            args, run_args = parser.parse_known_args(argv)
+            return cmd_loader(args, run_args)
         if argv[:1] == ["verify"]:
             args, run_args = parser.parse_known_args(argv)
             return cmd_verify(args, run_args)

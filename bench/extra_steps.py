@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 
 from bench.across_ranks import sync_devices
 from bench.grad_timeline import GradientTimeline, TimelineProbe
-from bench.loaders import unchanged_randomness
+from bench.loaders import draw_seconds, endless, unchanged_randomness
 from bench.timing import step_intervals, step_mark
 
 PROBE_WARMUP = 2  # first steps after switching synchronisation off, not counted
@@ -34,12 +33,6 @@ class CommProbe:
     compute_step_s: float | None  # slowest rank's median compute-only step
     note: str | None  # why there is no figure, or what still communicates
     timeline: GradientTimeline | None = None  # rank 0: when each gradient was ready
-
-
-def _endless(loader):
-    """The loader's batches again and again (a short epoch is reused; nothing is cached)."""
-    while True:
-        yield from loader
 
 
 def compute_only_steps(trainer, steps: int) -> CommProbe:
@@ -79,18 +72,12 @@ def loader_alone(trainer, steps: int) -> float:
     warmup = trainer.workers + 2  # each worker has delivered a batch: steady state
     trainer.beat("loader probe (waiting for the other ranks)", force=True)
     s.barrier()
-    start = 0.0
     with unchanged_randomness(trainer.loaders.train):
-        batches = _endless(trainer.loaders.train)
-        for batch in range(warmup + steps):
-            if batch == warmup:
-                sync_devices(s)
-                start = time.perf_counter()
-            trainer.beat(f"loader probe batch {batch + 1}")
-            images, labels = next(batches)[:2]
-            parts.to_device(images, labels, s.device)
-    sync_devices(s)
-    slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=s.device)
+        seconds = draw_seconds(endless(trainer.loaders.train), warmup=warmup, steps=steps,
+                               move=lambda images, labels: parts.to_device(images, labels,
+                                                                           s.device),
+                               sync=lambda: sync_devices(s), beat=trainer.beat)
+    slowest = torch.tensor([seconds], dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
     return steps * trainer.split.micro * s.world_size / slowest.item()
 
@@ -128,7 +115,7 @@ def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP,
     s.barrier()
     marks = []
     with unchanged_randomness(trainer.loaders.train):
-        batches = _endless(trainer.loaders.train)
+        batches = endless(trainer.loaders.train)
         for step in range(warmup + steps):
             trainer.beat(f"{what} step {step + 1}")
             if step == warmup:

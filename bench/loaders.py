@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,19 +87,62 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     pin = strategy.device.type == "cuda"
     train_set, test_set = dataset(cfg, "train", augment), dataset(cfg, "test", False)
     eval_indices = strategy.eval_indices(len(test_set))
-    sampler = strategy.train_sampler(train_set, cfg.seed)
-    train = DataLoader(
-        Indexed(train_set, slow_loader_from_env(strategy)), batch_size=micro_batch,
-        sampler=sampler, drop_last=True,
-        num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
-        generator=torch.Generator().manual_seed(aug_seed),
-    )
+    train = training_loader(cfg, strategy, train_set, micro_batch=micro_batch,
+                            workers=workers, aug_seed=aug_seed)
     test = DataLoader(
         EvalShard(test_set, eval_indices),
         batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
         persistent_workers=workers > 0,
     )
-    return Loaders(train, test, sampler, len(train_set), len(test_set))
+    return Loaders(train, test, train.sampler, len(train_set), len(test_set))
+
+
+def training_loader(cfg: RunConfig, strategy: Strategy, train_set: Dataset, *,
+                    micro_batch: int, workers: int, aug_seed: int) -> DataLoader:
+    """This rank's ``--loader torch`` training batches ``(images, labels, indices)``: its
+    shard of the epoch's global order, ``workers`` worker processes kept across epochs, pinned
+    memory on CUDA."""
+    return DataLoader(
+        Indexed(train_set, slow_loader_from_env(strategy)), batch_size=micro_batch,
+        sampler=strategy.train_sampler(train_set, cfg.seed), drop_last=True,
+        num_workers=workers, pin_memory=strategy.device.type == "cuda",
+        persistent_workers=workers > 0, generator=torch.Generator().manual_seed(aug_seed),
+    )
+
+
+def endless(loader: Iterable) -> Iterator:
+    """The loader's batches again and again (a short epoch is reused; nothing is cached)."""
+    while True:
+        yield from loader
+
+
+def batch_to_device(images: torch.Tensor, labels: torch.Tensor, device: torch.device,
+                    dtype: torch.dtype, memory_format: torch.memory_format
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch on the device in the run's dtype and memory format (without waiting):
+    the last stage of the input pipeline."""
+    return (images.to(device, dtype, non_blocking=True, memory_format=memory_format),
+            labels.to(device, non_blocking=True))
+
+
+def draw_seconds(batches: Iterator, *, warmup: int, steps: int,
+                 move: Callable[[torch.Tensor, torch.Tensor], object],
+                 sync: Callable[[], None], beat: Callable[[str], None] | None = None) -> float:
+    """Seconds this rank took to draw ``steps`` batches and ``move`` each onto the device,
+    after ``warmup`` draws (enough for every loader worker to have delivered once: steady
+    state). ``sync`` waits for the device (and, where ranks draw together, for the other
+    ranks) before the clock starts and before it stops."""
+    start = 0.0
+    for batch in range(warmup + steps):
+        if batch == warmup:
+            sync()
+            start = time.perf_counter()
+        if beat is not None:
+            beat(f"loader probe batch {batch + 1}")
+        images, labels = next(batches)[:2]
+        move(images, labels)
+    sync()
+    return time.perf_counter() - start
 
 
 @contextlib.contextmanager

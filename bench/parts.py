@@ -11,6 +11,7 @@ from torch import nn
 
 from bench.config import RunConfig
 from bench.datasets import model_spec
+from bench.loaders import batch_to_device
 from bench.model import count_parameters
 from bench.models import ModelSpec
 from bench.precision import Precision
@@ -39,9 +40,7 @@ class ModelParts:
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """A micro-batch on the device in the run's dtype and memory format (without
         waiting): the last stage of the input pipeline."""
-        return (images.to(device, self.dtype, non_blocking=True,
-                          memory_format=self.memory_format),
-                labels.to(device, non_blocking=True))
+        return batch_to_device(images, labels, device, self.dtype, self.memory_format)
 
     def training_loss(self, criterion: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                       device: torch.device) -> torch.Tensor:

@@ -55,8 +55,12 @@ class Combo:
 
 
 def sweep_key(cfg: RunConfig) -> str:
-    """Same key = same strategy, world size and recipe."""
+    """Same key = same strategy, world size and recipe. An explicit ``--workers`` is part of
+    it (a sweep run again with more workers, after an input-bound one, runs again); the
+    default is not, so that keys made before it counted stay."""
     recipe = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_KEY}
+    if cfg.workers is not None:
+        recipe["workers"] = cfg.workers
     text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 

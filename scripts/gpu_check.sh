@@ -22,7 +22,8 @@
 # and calibrate phases measure at full size. One line per item (pass / FAIL / skip with the
 # reason / deferred) with its seconds; logs, records and summary-PHASE.txt in OUTDIR; exit 1 if
 # an item failed. PYTHON: the interpreter (default: the first of .venv/bin/python,
-# /opt/torch/.venv/bin/python3, python3 that imports torch).
+# /opt/torch/.venv/bin/python3, python3 that imports torch). TABLE_WORKERS=W: the table's and
+# calibration's runs use --workers W (their rows then say "W workers"; default: bench run's).
 set -u
 mode=gpu deps= phase=all budget=0 plan=0 again=0 items=
 while [ $# -gt 0 ]; do
@@ -81,14 +82,18 @@ if [ $mode = gpu ]; then
   small=(--data synthetic --train-limit 4096 --test-limit 1000 --epochs 2 --batch-size 256
          --comm-probe-steps 0)
   narrow=(--width 0.25)
-  full=(--data synthetic --train-limit 50000 --test-limit 10000 --batch-size 512)
+  full=(--data synthetic --train-limit 50000 --test-limit 10000 --batch-size 512
+        ${TABLE_WORKERS:+--workers "$TABLE_WORKERS"})
+  sweep_workers=0,2,4,8,12
   shared=$([ "$gpus" -ge 2 ] && echo "" || echo "--backend gloo")  # 2 ranks on one GPU
 else
   where=(--cpu)
   small=(--data synthetic --train-limit 128 --test-limit 16 --epochs 2 --batch-size 32
          --comm-probe-steps 0)
   narrow=(--width 0.125)
-  full=(--data synthetic --train-limit 256 --test-limit 64 --width 0.125 --batch-size 64)
+  full=(--data synthetic --train-limit 256 --test-limit 64 --width 0.125 --batch-size 64
+        ${TABLE_WORKERS:+--workers "$TABLE_WORKERS"})
+  sweep_workers=0,2
   shared=
 fi
 
@@ -110,8 +115,9 @@ say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi
 # And the fastest path with CUDA graphs (--compile reduce-overhead): its step times varied
 # as a host-bound loop's do (11.2 to 15.0 ms), so launch overhead may be what is left.
 # And bf16 with the DataLoader again: the --loader torch rows but fsdp's trained at 18,900 to
-# 24,000 img/s whatever their precision; records now measure the input pipeline alone (input-bound or not).
-next_items='^(build_.*|pytest_gpu|n1_horovod|profile_trace|fastest_path|throughput|table_(horovod|fsdp|ddp-amp_bf16|fastest|fastest_graphs|report))$'
+# 24,000 img/s whatever their precision; records now measure the input pipeline alone (input-bound or not),
+# and `bench loader` measures it at 0 to 12 workers first: how many the table's rows need.
+next_items='^(build_.*|pytest_gpu|n1_horovod|profile_trace|fastest_path|throughput|table_(loader_sweep|horovod|fsdp|ddp-amp_bf16|fastest|fastest_graphs|report))$'
 
 # item PHASE NAME ESTIMATE_S CMD...: run unless another phase, passed before, or over budget.
 # Exit 3 (strategy unavailable) is a skip with the reason; the log is OUTDIR/NAME.log.
@@ -237,6 +243,10 @@ item variants selftest_hook_fp16 45 "$py" -m bench verify "${where[@]}" --gpus 2
 item variants variants_report 10 "$py" -m bench report --results "$out/results"
 
 # --- table: the README's GPU rows (N=1, 50,000 synthetic images, full width, batch 512) -----
+# First the input pipeline alone at several worker counts: whether the DataLoader rows' default
+# (4 per GPU) feeds faster than the model trains.
+item table table_loader_sweep 40 "$py" -m bench loader "${where[@]}" "${full[@]}" --strategy ddp \
+  --gpus 1 --workers "$sweep_workers"
 for s in dp ddp ddp-spawn ddp-launch fsdp horovod ddp-apex; do
   item table "table_$s" 50 "${full_run[@]}" --strategy "$s" --gpus 1 --epochs 4
 done

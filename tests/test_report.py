@@ -189,6 +189,19 @@ def test_runs_with_other_speed_options_are_other_rows_not_repeats():
     assert list(table["speedup"]) == [1.0, 1.0]
 
 
+def test_runs_with_more_loader_workers_are_other_rows():
+    """An input-bound row measured again with 8 workers is not a repeat of the 4-worker one:
+    the count is named where it is not bench run's default (4 per GPU, 0 on CPU)."""
+    four = {**_record("o", "ddp", 1, [5.0, 4.0], [0.1, 0.2]), "device": "cuda",
+            "workers_per_replica": 4}
+    eight = {**_record("p", "ddp", 1, [5.0, 2.0], [0.1, 0.2]), "device": "cuda",
+             "workers_per_replica": 8}
+    on_cpu = {**_record("q", "ddp", 1, [5.0, 3.0], [0.1, 0.2]), "workers_per_replica": 2}
+    table = summary_table([four, eight, on_cpu])
+    assert sorted(zip(table["device"], table["options"], table["epoch_time_s"])) == [
+        ("cpu", "2 workers", 3.0), ("cuda", "8 workers", 2.0), ("cuda", "—", 4.0)]
+
+
 def test_the_reference_row_is_plain_ddp_not_a_compressed_one():
     """Both rows are ddp at N=1 in fp32; the PowerSGD one (sorted first) trained to 30 %,
     plain ddp to 50 %: the deltas are against plain ddp."""
@@ -206,7 +219,8 @@ def test_sweep_key_is_the_workload_only():
     from bench.sweep import sweep_key
 
     base = RunConfig("ddp", gpus=2, cpu=True)
-    for where in ({"data_dir": "/elsewhere"}, {"workers": 3}, {"download": False},
+    assert sweep_key(base.derive(workers=3)) != sweep_key(base)  # speed: input-bound rows
+    for where in ({"data_dir": "/elsewhere"}, {"download": False},
                   {"comm_probe_steps": 0}, {"profile_steps": 3},
                   {"output": "other"}, {"master_port": 1234}):
         assert sweep_key(base.derive(**where)) == sweep_key(base)

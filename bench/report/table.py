@@ -23,6 +23,10 @@ from bench.stats import mean_ci, welch
 # comparable with anything.
 # options keeps runs with other speed options (GPU loader, channels_last, compile, fused SGD)
 # apart: the same strategy doing the work another way is another row, never a repeat.
+# Loader workers per replica that a row does not name: bench run's defaults where the machine
+# has the cores (bench.preflight.default_workers). Any other count is another row.
+USUAL_WORKERS = {"cuda": 4, "cpu": 0}
+
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
               "options", "grad_accum", "gpu_shared"]
 
@@ -143,6 +147,8 @@ def speed_options(rec: dict[str, Any]) -> str:
         chosen.append("no reshard")
     if rec.get("loader") == "gpu":
         chosen.append("gpu loader")
+    elif rec.get("workers_per_replica") not in (None, USUAL_WORKERS.get(rec.get("device"))):
+        chosen.append(f"{rec['workers_per_replica']} workers")
     if rec.get("channels_last"):
         chosen.append("channels_last")
     if rec.get("compile"):
