@@ -8,10 +8,9 @@ import argparse
 import os
 import signal
 import sys
-import textwrap
 from typing import NoReturn
 
-from bench import __version__
+from bench import __version__, terminal
 from bench.config import (
     BACKENDS,
 )
@@ -206,7 +205,7 @@ def cmd_list() -> int:
     if reasons:
         print("not available here:")
         for reason in reasons:
-            print(textwrap.fill(reason, width=120, subsequent_indent="    "))
+            print(terminal.fill(reason, subsequent_indent="    "))
     return 0
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import math
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
+from bench import terminal
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, summary_table
 from bench.report.flags import clock_gap_matters
@@ -226,7 +226,7 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
             out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
             reason = rows[i - 1][-1].partition(": ")[2] if i else ""
             if reason:
-                out += textwrap.wrap(reason, width, initial_indent="    ",
+                out += terminal.wrap(reason, width, initial_indent="    ",
                                      subsequent_indent="    ")
     return "\n".join(out) + "\n"
 

@@ -10,10 +10,10 @@ import math
 import re
 import statistics
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
+from bench import terminal
 from bench.errors import ConfigError
 from bench.projection import (
     LEFT_OUT,
@@ -187,7 +187,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     print(_text(table))
     for line in (f"network: {net.name} — {net.source}", f"projection leaves out: {LEFT_OUT}",
                  _calibration(root)):
-        print(textwrap.fill(line, width=120, subsequent_indent="  "))
+        print(terminal.fill(line, subsequent_indent="  "))
     return 0
 
 
@@ -224,8 +224,18 @@ def _text(table: list[dict[str, Any]]) -> str:
     header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
               "exposed", "bottleneck"]
     blocks: dict[str, list[list[str]]] = {}
+    # rows the model does not project (nn.DataParallel: one process, one node) are told
+    # once per strategy below its block: a row of dashes each would say nothing
+    untold: dict[str, dict[str, dict[str, list[str]]]] = {}
     for r in table:
-        blocks.setdefault(r["workload"], [header]).append(
+        lines = blocks.setdefault(r["workload"], [header])
+        if r["step_ms"] is None and r["images_per_s"] is None:
+            what = " ".join([r["strategy"], str(r["precision"])]
+                            + ([] if r["options"] == "—" else [r["options"]]))
+            reasons = untold.setdefault(r["workload"], {}).setdefault(what, {})
+            reasons.setdefault(r["bottleneck"], []).append(str(r["gpus"]))
+            continue
+        lines.append(
                      [r["strategy"], str(r["precision"]), r["options"], str(r["gpus"]),
                       str(r["nodes"]),
                       "—" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
@@ -238,6 +248,10 @@ def _text(table: list[dict[str, Any]]) -> str:
         widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
         out += ["", f"{name} (projected from its runs, not measured)"]
         out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+        for what, reasons in untold.get(name, {}).items():
+            told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"
+                             for reason, gpus in reasons.items())
+            out += terminal.wrap(f"{what} is not projected: {told}", subsequent_indent="  ")
     return "\n".join(out[1:])
 
 

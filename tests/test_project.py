@@ -107,6 +107,13 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
     rows = list(csv.DictReader(proc.stdout.splitlines()))
     assert {r["options"] for r in rows} >= {"gpu-data,NHWC,compile,fused", "—"}
     assert {r["gpus"] for r in rows} == {"8", "4096"}
+    text = run_bench("project", str(ROOT / "results"), "--gpus", "8,4096")
+    lines = text.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120, text.stdout
+    # nn.DataParallel is not projected: one line says why at each count, no row of dashes
+    assert not [line for line in lines if line.startswith("dp ") and "—  " in line], text.stdout
+    assert "dp tf32 is not projected: 8 GPUs — 1 process: measure it; 4096 GPUs — 1 process, 1 " \
+           "node max" in text.stdout
     head = subprocess.run(f"{sys.executable} -m bench project results --format csv | head -1",
                           shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in head.stderr and head.stdout.startswith("workload,"), head.stderr

@@ -471,10 +471,33 @@ def test_a_row_at_its_input_pipelines_pace_is_flagged_and_long_flags_wrap(tmp_pa
     assert ("fsdp N=1 (synthetic 1000 img, batch 100, resnet18): trained at 500 img/s, 91 % "
             "of the 550 img/s its input pipeline feeds with no model") in said
     assert "its compute-only steps waited for the input pipeline" in said
+    # the command it names is wrapped whole, so that it can be copied
+    assert any("`bench loader --workers 2,4,8`" in line for line in proc.stderr.splitlines())
     wide = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
     by_strategy = {(r["strategy"], r["world_size"]): r
                    for r in csv.DictReader(wide.stdout.splitlines())}
     assert float(by_strategy[("fsdp", "1")]["loader_alone"]) == 550.0
+
+
+def test_a_failed_rows_long_reason_is_wrapped_below_it_not_cut(tmp_path):
+    """A rank's error can run to 200 characters. Every table shows its first 110 (the
+    record has all of it); the terminal view used to cut that line at 120 columns."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    error = ("rank 1: RuntimeError: NCCL error in ProcessGroupNCCL.cpp: unhandled system "
+             "error, NCCL version 2.27.7; ncclSystemError: System call (e.g. socket, malloc) "
+             "or external library call failed or device error; the last words of it")
+    recs = [_record("a", "ddp", 1, [9.0, 2.0], [0.1, 0.2]),
+            _record("b", "ddp", 2, [], [], status="failed", error=error)]
+    for rec in recs:
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120, proc.stdout
+    start = next(i for i, line in enumerate(lines) if line.startswith("    failed: rank 1"))
+    assert lines[start + 1].startswith("      "), proc.stdout
+    assert " ".join(" ".join(lines[start:start + 2]).split()) == f"failed: {error[:107]}..."
 
 
 def test_a_repeat_much_slower_than_its_row_is_named(tmp_path):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
+from bench import terminal
 from bench.errors import EXIT_FAILED, ConfigError
 from bench.record import current_status
 from bench.report.plots import write_plots
@@ -60,8 +60,8 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         print("\n" + format_rows(traced), end="")
     sys.stdout.flush()  # the warnings follow the table they are about, on a terminal too
     for line in plausibility_warnings(table, records):
-        print(textwrap.fill(f"bench report: {line}", 120, subsequent_indent="    ",
-                            break_on_hyphens=False), file=sys.stderr)
+        print(terminal.fill(f"bench report: {line}", subsequent_indent="    "),
+              file=sys.stderr)
     if write:
         root = Path(results)
         root.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from bench import terminal
 from bench.report.flags import clock_gap_matters
 from bench.report.table import COLUMN_INDEX, COLUMNS, workload
 
@@ -130,7 +131,8 @@ def plausibility_warnings(table, records: list[dict[str, Any]]) -> list[str]:
                          f"{100 * r.images_per_s / r.loader_alone:.0f} % of the "
                          f"{r.loader_alone:.0f} img/s its input pipeline feeds with no model"
                          f"{waited}: the loader set its pace, not the strategy; feed it faster "
-                         "(--workers, --loader gpu) before comparing strategies on it")
+                         "(more --workers: `bench loader --workers 2,4,8` measures which count "
+                         "does; or --loader gpu) before comparing strategies on it")
         if clock_gap_matters(r.clock_gap):
             lines.append(f"{row}: its GPUs ran at {100 * r.clock_share:.0f} % of their maximum "
                          f"SM clock, {100 * r.clock_gap:.0f} points below the best row of its "
@@ -238,8 +240,9 @@ def to_text(table, width: int = 120) -> str:
                 reason = (f"⚠ {flags}" + (f"; {reason}" if reason else ""))
                 status = ""
             out.append(text.rstrip()[:width])
-            if reason:  # why a row is not ok (or what it is flagged for), on a line of its own
-                out.append(f"    {f'{status}: ' if status else ''}{reason}"[:width])
+            if reason:  # why a row is not ok (or what it is flagged for), on lines of its own
+                out += terminal.wrap(f"{f'{status}: ' if status else ''}{reason}", width,
+                                     initial_indent="    ", subsequent_indent="      ")
     out.append(f"(key columns; `--format wide`, summary.csv and summary.md have all "
                f"{len(COLUMNS)})")
     return "\n".join(out) + "\n"

@@ -1,0 +1,25 @@
+"""Text for a terminal of 120 columns: wrapping that never splits a `quoted command`, so
+that what a line tells a user to type can be copied whole."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+WIDTH = 120
+_GLUE = "\x00"  # stands for a space inside backticks while wrapping
+
+
+def wrap(text: str, width: int = WIDTH, initial_indent: str = "",
+         subsequent_indent: str = "") -> list[str]:
+    """``textwrap.wrap`` whose lines break outside backticks (only a span longer than a
+    whole line is cut, as any word that long is), never at a hyphen."""
+    glued = re.sub(r"`[^`]*`", lambda m: m.group().replace(" ", _GLUE), text)
+    lines = textwrap.wrap(glued, width, initial_indent=initial_indent,
+                          subsequent_indent=subsequent_indent, break_on_hyphens=False)
+    return [line.replace(_GLUE, " ") for line in lines]
+
+
+def fill(text: str, width: int = WIDTH, initial_indent: str = "",
+         subsequent_indent: str = "") -> str:
+    return "\n".join(wrap(text, width, initial_indent, subsequent_indent))
