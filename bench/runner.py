@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -43,6 +44,7 @@ from bench.preflight import (
 from bench.record import RunRecord
 from bench.report.flags import input_bound
 from bench.results import new_run_id
+from bench.run_options import add_run_options
 from bench.scratch import Scratch
 from bench.spec import WorkerSpec
 from strategies.base import cpu_threads_per_process
@@ -330,6 +332,39 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     return Outcome(status, error, rc, scratch)
 
 
+# The bench run options that shape the input pipeline (a loader sweep takes them all; the
+# rest would only lengthen the line)
+_PIPELINE_OPTIONS = {"--strategy", "--gpus", "--cpu", "--data", "--data-dir", "--no-download",
+                     "--synthetic-difficulty", "--synthetic-classes", "--image-size",
+                     "--train-limit", "--loader", "--batch-size", "--grad-accum", "--seed",
+                     "--model", "--channels-last", "--backend", "--no-slurm"}
+
+
+def loader_sweep_command(command: list[str], workers: int) -> str:
+    """The ``bench loader`` line that measures this run's input pipeline at its worker count
+    and at 2x and 4x it (``command``: the record's ``bench run ...``)."""
+    import argparse
+
+    class Quiet(argparse.ArgumentParser):
+        def error(self, message: str):  # type: ignore[override]
+            raise ValueError(message)
+
+    parser = Quiet(add_help=False, allow_abbrev=False)
+    add_run_options(parser)
+    args: list[str] = []
+    try:
+        given, _ = parser.parse_known_args(command[2:])
+    except ValueError:  # not a command line bench run wrote: no options to repeat
+        given, parser._actions = None, []
+    for action in parser._actions:
+        flag = action.option_strings[0]
+        value = getattr(given, action.dest)
+        if flag in _PIPELINE_OPTIONS and value != action.default:
+            args += [flag] if action.nargs == 0 else [flag, str(value)]
+    counts = sorted({workers, max(1, 2 * workers), max(2, 4 * workers)})
+    return shlex.join(["bench", "loader", *args, "--workers", ",".join(map(str, counts))])
+
+
 def _target_outcome(record: dict) -> str:
     """'  90 % reached in 41.2 s (3 epochs)', or that it was not; empty without a target."""
     target = record.get("target_top1")
@@ -381,10 +416,14 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
         if summary.get("images_per_joule"):
             clock += f"  {summary['images_per_joule']:.1f} img/J"
         feed = final.data.get("loader_alone_images_per_s")
-        if input_bound(speed, feed):
+        bound = input_bound(speed, feed)
+        if bound:
             clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
         print(f"bench: ok  {timing}{clock}  final top1 "
               f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
+        if bound and plan.cfg.loader == "torch":
+            print("bench: the loader set the pace; which worker count feeds faster:\n  "
+                  + loader_sweep_command(final.data["command"], plan.workers_per_replica))
         return EXIT_OK
     print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
     return EXIT_INTERRUPTED if status == "interrupted" else EXIT_FAILED

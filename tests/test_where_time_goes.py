@@ -4,6 +4,7 @@ ceiling (bench probe), model FLOPs utilisation, and the profiler trace."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,18 @@ def test_loader_alone_finds_an_input_bound_run(tmp_path):
     assert rec["summary"]["input_wait_share"] > 0.5
     assert proc.stdout.count("input wait ") == len(rec["per_epoch"]), proc.stdout
     assert f"input-bound (the loader alone: {ceiling:.0f} img/s)" in proc.stdout
+    # it names the bench loader line to choose a count; that line, at the run's own count,
+    # measures the same pipeline as the run's probe did
+    lines = proc.stdout.splitlines()
+    (at,) = [i for i, line in enumerate(lines) if line.endswith("which worker count feeds faster:")]
+    sweep = shlex.split(lines[at + 1])
+    assert sweep[:2] == ["bench", "loader"] and sweep[-2:] == ["--workers", "2,4,8"], lines
+    assert "--epochs" not in sweep and "--train-limit" in sweep, sweep  # what shapes the input
+    again = run_bench(*sweep[1:-1], "2", "--steps", "10", "--format", "json",
+                      env={"BENCH_SLOW_LOADER_MS": "20"})
+    assert_ok(again)
+    (point,) = json.loads(again.stdout)["points"]
+    assert 0.7 * ceiling < point["images_per_s"] < 1.3 * ceiling, (point, ceiling)
     report = run_bench("report", "--results", str(out), "--no-write")
     assert_ok(report)
     assert "input-bound" in report.stdout
