@@ -103,8 +103,14 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
 
     import strategies
     from bench.datasets import dataset, image_set
-    from bench.device_loader import DeviceLoader
-    from bench.loaders import batch_to_device, draw_seconds, endless, training_loader
+    from bench.loaders import (
+        batch_to_device,
+        device_training_loader,
+        draw_seconds,
+        endless,
+        seed_augmentation,
+        training_loader,
+    )
 
     cfg = shape.cfg
     torch.set_num_threads(shape.threads)
@@ -113,8 +119,7 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
     if shape.device_type == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         site.device = torch.device("cuda", rank % torch.cuda.device_count())
-    aug_seed = cfg.seed * 1_000_003 + 1 + rank  # as bench run seeds a rank's augmentation
-    torch.manual_seed(aug_seed)
+    aug_seed = seed_augmentation(cfg, rank)
     memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
     train_set = dataset(cfg, "train", True) if cfg.loader == "torch" else None
 
@@ -128,10 +133,9 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
     seconds = []
     for workers in shape.workers_per_process:
         if workers is None:
-            loader = DeviceLoader(image_set(cfg, "train"), site.device, shape.micro_batch,
-                                  train=True, augment=True, seed=cfg.seed,
-                                  world_size=site.world_size, rank=rank, aug_seed=aug_seed,
-                                  channels_last=cfg.channels_last)
+            loader = device_training_loader(cfg, site, image_set(cfg, "train"),
+                                            micro_batch=shape.micro_batch, augment=True,
+                                            aug_seed=aug_seed)
         else:
             loader = training_loader(cfg, site, train_set, micro_batch=shape.micro_batch,
                                      workers=workers, aug_seed=aug_seed)
@@ -232,14 +236,17 @@ def text_view(result: SweepResult) -> list[str]:
     rates = result.images_per_s()
     if shape.workers_per_process == [None]:
         lines.append(f"  --loader gpu: {rates[0]:,.0f} img/s")
+        lines.append("A run that trains at 85 % or more of it is input-bound (the report's "
+                     "flag).")
     else:
         lines.append(f"  {per:>22}  {'img/s':>9}  {'ms per draw':>11}")
         for w, s, ips in zip(shape.workers_per_process, result.seconds, rates):
             lines.append(f"  {_per_replica(shape, w):>22}  {ips:>9,.0f}  "
                          f"{1000 * s / shape.steps:>11.1f}")
-    lines.append("A run that trains at 85 % or more of its count's figure is input-bound "
-                 "(the report's flag): choose a count")
-    lines.append("whose figure is above your model's training rate / 0.85, or --loader gpu.")
+        lines.append("A run that trains at 85 % or more of its count's figure is input-bound "
+                     "(the report's flag): choose a count")
+        lines.append("whose figure is above your model's training rate / 0.85, or --loader "
+                     "gpu.")
     lines += [f"note: {note}" for note in result.notes]
     return lines
 

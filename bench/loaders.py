@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.config import RunConfig
+from bench.data import ImageSet
 from bench.datasets import dataset, image_set
 from bench.device_loader import DeviceLoader
 from bench.faults import slow_loader_from_env
@@ -69,16 +70,12 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
                   workers: int, augment: bool) -> Loaders:
     """This rank's loaders. Augmentation differs per rank (and per loader worker),
     deterministically: torch's RNG is seeded here from the run's seed and the rank."""
-    aug_seed = cfg.seed * 1_000_003 + 1 + strategy.rank
-    torch.manual_seed(aug_seed)
+    aug_seed = seed_augmentation(cfg, strategy.rank)
     if cfg.loader == "gpu":
         train_images, test_images = image_set(cfg, "train"), image_set(cfg, "test")
         eval_indices = strategy.eval_indices(len(test_images))
-        train = DeviceLoader(
-            train_images, strategy.device, micro_batch, train=True, augment=augment,
-            seed=cfg.seed, world_size=strategy.world_size, rank=strategy.rank,
-            aug_seed=aug_seed, channels_last=cfg.channels_last,
-        )
+        train = device_training_loader(cfg, strategy, train_images, micro_batch=micro_batch,
+                                       augment=augment, aug_seed=aug_seed)
         test = DeviceLoader(
             test_images, strategy.device, eval_batch, train=False, indices=eval_indices,
             channels_last=cfg.channels_last,
@@ -95,6 +92,25 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
         persistent_workers=workers > 0,
     )
     return Loaders(train, test, train.sampler, len(train_set), len(test_set))
+
+
+def seed_augmentation(cfg: RunConfig, rank: int) -> int:
+    """Seed torch's RNG for this rank's augmentation (distinct per rank, the same in every
+    run of the seed) and return the seed, which the training loader's generator takes."""
+    aug_seed = cfg.seed * 1_000_003 + 1 + rank
+    torch.manual_seed(aug_seed)
+    return aug_seed
+
+
+def device_training_loader(cfg: RunConfig, strategy: Strategy, images: ImageSet, *,
+                           micro_batch: int, augment: bool, aug_seed: int) -> DeviceLoader:
+    """This rank's ``--loader gpu`` training batches: the whole set on its device, the
+    crop and flip drawn batch-wide there."""
+    return DeviceLoader(
+        images, strategy.device, micro_batch, train=True, augment=augment, seed=cfg.seed,
+        world_size=strategy.world_size, rank=strategy.rank, aug_seed=aug_seed,
+        channels_last=cfg.channels_last,
+    )
 
 
 def training_loader(cfg: RunConfig, strategy: Strategy, train_set: Dataset, *,

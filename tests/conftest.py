@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,12 @@ NO_PROBE = ["--comm-probe-steps", "0"]
 PROBE = ["--comm-probe-steps", "20"]
 FAST = ["--width", "0.125", "--batch-size", "32", "--no-progress", *NO_PROBE]
 
+
+# A suite started in the background by a non-interactive shell (`cmd &` in a script: POSIX
+# has it ignore SIGINT) hands that on to every bench it starts, and Python then installs no
+# Ctrl-C handler at all. The tests that press Ctrl-C need it at its default, as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 @pytest.fixture(scope="session")
 def cifar_dir(tmp_path_factory) -> Path:

@@ -41,3 +41,11 @@ def test_the_processes_are_the_runs_and_the_view_fits_120_columns():
     assert max(len(line) for line in lines) <= 120, text.stdout
     rows = [line.split() for line in lines if re.fullmatch(r" +\d+ +[\d,]+ +[\d.]+", line)]
     assert [r[0] for r in rows] == ["0", "1"], text.stdout
+
+
+def test_the_gpu_loader_is_one_figure_without_workers():
+    """--loader gpu keeps the set on the device and crops there: no workers to count."""
+    proc = run_bench("loader", "--loader", "gpu", *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    (point,) = json.loads(proc.stdout)["points"]
+    assert point["workers_per_replica"] is None and point["images_per_s"] > 0, point

@@ -441,25 +441,32 @@ def test_negative_exposed_communication_is_named_not_shown_as_a_figure(tmp_path)
     assert rows["ddp"].endswith("ok"), rows
 
 
+def _terminal_report(results, recs):
+    """``bench report``'s terminal view of these records (written under RESULTS/runs): the
+    process and its lines, checked to exit 0 and fit 120 columns."""
+    runs = results / "runs"
+    runs.mkdir()
+    for rec in recs:
+        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(results), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120, proc.stdout
+    return proc, lines
+
+
 def test_a_row_at_its_input_pipelines_pace_is_flagged_and_long_flags_wrap(tmp_path):
     """img/s of the timed epochs: 1000 / 2 s = 500. A pipeline that feeds 550 img/s alone
     (training at 91 % of it) makes the row input-bound; one that feeds 1000 (50 %) does not.
     The N=2 row is also 4x faster than N=1 (efficiency 200 %) with -60 % exposed
     communication: its flags no longer fit beside it in 120 columns and go below it."""
-    runs = tmp_path / "runs"
-    runs.mkdir()
     recs = [{**_record("a", "ddp", 1, [9.0, 2.0, 2.0], [0.1, 0.2, 0.3]),
              "loader_alone_images_per_s": 1000.0},
             {**_record("b", "ddp", 2, [9.0, 0.5, 0.5], [0.1, 0.2, 0.3]),
              "loader_alone_images_per_s": 2100.0, "exposed_comm_fraction": -0.6},
             {**_record("c", "fsdp", 1, [9.0, 2.0, 2.0], [0.1, 0.2, 0.3]),
              "loader_alone_images_per_s": 550.0}]
-    for rec in recs:
-        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
-    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 120, proc.stdout
+    proc, lines = _terminal_report(tmp_path, recs)
     rows = {(line.split()[0], line.split()[1]): i for i, line in enumerate(lines)
             if line.split()[:1] in (["ddp"], ["fsdp"])}
     assert lines[rows[("fsdp", "1")]].endswith("ok ⚠ input-bound"), proc.stdout
@@ -482,19 +489,12 @@ def test_a_row_at_its_input_pipelines_pace_is_flagged_and_long_flags_wrap(tmp_pa
 def test_a_failed_rows_long_reason_is_wrapped_below_it_not_cut(tmp_path):
     """A rank's error can run to 200 characters. Every table shows its first 110 (the
     record has all of it); the terminal view used to cut that line at 120 columns."""
-    runs = tmp_path / "runs"
-    runs.mkdir()
     error = ("rank 1: RuntimeError: NCCL error in ProcessGroupNCCL.cpp: unhandled system "
              "error, NCCL version 2.27.7; ncclSystemError: System call (e.g. socket, malloc) "
              "or external library call failed or device error; the last words of it")
     recs = [_record("a", "ddp", 1, [9.0, 2.0], [0.1, 0.2]),
             _record("b", "ddp", 2, [], [], status="failed", error=error)]
-    for rec in recs:
-        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
-    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 120, proc.stdout
+    proc, lines = _terminal_report(tmp_path, recs)
     start = next(i for i, line in enumerate(lines) if line.startswith("    failed: rank 1"))
     assert lines[start + 1].startswith("      "), proc.stdout
     assert " ".join(" ".join(lines[start:start + 2]).split()) == f"failed: {error[:107]}..."
