@@ -10,11 +10,14 @@ a figure is the rate of all of them at the slowest one's pace."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import multiprocessing
+import os
 import queue
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +151,10 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
     return seconds, list(dict.fromkeys(site.notes))  # a note once, however many loaders
 
 
-def _spawned(shape: SweepShape, rank: int, barrier, results) -> None:
+def _spawned(shape: SweepShape, rank: int, barrier, results, parent: int) -> None:
+    from bench.lifetime import die_with_parent
+
+    die_with_parent(parent)  # nothing of the sweep outlives bench, even after kill -9
     try:
         results.put((rank, *_process_sweep(shape, rank, barrier)))
     except BaseException as exc:  # the parent reports it; the others stop at the barrier
@@ -170,28 +176,52 @@ def run_sweep(shape: SweepShape) -> SweepResult:
         return SweepResult(shape, seconds, notes)
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(shape.processes), ctx.Queue()
-    procs = [ctx.Process(target=_spawned, args=(shape, rank, barrier, results), daemon=False)
-             for rank in range(shape.processes)]
+    procs = [ctx.Process(target=_spawned, args=(shape, rank, barrier, results, os.getpid()),
+                         daemon=False) for rank in range(shape.processes)]
     for proc in procs:
         proc.start()
     answers: dict[int, tuple[list[float] | None, list[str]]] = {}
     try:
-        for _ in procs:
-            rank, seconds, notes = results.get(timeout=RANK_TIMEOUT_S)
-            answers[rank] = (seconds, notes)
-    except queue.Empty:
-        pass
-    finally:
+        answers = _collect(procs, results)
+    finally:  # all answered: they are leaving; else the others are stopped now
         for proc in procs:
-            proc.join(timeout=10)
+            proc.join(timeout=10 if len(answers) == len(procs) else 0)
             if proc.is_alive():
                 proc.kill()
+                proc.join()
     failed = [f"process {r}: {answers[r][1][0]}" for r in sorted(answers) if answers[r][0] is None]
-    if failed or len(answers) < shape.processes:
-        raise RuntimeError(failed[0] if failed else "a process did not answer in "
-                           f"{RANK_TIMEOUT_S:.0f} s")
+    if failed:
+        raise RuntimeError(failed[0])
     per_count = zip(*(answers[r][0] for r in range(shape.processes)))
     return SweepResult(shape, [max(s) for s in per_count], answers[0][1])
+
+
+def _collect(procs, results) -> dict[int, tuple[list[float] | None, list[str]]]:
+    """Every process's answer; RuntimeError when one ended without one (killed: no
+    exception to report) or none came in RANK_TIMEOUT_S."""
+    answers: dict[int, tuple[list[float] | None, list[str]]] = {}
+    deadline = time.monotonic() + RANK_TIMEOUT_S
+    while len(answers) < len(procs):
+        try:
+            rank, seconds, notes = results.get(timeout=1.0)
+            answers[rank] = (seconds, notes)
+            continue
+        except queue.Empty:
+            pass
+        ended = [r for r, p in enumerate(procs) if r not in answers and p.exitcode is not None]
+        if ended:  # what a process put is in the pipe before it exits: take it, then judge
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    rank, seconds, notes = results.get(timeout=0.2)
+                    answers[rank] = (seconds, notes)
+            ended = [r for r in ended if r not in answers]
+        if ended:
+            code = procs[ended[0]].exitcode
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            raise RuntimeError(f"process {ended[0]} ended without a result ({how})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"a process did not answer in {RANK_TIMEOUT_S:.0f} s")
+    return answers
 
 
 def describe(result: SweepResult) -> dict[str, Any]:

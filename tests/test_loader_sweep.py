@@ -4,9 +4,15 @@ pipeline whose cost is known (BENCH_SLOW_LOADER_MS sleeps before every image).""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from conftest import run_bench
+from conftest import ROOT, run_bench
 
 SLOW = {"BENCH_SLOW_LOADER_MS": "10"}  # one image per 10 ms and loader process, at most
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--batch-size", "32",
@@ -49,3 +55,28 @@ def test_the_gpu_loader_is_one_figure_without_workers():
     assert proc.returncode == 0, proc.stderr
     (point,) = json.loads(proc.stdout)["points"]
     assert point["workers_per_replica"] is None and point["images_per_s"] > 0, point
+
+
+def test_a_process_killed_mid_sweep_ends_it_at_once_with_one_line():
+    """kill -9 leaves no exception to report: the sweep sees the process gone (not after
+    its 600 s answer timeout) and says which, with exit 1."""
+    cmd = [sys.executable, "-m", "bench", "loader", "--gpus", "2", "--workers", "0",
+           *SMALL[:-2], "--steps", "400"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **SLOW})
+    deadline = time.monotonic() + 60
+    children: list[int] = []
+    while len(children) < 2 and time.monotonic() < deadline:  # both sweep processes up
+        time.sleep(0.2)
+        children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+                    .read_text().split()
+                    if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    time.sleep(2.0)  # drawing batches (400 draws of 16 at 10 ms each: about a minute)
+    os.kill(children[0], signal.SIGKILL)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert time.monotonic() - start < 10, err
+    assert re.fullmatch(r"bench: loader sweep failed: process [01] ended without a result "
+                        r"\(killed by signal 9\)", err.strip()), err
+    assert not Path(f"/proc/{children[1]}").exists(), "the other process was left running"
