@@ -23,6 +23,7 @@ APEX_DDP = ("apex", "torch")
 HVD_COMPRESSION = ("none", "fp16")
 DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 LOADERS = ("torch", "gpu")
+GPU_LOADER_WORKERS = 4  # --workers per GPU by default (fewer where cores are short); 0 on CPU
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 # torch.compile modes; reduce-overhead and max-autotune replay CUDA graphs on a GPU
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -69,11 +69,11 @@ def loader_alone(trainer, steps: int) -> float:
     once (ranks on one machine share its cores, as they do in training); the result is
     the rate of all ranks at the slowest rank's pace."""
     s, parts = trainer.strategy, trainer.parts
-    warmup = trainer.workers + 2  # each worker has delivered a batch: steady state
     trainer.beat("loader probe (waiting for the other ranks)", force=True)
     s.barrier()
     with unchanged_randomness(trainer.loaders.train):
-        seconds = draw_seconds(endless(trainer.loaders.train), warmup=warmup, steps=steps,
+        seconds = draw_seconds(endless(trainer.loaders.train), workers=trainer.workers,
+                               steps=steps,
                                move=lambda images, labels: parts.to_device(images, labels,
                                                                            s.device),
                                sync=lambda: sync_devices(s), beat=trainer.beat)

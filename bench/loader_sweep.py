@@ -24,7 +24,6 @@ from typing import Any
 from bench.config import RunConfig
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
-WARMUP_PAST_WORKERS = 2  # draws after every worker has delivered once: steady state
 RANK_TIMEOUT_S = 600.0  # a process that has not answered by then is taken as failed
 
 
@@ -105,6 +104,7 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
     import torch
 
     import strategies
+    from bench.across_ranks import sync_devices
     from bench.datasets import dataset, image_set
     from bench.loaders import (
         batch_to_device,
@@ -129,10 +129,6 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
     def move(images, labels) -> None:
         batch_to_device(images, labels, site.device, torch.float32, memory_format)
 
-    def sync() -> None:
-        if site.device.type == "cuda":
-            torch.cuda.synchronize(site.device)
-
     seconds = []
     for workers in shape.workers_per_process:
         if workers is None:
@@ -143,9 +139,9 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
             loader = training_loader(cfg, site, train_set, micro_batch=shape.micro_batch,
                                      workers=workers, aug_seed=aug_seed)
         barrier.wait()  # every process draws at once, as ranks do
-        warmup = (workers or 0) + WARMUP_PAST_WORKERS
-        seconds.append(draw_seconds(endless(loader), warmup=warmup, steps=shape.steps,
-                                    move=move, sync=sync))
+        seconds.append(draw_seconds(endless(loader), workers=workers or 0,
+                                    steps=shape.steps, move=move,
+                                    sync=lambda: sync_devices(site)))
         del loader
         gc.collect()  # this count's workers leave before the next count's start
     return seconds, list(dict.fromkeys(site.notes))  # a note once, however many loaders

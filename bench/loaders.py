@@ -141,14 +141,17 @@ def batch_to_device(images: torch.Tensor, labels: torch.Tensor, device: torch.de
             labels.to(device, non_blocking=True))
 
 
-def draw_seconds(batches: Iterator, *, warmup: int, steps: int,
+WARMUP_PAST_WORKERS = 2  # draws after every worker has delivered once: steady state
+
+
+def draw_seconds(batches: Iterator, *, workers: int, steps: int,
                  move: Callable[[torch.Tensor, torch.Tensor], object],
                  sync: Callable[[], None], beat: Callable[[str], None] | None = None) -> float:
     """Seconds this rank took to draw ``steps`` batches and ``move`` each onto the device,
-    after ``warmup`` draws (enough for every loader worker to have delivered once: steady
-    state). ``sync`` waits for the device (and, where ranks draw together, for the other
+    after a warm-up that lets each of its ``workers`` deliver once (steady state). ``sync``
+    waits for the device (and, where ranks draw together, for the other
     ranks) before the clock starts and before it stops."""
-    start = 0.0
+    start, warmup = 0.0, workers + WARMUP_PAST_WORKERS
     for batch in range(warmup + steps):
         if batch == warmup:
             sync()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import strategies
 from bench.cluster import slurm_task
-from bench.config import RunConfig
+from bench.config import GPU_LOADER_WORKERS, RunConfig
 from bench.data import SYNTHETIC_SIZES, prepare_cifar100
 from bench.datasets import check_memory
 from bench.errors import ConfigError
@@ -126,7 +126,7 @@ def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
 
 def default_workers(device_type: str, replicas: int) -> int:
     """Loader workers per replica: none on CPU (they would steal the compute cores),
-    up to 4 per GPU otherwise."""
+    up to GPU_LOADER_WORKERS per GPU otherwise."""
     if device_type == "cpu":
         return 0
-    return max(0, min(4, cpu_threads_per_process(replicas) - 1))
+    return max(0, min(GPU_LOADER_WORKERS, cpu_threads_per_process(replicas) - 1))

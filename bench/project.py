@@ -235,8 +235,7 @@ def _text(table: list[dict[str, Any]]) -> str:
             reasons = untold.setdefault(r["workload"], {}).setdefault(what, {})
             reasons.setdefault(r["bottleneck"], []).append(str(r["gpus"]))
             continue
-        lines.append(
-                     [r["strategy"], str(r["precision"]), r["options"], str(r["gpus"]),
+        lines.append([r["strategy"], str(r["precision"]), r["options"], str(r["gpus"]),
                       str(r["nodes"]),
                       "—" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
                       _count(r["images_per_s"]),

@@ -343,20 +343,16 @@ _PIPELINE_OPTIONS = {"--strategy", "--gpus", "--cpu", "--data", "--data-dir", "-
 def loader_sweep_command(command: list[str], workers: int) -> str:
     """The ``bench loader`` line that measures this run's input pipeline at its worker count
     and at 2x and 4x it (``command``: the record's ``bench run ...``)."""
-    import argparse
+    from bench.cli import _Parser  # its errors raise ConfigError instead of exiting
 
-    class Quiet(argparse.ArgumentParser):
-        def error(self, message: str):  # type: ignore[override]
-            raise ValueError(message)
-
-    parser = Quiet(add_help=False, allow_abbrev=False)
+    parser = _Parser(add_help=False)
     add_run_options(parser)
     args: list[str] = []
     try:
         given, _ = parser.parse_known_args(command[2:])
-    except ValueError:  # not a command line bench run wrote: no options to repeat
-        given, parser._actions = None, []
-    for action in parser._actions:
+    except ConfigError:  # not a command line bench run wrote: no options to repeat
+        given = None
+    for action in parser._actions if given is not None else []:
         flag = action.option_strings[0]
         value = getattr(given, action.dest)
         if flag in _PIPELINE_OPTIONS and value != action.default:

@@ -9,7 +9,7 @@ import math
 import statistics
 from typing import Any
 
-from bench.config import STRATEGY_ORDER
+from bench.config import GPU_LOADER_WORKERS, STRATEGY_ORDER
 from bench.errors import ConfigError
 from bench.gpu_clocks import ABNORMAL
 from bench.models import DEFAULT_MODEL, ModelSpec, short_name
@@ -23,12 +23,12 @@ from bench.stats import mean_ci, welch
 # comparable with anything.
 # options keeps runs with other speed options (GPU loader, channels_last, compile, fused SGD)
 # apart: the same strategy doing the work another way is another row, never a repeat.
-# Loader workers per replica that a row does not name: bench run's defaults where the machine
-# has the cores (bench.preflight.default_workers). Any other count is another row.
-USUAL_WORKERS = {"cuda": 4, "cpu": 0}
-
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
               "options", "grad_accum", "gpu_shared"]
+
+# Loader workers per replica that a row's options do not name: bench run's defaults where the
+# machine has the cores (bench.preflight.default_workers). Any other count is another row.
+USUAL_WORKERS = {"cuda": GPU_LOADER_WORKERS, "cpu": 0}
 
 
 COLUMNS = [
