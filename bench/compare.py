@@ -13,7 +13,7 @@ from typing import Any
 
 from bench import terminal
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
-from bench.report import GROUP_KEYS, summary_table
+from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
 from bench.report.views import said_once, short_options
 from bench.results import load_records, read_record
@@ -21,20 +21,23 @@ from bench.stats import welch
 
 FORMATS = ("text", "markdown", "csv", "json")
 WIDTH = 120
+# CSV and JSON: numbers stay numbers (a range or CI in its own fields); the time to target's
+# text says how it was scored ("36.15 (MLPerf, 5 runs, 1 missed)", "did not converge (...)").
 COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "options", "grad_accum",
-           "runs", "images_per_s_a", "images_per_s_b", "speed_ratio", "time_to_target_a",
-           "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b", "delta_top1",
-           "p_value", "verdict"]
+           "runs", "images_per_s_a", "images_per_s_b", "images_per_s_range_a",
+           "images_per_s_range_b", "speed_ratio", "time_to_target_s_a", "time_to_target_s_b",
+           "time_to_target_a", "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b",
+           "top1_ci_a", "top1_ci_b", "delta_top1", "p_value", "verdict"]
 
-
-TITLES = {  # what a person reads; CSV and JSON keep the field names
-    "world_size": "N", "grad_accum": "accum", "runs": "runs A/B",
-    "images_per_s_a": "img/s A [range]", "images_per_s_b": "img/s B [range]",
-    "speed_ratio": "B/A speed", "time_to_target_a": "time to target A",
-    "time_to_target_b": "time to target B", "time_to_target_ratio": "B/A time to target",
-    "top1_a": "top-1 A (%)", "top1_b": "top-1 B (%)", "delta_top1": "Δ top-1",
-    "p_value": "Welch p",
-}
+# The markdown view: a person's column names, each figure with its range or CI.
+MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
+            "world_size": "N", "precision": "precision", "options": "options",
+            "grad_accum": "accum", "runs": "runs A/B", "images_per_s_a": "img/s A [range]",
+            "images_per_s_b": "img/s B [range]", "speed_ratio": "B/A speed",
+            "time_to_target_a": "time to target A", "time_to_target_b": "time to target B",
+            "time_to_target_ratio": "B/A time to target", "top1_a": "top-1 A (%)",
+            "top1_b": "top-1 B (%)", "delta_top1": "Δ top-1", "p_value": "Welch p",
+            "verdict": "verdict"}
 
 
 def load_side(path: str) -> list[dict[str, Any]]:
@@ -54,11 +57,17 @@ def load_side(path: str) -> list[dict[str, Any]]:
     return records
 
 
-def _spread(values: list[float]) -> str:
+def _range(values: list[float]) -> list[float] | None:
+    """[lowest, highest] of the runs' figures; None under two runs."""
     values = [v for v in values if not math.isnan(v)]
-    if len(values) < 2:
-        return ""
-    return f" [{min(values):.0f}–{max(values):.0f}]"
+    return [round(min(values), 1), round(max(values), 1)] if len(values) > 1 else None
+
+
+def _or_none(value: Any, digits: int) -> float | None:
+    """A finite figure, rounded; None for none, NaN or infinity (a time to target that was
+    missed), which JSON cannot hold."""
+    return round(float(value), digits) if isinstance(value, (int, float)) and math.isfinite(
+        value) else None
 
 
 def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
@@ -68,7 +77,8 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
     rows_a = {tuple(r[k] for k in GROUP_KEYS): r for r in table_a.to_dict("records")}
     rows_b = {tuple(r[k] for k in GROUP_KEYS): r for r in table_b.to_dict("records")}
     out = []
-    for key in sorted(set(rows_a) | set(rows_b), key=str):
+    for key in sorted(set(rows_a) | set(rows_b),
+                      key=lambda k: (report_order(dict(zip(GROUP_KEYS, k))), str(k))):
         ra, rb = rows_a.get(key), rows_b.get(key)
         row = dict(zip(GROUP_KEYS, key))
         if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):
@@ -88,8 +98,9 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
         if speed < 1 - threshold / 100:
             _gate(f"img/s -{100 * (1 - speed):.1f} %", ra["run_images_per_s"],
                   rb["run_images_per_s"], higher_is_better=True, out=(reasons, unsure))
-        if tt_ratio > 1 + threshold / 100:
-            _gate(f"time to target +{100 * (tt_ratio - 1):.1f} %", ra["run_times_to_target"],
+        if tt_ratio > 1 + threshold / 100:  # infinite: B did not converge where A did
+            _gate(f"time to target +{100 * (tt_ratio - 1):.1f} %" if math.isfinite(tt_ratio)
+                  else f"time to target: B {rb['time_to_target']}", ra["run_times_to_target"],
                   rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure))
         if delta < 0 and p < 0.05:
             reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
@@ -99,14 +110,18 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
                 (reasons or unsure).append(note)
         row.update(
             runs=f"{ra['runs']}/{rb['runs']}",
-            images_per_s_a=f"{ra['images_per_s']:.0f}{_spread(ra['run_images_per_s'])}",
-            images_per_s_b=f"{rb['images_per_s']:.0f}{_spread(rb['run_images_per_s'])}",
+            images_per_s_a=round(ra["images_per_s"], 1),
+            images_per_s_b=round(rb["images_per_s"], 1),
+            images_per_s_range_a=_range(ra["run_images_per_s"]),
+            images_per_s_range_b=_range(rb["run_images_per_s"]),
             speed_ratio=round(speed, 4),
-            time_to_target_a=ra.get("time_to_target"), time_to_target_b=rb.get("time_to_target"),
-            time_to_target_ratio=None if math.isnan(tt_ratio) else round(tt_ratio, 4),
-            top1_a=_top1(ra), top1_b=_top1(rb),
-            delta_top1=None if math.isnan(delta) else round(delta, 4),
-            p_value=None if math.isnan(p) else p,
+            time_to_target_s_a=_seconds(tta, ra), time_to_target_s_b=_seconds(ttb, rb),
+            time_to_target_a=_scored(ra), time_to_target_b=_scored(rb),
+            time_to_target_ratio=_or_none(tt_ratio, 4),
+            top1_a=_or_none(ra["final_top1"], 4), top1_b=_or_none(rb["final_top1"], 4),
+            top1_ci_a=_or_none(ra.get("final_top1_ci"), 4),
+            top1_ci_b=_or_none(rb.get("final_top1_ci"), 4),
+            delta_top1=_or_none(delta, 4), p_value=_or_none(p, 6),
             verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
                 ("not gated: " + ", ".join(unsure)) if unsure else "ok"),
         )
@@ -138,10 +153,11 @@ def input_note(ra, rb) -> str | None:
 def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,
           out: tuple[list[str], list[str]]) -> None:
     """A worse median is a regression only beyond both sides' run-to-run range; with one
-    run a side the noise is unknown and nothing is gated."""
+    run a side the noise is unknown and nothing is gated. A run that missed the target
+    counts, as an infinite time."""
     reasons, unsure = out
-    a = [v for v in runs_a if isinstance(v, (int, float)) and math.isfinite(v)]
-    b = [v for v in runs_b if isinstance(v, (int, float)) and math.isfinite(v)]
+    a = [v for v in runs_a if isinstance(v, (int, float)) and not math.isnan(v)]
+    b = [v for v in runs_b if isinstance(v, (int, float)) and not math.isnan(v)]
     if min(len(a), len(b)) < 2:
         unsure.append(f"{drop}, one run a side: run-to-run noise unknown (--repeats 3 on "
                       "both sides to gate on it)")
@@ -151,34 +167,51 @@ def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_bett
         unsure.append(f"{drop}, within the runs' range: noise")
 
 
-def _top1(row: dict[str, Any]) -> str:
-    ci = row.get("final_top1_ci", math.nan)
-    return f"{row['final_top1']:.2f}" + ("" if math.isnan(ci) else f" ± {ci:.2f}")
+def _scored(row: dict[str, Any]) -> str | None:
+    """How the time to target was scored ('36.15 (MLPerf, 5 runs, 1 missed)'); None where
+    no target was asked for (the table's NaN, which JSON cannot hold)."""
+    text = row.get("time_to_target")
+    return text if isinstance(text, str) else None
+
+
+def _seconds(score: float, row: dict[str, Any]) -> float | None:
+    """The time to target's MLPerf score, unless it was missed or mixes targets."""
+    return None if row.get("time_to_target") == "mixed targets" else _or_none(score, 2)
 
 
 def _number(cell: Any, fmt: str, suffix: str = "") -> str:
-    return "—" if cell is None or (isinstance(cell, float) and math.isnan(cell)) else (
-        f"{cell:{fmt}}{suffix}")
+    return "—" if cell is None else f"{cell:{fmt}}{suffix}"
 
 
-def _figure(cell: Any) -> str:
-    """The leading number of a cell ('990 [980–1000]' -> '990'); a time to target that
-    was missed ('did not converge (...)') -> 'missed'."""
-    if cell is None or cell == "—" or (isinstance(cell, float) and math.isnan(cell)):
-        return "—"
-    first = str(cell).split(" ")[0]
-    try:
-        float(first)
-    except ValueError:
-        return "missed"
-    return first
+def _target(seconds: float | None, text: str | None) -> str:
+    """A time to target's seconds; 'missed' where it was asked for and not reached, 'mixed'
+    where the runs had different targets."""
+    if seconds is not None or text is None:
+        return _number(seconds, ".2f")
+    return "missed" if str(text).startswith("did not converge") else "mixed"
 
 
-def _a_to_b(a: Any, b: Any) -> str:
+def _a_to_b(a: str, b: str) -> str:
     """'990→826': A's figure, then B's (ranges, CIs and how a time to target was scored are
     in --format markdown)."""
-    a, b = _figure(a), _figure(b)
     return "—" if a == b == "—" else f"{a}→{b}"
+
+
+def _with_range(value: float | None, span: list[float] | None) -> str:
+    return _number(value, ".0f") + ("" if span is None else f" [{span[0]:.0f}–{span[1]:.0f}]")
+
+
+def _with_ci(value: float | None, ci: float | None) -> str:
+    return _number(value, ".2f") + ("" if ci is None else f" ± {ci:.2f}")
+
+
+def _markdown_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """The markdown view's figures: img/s with its runs' range, top-1 with its CI."""
+    return {**row, **{f"{name}_{side}": fmt(row.get(f"{name}_{side}"),
+                                             row.get(f"{name}_{extra}_{side}"))
+                      for name, extra, fmt in (("images_per_s", "range", _with_range),
+                                               ("top1", "ci", _with_ci))
+                      for side in "ab" if f"{name}_{side}" in row}}
 
 
 def _text_row(row: dict[str, Any]) -> dict[str, str]:
@@ -190,11 +223,15 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
         "strategy": strategy, "N": str(row["world_size"]), "dev": str(row["device"]),
         "prec.": str(row["precision"]), "options": short_options(str(row["options"])),
         "runs A/B": row.get("runs") or "—",
-        "img/s A→B": _a_to_b(row.get("images_per_s_a"), row.get("images_per_s_b")),
+        "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
+                             _number(row.get("images_per_s_b"), ".0f")),
         "B/A": _number(row.get("speed_ratio"), ".2f", "×"),
-        "to target s A→B": _a_to_b(row.get("time_to_target_a"), row.get("time_to_target_b")),
+        "to target s A→B": _a_to_b(
+            _target(row.get("time_to_target_s_a"), row.get("time_to_target_a")),
+            _target(row.get("time_to_target_s_b"), row.get("time_to_target_b"))),
         "B/A ": _number(row.get("time_to_target_ratio"), ".2f", "×"),
-        "top-1 % A→B": _a_to_b(row.get("top1_a"), row.get("top1_b")),
+        "top-1 % A→B": _a_to_b(_number(row.get("top1_a"), ".2f"),
+                               _number(row.get("top1_b"), ".2f")),
         "Δ top-1 (p)": "—" if delta is None else (
             f"{delta:+.2f}" + ("" if p is None else f" (p {p:.2g})")),
         "verdict": str(row["verdict"]),
@@ -238,12 +275,11 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
         return json.dumps(rows, indent=2, default=str) + "\n"
     import pandas as pd
 
-    frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
     if fmt == "csv":
-        return frame.to_csv(index=False)
+        return pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(index=False)
+    frame = pd.DataFrame([_markdown_cells(r) for r in rows]).reindex(columns=list(MARKDOWN))
     cells = frame.astype(object).where(frame.notna(), "—").astype(str)
-    titles = [TITLES.get(c, c) for c in COLUMNS]
-    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(MARKDOWN.values()) + " |", "|" + "---|" * len(MARKDOWN)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
               for row in cells.values.tolist()]
     return "\n".join(lines) + "\n"

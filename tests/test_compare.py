@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import run_bench
 from test_report import _repeat
 
@@ -154,3 +155,50 @@ def test_rows_that_differ_only_in_speed_options_stay_apart(tmp_path):
     cells = {line.split()[2]: line.split() for line in text[2:]}
     assert set(cells) == {"gpu-data,NHWC,compile,fused", "—"}, text
     assert cells["—"][5] == "missed→missed" and cells["gpu-data,NHWC,compile,fused"][5] == "—"
+
+
+def _strict(text):
+    """JSON as any parser reads it: NaN and Infinity are not JSON."""
+    def refuse(constant):
+        raise ValueError(f"{constant} in the JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_and_csv_carry_numbers_with_ranges_and_ci_apart(tmp_path):
+    """A CI job reads the figures: img/s, top-1 and seconds to target are numbers, the runs'
+    range and the top-1 CI are fields of their own, and a target that was missed or never
+    asked for is null, never NaN or Infinity (which JSON parsers refuse). The markdown view
+    still shows each figure with its range or CI."""
+    a = [_slower(_repeat(f"a{i}", "ddp", 2, 50 + i, 10.0), f)
+         for i, f in enumerate((1.0, 1.1, 1.2))]
+    b = [_repeat(f"b{i}", "ddp", 2, 50, None) for i in range(3)]  # all missed the target
+    untargeted = [{**_repeat(f"u{i}", "dp", 1, 50, None), "target_top1": None,
+                   "reached_target": None} for i in range(2)]
+    side_a, side_b = _write(tmp_path / "a", a + untargeted), _write(tmp_path / "b", b + untargeted)
+    rows = {r["strategy"]: r for r in _strict(run_bench("compare", str(side_a), str(side_b),
+                                                        "--format", "json").stdout)}
+    ddp, dp = rows["ddp"], rows["dp"]
+    low, high = ddp["images_per_s_range_a"]
+    assert low < ddp["images_per_s_a"] < high and high / low == pytest.approx(1.2, rel=1e-3)
+    assert ddp["images_per_s_range_b"] is None or ddp["images_per_s_range_b"][0] == (
+        ddp["images_per_s_range_b"][1])
+    assert ddp["top1_a"] == pytest.approx(51.0) and ddp["top1_b"] == pytest.approx(50.0)
+    assert ddp["top1_ci_a"] > 0 and ddp["top1_ci_b"] == pytest.approx(0.0)
+    assert ddp["time_to_target_s_a"] == pytest.approx(11.0)  # median of 10, 11, 12
+    assert ddp["time_to_target_s_b"] is None and ddp["time_to_target_ratio"] is None
+    assert ddp["time_to_target_b"].startswith("did not converge (3/3 missed 45 %)")
+    assert dp["time_to_target_a"] is None and dp["time_to_target_s_a"] is None
+    csv = run_bench("compare", str(side_a), str(side_b), "--format", "csv").stdout.splitlines()
+    header = csv[0].split(",")
+    assert {"images_per_s_a", "images_per_s_range_a", "top1_ci_b",
+            "time_to_target_s_b"} <= set(header)
+    cells = [c.lower() for line in csv[1:] for c in line.split(",")]
+    assert not {"nan", "inf", "-inf"} & set(cells), csv
+    markdown = run_bench("compare", str(side_a), str(side_b), "--format", "markdown").stdout
+    assert f"| {ddp['images_per_s_a']:.0f} [{low:.0f}–{high:.0f}] |" in markdown
+    assert f"| {ddp['top1_a']:.2f} ± {ddp['top1_ci_a']:.2f} |" in markdown
+    text = run_bench("compare", str(side_a), str(side_b)).stdout
+    assert "11.00→missed" in text, text
+    # B's three runs all missed where A's three reached it: beyond the runs' range
+    assert ddp["verdict"] == ("REGRESSED: time to target: B did not converge (3/3 missed 45 %), "
+                              "outside both sides' run-to-run range"), ddp["verdict"]

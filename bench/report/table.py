@@ -329,12 +329,18 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     table["clock_gap"] = clock_gaps(table)
     table["flags"] = [row_flags(r) for r in table.itertuples()]
     table = add_parity(table, reference)
-    order = {name: i for i, name in enumerate(STRATEGY_ORDER)}
-    table["_order"] = [order.get(name, len(order)) for name in table["strategy"]]
-    table["_cpu"] = table["device"] != "cuda"  # GPU rows first
-    table = table.sort_values(["_cpu", "workload", "_order", "world_size", "precision",
-                               "options"])
-    return table.drop(columns=["_order", "_cpu"]).reset_index(drop=True)
+    rows = table[GROUP_KEYS].to_dict("records")
+    order = sorted(range(len(rows)), key=lambda i: report_order(rows[i]))  # stable
+    return table.iloc[order].reset_index(drop=True)
+
+
+def report_order(row: dict[str, Any]) -> tuple:
+    """Where a row stands in every table: GPU rows first, then by workload, strategy (the
+    order `bench list` gives), N, precision and options."""
+    order = STRATEGY_ORDER.index(row["strategy"]) if row["strategy"] in STRATEGY_ORDER else (
+        len(STRATEGY_ORDER))
+    return (row["device"] != "cuda", str(row["workload"]), order, row["world_size"],
+            str(row["precision"]), str(row["options"]))
 
 
 def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
