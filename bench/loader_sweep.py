@@ -111,6 +111,7 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
         device_training_loader,
         draw_seconds,
         endless,
+        input_memory_format,
         seed_augmentation,
         training_loader,
     )
@@ -123,7 +124,7 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
         torch.cuda.set_device(rank % torch.cuda.device_count())
         site.device = torch.device("cuda", rank % torch.cuda.device_count())
     aug_seed = seed_augmentation(cfg, rank)
-    memory_format = torch.channels_last if cfg.channels_last else torch.preserve_format
+    memory_format = input_memory_format(cfg)
     train_set = dataset(cfg, "train", True) if cfg.loader == "torch" else None
 
     def move(images, labels) -> None:

@@ -132,6 +132,12 @@ def endless(loader: Iterable) -> Iterator:
         yield from loader
 
 
+def input_memory_format(cfg) -> torch.memory_format:
+    """The layout a batch takes on the device: NHWC under ``--channels-last`` (as the model's
+    weights), else as it came."""
+    return torch.channels_last if cfg.channels_last else torch.preserve_format
+
+
 def batch_to_device(images: torch.Tensor, labels: torch.Tensor, device: torch.device,
                     dtype: torch.dtype, memory_format: torch.memory_format
                     ) -> tuple[torch.Tensor, torch.Tensor]:

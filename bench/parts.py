@@ -11,7 +11,7 @@ from torch import nn
 
 from bench.config import RunConfig
 from bench.datasets import model_spec
-from bench.loaders import batch_to_device
+from bench.loaders import batch_to_device, input_memory_format
 from bench.model import count_parameters
 from bench.models import ModelSpec
 from bench.precision import Precision
@@ -141,7 +141,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
         forward=compiled(model, cfg.compile_mode) if cfg.compile else model,
         optimizer=optimizer,
         precision=precision,
-        memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format,
+        memory_format=input_memory_format(cfg),
         parameters=parameters,
         batchnorm_layers=bn_layers,
         dtype=dtype,

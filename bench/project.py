@@ -142,7 +142,14 @@ def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Work
         work = workload_of(rec) if rec.get("status") == "ok" else None
         if work is not None:
             chosen[series_key(rec, work)] = (rec, work)
-    return [chosen[k] for k in sorted(chosen, key=lambda k: tuple(map(str, k)))]
+    from bench.report.table import report_order
+
+    def order(key: tuple) -> tuple:  # as the report orders its rows
+        name, device, strategy, precision, options = key
+        return report_order({"workload": name, "device": device, "strategy": strategy,
+                             "world_size": 0, "precision": precision, "options": options})
+
+    return [chosen[k] for k in sorted(chosen, key=lambda k: (order(k), tuple(map(str, k))))]
 
 
 def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str | None,

@@ -24,15 +24,27 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = ROOT / "results" / "runs" / "20261121T181531Z-ddp-2cpu-b83db7.json"
 STRATEGIES = ["dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "ddp-apex", "horovod", "fsdp"]
 WORLD_SIZES = [1, 2, 4, 8]
+
+
+def template_record() -> dict:
+    """A committed record to vary: the newest ok CPU ddp run with 2 processes (`make table`
+    measures it again, so no file name is fixed)."""
+    paths = sorted((ROOT / "results" / "runs").glob("*-ddp-2cpu-*.json"), reverse=True)
+    for path in paths:
+        rec = json.loads(path.read_text())
+        if rec.get("status") == "ok" and rec.get("grad_accum", 1) == 1 and rec.get(
+                "device") == "cpu" and rec.get("per_epoch"):
+            return rec
+    raise SystemExit("report_cost: no ok CPU ddp record with 2 processes in results/runs "
+                     "(`make table` writes one)")
 
 
 def make_records(folder: Path, count: int, epochs: int = 10, seed: int = 0) -> None:
     """``count`` records of one workload in ``folder/runs``."""
     rng = random.Random(seed)
-    template = json.loads(TEMPLATE.read_text())
+    template = template_record()
     runs = folder / "runs"
     runs.mkdir(parents=True)
     combos = [(s, n) for s in STRATEGIES for n in WORLD_SIZES]

@@ -24,6 +24,8 @@
 # an item failed. PYTHON: the interpreter (default: the first of .venv/bin/python,
 # /opt/torch/.venv/bin/python3, python3 that imports torch). TABLE_WORKERS=W: the table's and
 # calibration's runs use --workers W (their rows then say "W workers"; default: bench run's).
+# TABLE_WORKERS=auto: W is the fewest workers that fed within 10 % of the best count in this
+# OUTDIR's table_loader_sweep (run first in the table phase); bench run's default if it failed.
 set -u
 mode=gpu deps= phase=all budget=0 plan=0 again=0 items=
 while [ $# -gt 0 ]; do
@@ -44,6 +46,9 @@ case $phase in build|core|options|variants|table|calibrate|all|next) ;;
      exit 2 ;;
 esac
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; exit 2; }
+table_workers=${TABLE_WORKERS:-}
+[[ $table_workers =~ ^([0-9]+|auto)?$ ]] ||
+  { echo "gpu_check.sh: TABLE_WORKERS is a worker count or auto (got $table_workers)" >&2; exit 2; }
 if [ $plan = 0 ]; then
   out=${1:?usage: scripts/gpu_check.sh [--cpu] [--deps DIR] [--phase P] [--budget S] OUTDIR}
 else
@@ -82,8 +87,7 @@ if [ $mode = gpu ]; then
   small=(--data synthetic --train-limit 4096 --test-limit 1000 --epochs 2 --batch-size 256
          --comm-probe-steps 0)
   narrow=(--width 0.25)
-  full=(--data synthetic --train-limit 50000 --test-limit 10000 --batch-size 512
-        ${TABLE_WORKERS:+--workers "$TABLE_WORKERS"})
+  full=(--data synthetic --train-limit 50000 --test-limit 10000 --batch-size 512)
   sweep_workers=0,2,4,8,12
   shared=$([ "$gpus" -ge 2 ] && echo "" || echo "--backend gloo")  # 2 ranks on one GPU
 else
@@ -91,8 +95,7 @@ else
   small=(--data synthetic --train-limit 128 --test-limit 16 --epochs 2 --batch-size 32
          --comm-probe-steps 0)
   narrow=(--width 0.125)
-  full=(--data synthetic --train-limit 256 --test-limit 64 --width 0.125 --batch-size 64
-        ${TABLE_WORKERS:+--workers "$TABLE_WORKERS"})
+  full=(--data synthetic --train-limit 256 --test-limit 64 --width 0.125 --batch-size 64)
   sweep_workers=0,2
   shared=
 fi
@@ -160,7 +163,11 @@ item() {
 # The commands items run (arrays, not functions: `timeout` runs them).
 model_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/results" "${small[@]}")
 small_run=("${model_run[@]}" "${narrow[@]}")  # resnet18-cifar narrowed; other models take no --width
-full_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/table" "${full[@]}")
+full_runs() {  # the table's runs, at the worker count decided for them
+  full_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/table" "${full[@]}"
+            ${table_workers:+--workers "$table_workers"})
+}
+[ "$table_workers" = auto ] || full_runs
 
 if [ $plan = 0 ]; then
   say "parallel-bench check ($mode, phase $phase) $(date -u +%FT%TZ): $("$py" -m bench \
@@ -245,8 +252,34 @@ item variants variants_report 10 "$py" -m bench report --results "$out/results"
 # --- table: the README's GPU rows (N=1, 50,000 synthetic images, full width, batch 512) -----
 # First the input pipeline alone at several worker counts: whether the DataLoader rows' default
 # (4 per GPU) feeds faster than the model trains.
-item table table_loader_sweep 40 "$py" -m bench loader "${where[@]}" "${full[@]}" --strategy ddp \
-  --gpus 1 --workers "$sweep_workers"
+# Its figures are also kept as JSON in OUTDIR/table_loader_sweep.json (TABLE_WORKERS=auto reads them).
+sweep_json=$out/table_loader_sweep.json
+item table table_loader_sweep 40 bash -c 'set -o pipefail; "$@" --format json | tee "$0"' "$sweep_json" \
+  "$py" -m bench loader "${where[@]}" "${full[@]}" --strategy ddp --gpus 1 --workers "$sweep_workers"
+per=$([ $mode = gpu ] && echo GPU || echo replica)
+if [ $plan = 0 ] && [[ $phase =~ ^(table|calibrate|all|next)$ ]]; then
+  # What the sweep measured, in the summary; TABLE_WORKERS=auto: the fewest workers per
+  # replica that fed within 10 % of the best count's img/s.
+  picked=$("$py" - "$sweep_json" "$per" 2> /dev/null <<'PICK'
+import json, sys
+points = json.load(open(sys.argv[1]))["points"]
+best = max(p["images_per_s"] for p in points)
+print(", ".join(f"{p['workers_per_replica']}: {p['images_per_s']:,.0f} img/s" for p in points))
+print(min(p["workers_per_replica"] for p in points if p["images_per_s"] >= 0.9 * best))
+PICK
+) || picked=
+  [ -n "$picked" ] && say "loader alone, workers per $per: $(echo "$picked" | head -1)"
+  if [ "$table_workers" = auto ]; then
+    table_workers=$(echo "$picked" | sed -n 2p)
+    if [ -n "$table_workers" ]; then
+      say "table workers: $table_workers per $per (TABLE_WORKERS=auto: the fewest within 10 % of the best count)"
+    else
+      say "table workers: bench run's default (TABLE_WORKERS=auto, but no loader sweep figures in $sweep_json)"
+    fi
+  fi
+fi
+[ "$table_workers" = auto ] && table_workers=  # --plan, or no table in this phase: the default
+full_runs
 for s in dp ddp ddp-spawn ddp-launch fsdp horovod ddp-apex; do
   item table "table_$s" 50 "${full_run[@]}" --strategy "$s" --gpus 1 --epochs 4
 done

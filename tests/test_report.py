@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -559,3 +561,60 @@ def test_the_report_reads_records_tables_and_plots_without_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fsdp        8" in proc.stdout
     assert len(list((tmp_path / "plots").rglob("*.png"))) >= 5
+
+
+def test_make_table_replaces_its_own_rows_and_keeps_the_gpu_and_parity_rows(tmp_path):
+    """`make table` once began with `rm -rf results/runs`: measuring the CPU table again
+    deleted the committed GPU rows and `make parity`'s. Its runs now replace only the
+    records of the workload and device they measured."""
+    results, new = tmp_path / "results", tmp_path / "results" / ".table-new"
+    table_old = _record("old-table", "ddp", 2, [3.0, 2.0], [0.1, 0.5])
+    gpu = {**_record("gpu-row", "ddp", 1, [3.0, 2.0], [0.1, 0.5]), "device": "cuda"}
+    parity = {**_record("parity-row", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "train_size": 12288}
+    for rec, folder in ((table_old, results), (gpu, results), (parity, results),
+                        (_record("new-table", "ddp", 2, [3.0, 1.0], [0.1, 0.6]), new)):
+        (folder / "runs").mkdir(parents=True, exist_ok=True)
+        (folder / "runs" / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    (new / "probes").mkdir()
+    (new / "probes" / "p.json").write_text("{}")
+    (results / "runs" / "notes.json").write_text("{ not a record")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "replace_rows.py"), str(new),
+                           str(results)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 record(s) in, 1 of the same rows' earlier runs out" in proc.stdout
+    assert sorted(p.name for p in (results / "runs").iterdir()) == [
+        "gpu-row.json", "new-table.json", "notes.json", "parity-row.json"]
+    assert (results / "probes" / "p.json").exists() and not new.exists()
+    # nothing measured (a table whose every run failed to start): nothing is removed
+    (new / "runs").mkdir(parents=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "replace_rows.py"), str(new),
+                           str(results)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "holds no run records" in proc.stderr
+    assert len(list((results / "runs").iterdir())) == 4
+
+
+def _probe(probe_id, device, busbw):
+    return {"kind": "allreduce-probe", "probe_id": probe_id, "device": device,
+            "backend": "gloo" if device == "cpu" else "nccl", "world_size": 2, "nodes": 1,
+            "model": "resnet18-cifar", "gradient_bytes": 44880528,
+            "results": [{"bytes": 2**k, "busbw_GBps": busbw, "time_s": 0.01}
+                        for k in (10, 20, 26)]}
+
+
+def test_a_workloads_bandwidth_figure_shows_the_newest_probe_of_its_own_devices():
+    """The committed README's GPU workload once drew the CPU gloo probes, and `make table`
+    run again drew two lines both labelled `cpu gloo N=2`. A workload's figure now shows, for
+    the devices it ran on, the newest probe of each kind: the one its table's ceiling uses."""
+    from bench.report import figures_per_workload
+
+    cpu = _record("a", "ddp", 2, [3.0, 2.0], [0.1, 0.5])
+    gpu = {**_record("g", "ddp", 1, [3.0, 2.0], [0.1, 0.5]), "device": "cuda",
+           "train_size": 50000}
+    probes = [_probe("old", "cpu", 1.0), _probe("new", "cpu", 2.0)]
+    figures = figures_per_workload([cpu, gpu], probes)
+    by_device = {("cuda" if "50000" in name else "cpu"): figs for name, figs in figures.items()}
+    assert "busbw" not in by_device["cuda"]
+    (line,) = [line for line in by_device["cpu"]["busbw"].axes[0].lines
+               if not line.get_label().startswith("_")]  # the dotted gradient size aside
+    assert line.get_label() == "cpu gloo N=2" and set(line.get_ydata()) == {2.0}
+    assert "one resnet18-cifar gradient" in by_device["cpu"]["busbw"].axes[0].get_xlabel()

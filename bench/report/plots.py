@@ -142,8 +142,9 @@ def make_figures(records: list[dict[str, Any]],
     figures["time_vs_accuracy"] = fig
     figures["where_time_goes"] = _where_time_goes_figure(ok)
     figures["scaling_efficiency"] = _efficiency_figure(ok)
-    if probes:
-        figures["busbw"] = _busbw_figure(probes)
+    shown = _probes_of(set(ok["device"]), probes or [])
+    if shown:
+        figures["busbw"] = _busbw_figure(shown)
     for fig in figures.values():
         fig.tight_layout()
     return figures
@@ -227,6 +228,16 @@ def _efficiency_figure(ok):
     return fig
 
 
+def _probes_of(devices: set[str], probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probes a workload's figure shows: of the devices it ran on, the newest of each
+    device, backend, ranks and nodes (the one its table's ceiling uses; probes come oldest
+    first). A CPU probe says nothing about a GPU workload, and an older probe of the same
+    kind would be a second line with the same label."""
+    newest = {(p.get("device"), p.get("backend"), p.get("world_size"), p.get("nodes") or 1): p
+              for p in probes if p.get("device") in devices}
+    return list(newest.values())
+
+
 def _busbw_figure(probes: list[dict[str, Any]]):
     """Bus bandwidth against message size, one line per probe (device, backend, N)."""
     import matplotlib.pyplot as plt
@@ -234,11 +245,15 @@ def _busbw_figure(probes: list[dict[str, Any]]):
     fig, ax = plt.subplots(figsize=(6, 4))
     for probe in probes:
         rows = probe["results"]
+        nodes = probe.get("nodes") or 1
         ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
-                label=f"{probe['device']} {probe['backend']} N={probe['world_size']}")
+                label=f"{probe['device']} {probe['backend']} N={probe['world_size']}"
+                      + (f", {nodes} nodes" if nodes > 1 else ""))
         ax.axvline(probe["gradient_bytes"], color="grey", linestyle=":")
+    models = {probe.get("model") for probe in probes}
+    model = models.pop() if len(models) == 1 else None
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes; dotted: one ResNet-18 gradient)")
+    ax.set_xlabel(f"message size (bytes; dotted: one {model or 'model'} gradient)")
     ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
     ax.set_title("All-reduce ceiling (bench probe)")
     ax.legend(fontsize=7)
