@@ -11,9 +11,10 @@ under torch.profiler, for a trace."""
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from bench.loaders import draw_seconds, endless, unchanged_randomness
 from bench.timing import step_intervals, step_mark
 
 PROBE_WARMUP = 2  # first steps after switching synchronisation off, not counted
+ALONE_WARMUP = 3  # the rank-alone copy's first steps: PowerSGD compresses from its 3rd
 ONE_RANK_TIMELINE_STEPS = 5  # one process: steps run only for the gradient timeline
 
 
@@ -33,6 +35,7 @@ class CommProbe:
     compute_step_s: float | None  # slowest rank's median compute-only step
     note: str | None  # why there is no figure, or what still communicates
     timeline: GradientTimeline | None = None  # rank 0: when each gradient was ready
+    hook_work_s: float | None = None  # slowest rank's per-step work of a comm hook
 
 
 def compute_only_steps(trainer, steps: int) -> CommProbe:
@@ -56,9 +59,34 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
     finally:
         if probe is not None:
             probe.remove()
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=s.device)
+    compute = statistics.median(times)
+    hook = hook_work(trainer, steps, compute)
+    slowest = torch.tensor([compute, math.nan if hook is None else hook],
+                           dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
-    return CommProbe(steps, slowest.item(), sync_off.note, probe and probe.result)
+    work = slowest[1].item()
+    return CommProbe(steps, slowest[0].item(), sync_off.note, probe and probe.result,
+                     None if math.isnan(work) else work)
+
+
+def hook_work(trainer, steps: int, compute_step_s: float) -> float | None:
+    """What the strategy computes per step beside its communication (a comm hook's own
+    work, which gradient sync off skips): ``steps`` steps of the model wrapped again over
+    this rank alone (``Strategy.alone``), less this rank's compute-only step. None where
+    there is no such work, or under --compile (the copy is not compiled). Collective."""
+    s, parts = trainer.strategy, trainer.parts
+    if trainer.cfg.compile:
+        return None
+    solo = s.alone(parts.model)
+    if solo is None:
+        return None
+    trainer.parts = replace(parts, model=solo, forward=solo)
+    try:
+        times = extra_steps(trainer, steps, "comm hook alone", warmup=ALONE_WARMUP)
+    finally:
+        trainer.parts = parts
+        del solo
+    return max(0.0, statistics.median(times) - compute_step_s)
 
 
 def loader_alone(trainer, steps: int) -> float:

@@ -176,6 +176,12 @@ class Workload:
     syncbn: bool = False
     batchnorm_layers: int = RESNET18_BN_LAYERS  # SyncBatchNorm: two collectives each
     hook_delay_s: float = 0.0  # BENCH_SLOW_COMM_MS: a blocking wait before each bucket
+    # a comm hook's own work per step (PowerSGD's products and orthogonalisation, the casts),
+    # spread over the buckets in proportion to their bytes: it holds up backward
+    hook_work_s: float = 0.0
+    # each bucket's collectives hold up backward until they finish (PowerSGD over gloo: bench
+    # waits for each bucket in turn, docs/running.md); else they overlap it
+    blocking_comm: bool = False
     timeline: GradientTimeline | None = None  # measured; None: ready evenly over backward
     # fp32 parameters (ddp-zero broadcasts them after each step, whatever compresses the
     # gradient); None: as many bytes as the gradient
@@ -250,9 +256,13 @@ def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
     c = w.compute_step_s
     backward_end = w.forward_s() + w.backward_s()
     comm_end, delay, k = 0.0, 0.0, w.collectives_per_bucket
+    total = sum(size for size, _ in buckets) or 1.0
     for size, ready in buckets:
-        delay += w.hook_delay_s  # a blocking hook holds up backward itself
+        # a blocking hook, and the hook's own work, hold up backward itself
+        delay += w.hook_delay_s + w.hook_work_s * size / total
         comm_end = max(comm_end, ready + delay) + k * comm(size / k) + per_bucket_extra
+        if w.blocking_comm:  # backward resumes when this bucket's collectives are done
+            delay = comm_end - ready
     step = max(backward_end + delay, comm_end) + (c - backward_end)
     return step, step - c
 

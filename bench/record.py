@@ -219,6 +219,7 @@ class RunRecord:
             "compute_step_s": None,
             "exposed_comm_fraction": None,
             "comm_probe_note": None,
+            "hook_work_s": None,  # a DDP comm hook's own work per step (rank alone)
             "gradient_timeline": None,  # when each gradient is ready (bench project)
             "gradient_buckets": None,  # DDP: bytes of each bucket as its reducer built them
             # the input pipeline alone after the epochs: the img/s it can feed at most
@@ -382,16 +383,16 @@ class RunRecord:
             self.data["gpu_power_limits_w"] = power_limits_w
 
     def comm_probe(self, steps: int, compute_step_s: float | None, note: str | None,
-                   timeline: dict | None = None) -> None:
+                   timeline: dict | None = None, hook_work_s: float | None = None) -> None:
         """The compute-only steps: their median against the timed steps' median (epochs 2..,
-        or the only one), i.e. the share of a step that communication left exposed; and
-        when each gradient became ready in them."""
+        or the only one), i.e. the share of a step that communication left exposed; when
+        each gradient became ready in them; and what a comm hook computes per step."""
         timed = self.data["per_epoch"][1:] or self.data["per_epoch"]
         step = statistics.median(e["step_time_p50_s"] for e in timed) if timed else None
         exposed = (1.0 - compute_step_s / step) if compute_step_s and step else None
         self.data.update(comm_probe_steps=steps, compute_step_s=compute_step_s,
                          exposed_comm_fraction=exposed, comm_probe_note=note,
-                         gradient_timeline=timeline)
+                         gradient_timeline=timeline, hook_work_s=hook_work_s)
 
     def loader_probe(self, steps: int, images_per_s: float | None) -> None:
         """The input pipeline drawn alone (no model): the most img/s it can feed."""

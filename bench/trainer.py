@@ -354,7 +354,8 @@ def finish_run(trainer: Trainer) -> None:
     if trainer.record is not None:
         if probe is not None:
             trainer.record.comm_probe(probe.steps, probe.compute_step_s, probe.note,
-                                      probe.timeline and probe.timeline.to_record())
+                                      probe.timeline and probe.timeline.to_record(),
+                                      probe.hook_work_s)
         model = trainer.parts.model
         trainer.record.finish(identical, fingerprint, scaler_state,
                               trainer.strategy.gradient_buckets(model),

@@ -1,13 +1,14 @@
 """`bench project`'s model against runs it can check on this machine: 2 CPU ranks over gloo,
 with several injected communication delays (BENCH_SLOW_COMM_MS: a blocking wait before each
-DDP bucket's all-reduce, as a slow link would add), small and large --bucket-cap-mb, and 2
-loopback nodes. Each run is predicted from its own compute-only step, its measured gradient
+DDP bucket's all-reduce, as a slow link would add), small and large --bucket-cap-mb, 2
+loopback nodes, and PowerSGD (its own work measured by the run, its collectives blocking
+backward over gloo). Each run is predicted from its own compute-only step, its measured gradient
 timeline and the `bench probe` of the same ranks and nodes; the errors are printed, and also
 those of the model without the timeline (gradients assumed ready evenly over backward).
 
     python benchmarks/projection_validation.py [--output DIR] [--epochs 3]
 
-tests/test_project.py runs four of its points (every delay, bucket size and node count
+tests/test_project.py runs five of its points (every delay, bucket size, node count and hook
 once) on every CI run."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Point:
     bucket_cap_mb: float
     delay_ms: float
     nodes: int = 1
+    comm_hook: str = "none"
 
 
 MATRIX = (
@@ -44,6 +46,7 @@ MATRIX = (
     Point("buckets 0.25 MB", 0.25, 10),
     Point("buckets 25 MB", 25, 30),
     Point("2 loopback nodes", 1, 10, nodes=2),
+    Point("PowerSGD rank 1, buckets 1 MB", 1, 0, comm_hook="powersgd"),
 )
 
 
@@ -90,7 +93,8 @@ def run_matrix(output: Path, epochs: int = 2, matrix: tuple[Point, ...] = MATRIX
         _per_node(["run", "--strategy", "ddp", "--cpu", "--width", WIDTH, "--batch-size", "64",
                    "--epochs", str(epochs), "--train-limit", "512", "--test-limit", "64",
                    "--data", "synthetic", "--bucket-cap-mb", f"{p.bucket_cap_mb:g}",
-                   "--comm-probe-steps", "10", "--no-progress", "--output", str(output)],
+                   "--comm-probe-steps", "10", "--ddp-comm-hook", p.comm_hook, "--no-progress",
+                   "--output", str(output)],
                   p.nodes, {"BENCH_SLOW_COMM_MS": f"{p.delay_ms:g}"})
 
 

@@ -236,6 +236,10 @@ item variants fsdp_bf16 30 "${small_run[@]}" --strategy fsdp --gpus 1 --precisio
 item variants fsdp_no_reshard 30 "${small_run[@]}" --strategy fsdp --gpus 1 --no-reshard-after-forward
 item variants hook_fp16 30 "${small_run[@]}" --strategy ddp --gpus 1 --ddp-comm-hook fp16
 item variants hook_powersgd 30 "${small_run[@]}" --strategy ddp --gpus 1 --ddp-comm-hook powersgd
+# 2 ranks with the comm probe: the hook's own work measured on a DDP of each rank alone
+# shellcheck disable=SC2086
+item variants hook_powersgd_n2 30 "${small_run[@]}" --strategy ddp --gpus 2 $shared \
+  --ddp-comm-hook powersgd --comm-probe-steps 5
 item variants zero_bf16 30 "${small_run[@]}" --strategy ddp-zero --gpus 1 --precision bf16
 item variants model_resnet50 40 "${model_run[@]}" --strategy ddp --gpus 1 --model torchvision:resnet50 \
   --image-size 64

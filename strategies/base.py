@@ -182,6 +182,13 @@ class Strategy:
         not used for the run's figures afterwards), or say why this strategy cannot."""
         return f"{self.name} cannot switch its gradient communication off"
 
+    def alone(self, model: nn.Module) -> nn.Module | None:
+        """The model wrapped again as this strategy wraps it, over a process group of this
+        rank alone, where the strategy does per-step work of its own beside its
+        communication (a gradient compression hook): its steps cost that work, and
+        communication next to none. None where there is no such work. Collective."""
+        return None
+
     def compressed_gradient_elements(self, model: nn.Module) -> int | None:
         """Elements one step all-reduces where a low-rank compression (PowerSGD) sends
         fewer than the gradient's; None where the whole gradient is sent."""

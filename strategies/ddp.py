@@ -103,21 +103,21 @@ def powersgd_elements(module: nn.Module, rank: int) -> int:
 
 
 def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
-                       backend: str = "nccl") -> str | None:
+                       backend: str = "nccl", group=None) -> str | None:
     """DDP's own gradient compression (``--ddp-comm-hook``); returns the note saying what it
     does. fp16 / bf16: each bucket is cast (and divided by the world size) before the
     all-reduce and cast back after it, as Horovod's fp16 compression does. PowerSGD: each
     large gradient matrix is all-reduced as two rank-r factors, with error feedback and
     warm start; it starts at the second step (torch's default waits 1,000 steps, which a
     benchmark run would never leave) and all-reduces vectors (biases, BatchNorm) as they
-    are."""
+    are. ``group``: the process group the hook all-reduces over (default: every rank)."""
     if options.comm_hook == "none":
         return None
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if options.comm_hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=options.powersgd_rank,
+            process_group=group, matrix_approximation_rank=options.powersgd_rank,
             min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True, random_seed=0)
         serial = backend == "gloo"
@@ -132,7 +132,7 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
                    "collectives)" if serial else ""))
     hook = {"fp16": default_hooks.fp16_compress_hook,
             "bf16": default_hooks.bf16_compress_hook}[options.comm_hook]
-    model.register_comm_hook(None, hook)
+    model.register_comm_hook(group, hook)  # the cast hooks' state is their process group
     return (f"DDP comm hook: gradients all-reduced in {options.comm_hook} (cast before, "
             "cast back after)")
 
@@ -210,6 +210,19 @@ class DDPStrategy(Strategy):
 
     def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
         return SyncOff(model.no_sync(), ddp_still_communicating(self.norm, self.ddp_options))
+
+    def alone(self, model: nn.Module) -> nn.Module | None:
+        """A DDP of this rank alone with the same buckets and comm hook: its steps are the
+        hook's own work (PowerSGD's matrix products, orthogonalisation and error feedback,
+        or the casts) and the reducer's bucket copies, around all-reduces of one rank."""
+        if self.ddp_options.comm_hook == "none":
+            return None
+        mine, _ = dist.new_subgroups(group_size=1)  # collective: every rank makes them all
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        solo = DistributedDataParallel(model.module, device_ids=device_ids, process_group=mine,
+                                       **_ddp_call_kwargs(self.ddp_options))
+        register_comm_hook(solo, self.ddp_options, dist.get_backend(), group=mine)
+        return solo
 
     def compressed_gradient_elements(self, model: nn.Module) -> int | None:
         if self.ddp_options.comm_hook != "powersgd":
