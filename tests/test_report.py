@@ -618,3 +618,15 @@ def test_a_workloads_bandwidth_figure_shows_the_newest_probe_of_its_own_devices(
                if not line.get_label().startswith("_")]  # the dotted gradient size aside
     assert line.get_label() == "cpu gloo N=2" and set(line.get_ydata()) == {2.0}
     assert "one resnet18-cifar gradient" in by_device["cpu"]["busbw"].axes[0].get_xlabel()
+
+
+def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():
+    """The committed CPU table's ddp N=2 rows with and without --grad-accum 4 were two bars
+    both named `ddp / N=2 / cpu fp32`."""
+    from bench.report import figures_per_workload
+
+    plain = {**_record("p", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "compute_step_s": 0.1}
+    accum = {**plain, "run_id": "q", "grad_accum": 4}
+    figure = figures_per_workload([plain, accum])["synthetic 1000 img, batch 100, resnet18"]
+    ticks = [t.get_text() for t in figure["where_time_goes"].axes[0].get_xticklabels()]
+    assert ticks == ["ddp\nN=2\ncpu fp32", "ddp\nN=2\ncpu fp32\naccum 4"], ticks

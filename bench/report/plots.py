@@ -9,19 +9,25 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.report.table import GROUP_KEYS, run_rows, summary_table, workload
+from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table, workload
 from bench.report.views import short_options
 
 
 def row_label(r) -> str:
     """A row's name in plots: strategy, N, precision and what else sets it apart."""
+    return " ".join([r.strategy, f"N={r.world_size}", r.precision, *_sets_apart(r)])
+
+
+def _sets_apart(r) -> list[str]:
+    """What else tells a row from its workload's others: speed options, accumulation, a
+    flag."""
     options = short_options(r.options)
     extra = [] if options == "—" else [options]
     if r.grad_accum > 1:
         extra.append(f"accum {r.grad_accum}")
     if getattr(r, "flags", ""):
         extra.append(_FLAG)
-    return " ".join([r.strategy, f"N={r.world_size}", r.precision, *extra])
+    return extra
 
 
 _FLAG = "⚠"
@@ -52,6 +58,7 @@ def make_figures(records: list[dict[str, Any]],
     time_vs_accuracy, where_time_goes, scaling_efficiency, and busbw (with probes).
     ``table``: these records' summary_table, when the caller has it already."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if table is None:
         table = summary_table(records, probes=probes)
@@ -106,7 +113,8 @@ def make_figures(records: list[dict[str, Any]],
     fig, ax = plt.subplots(figsize=(8, 4))
     runs = run_rows(records)
     by_run = {rec.get("run_id"): rec for rec in records}
-    for _, group in runs[runs["status"] == "ok"].groupby(GROUP_KEYS, dropna=False):
+    groups = runs[runs["status"] == "ok"].groupby(GROUP_KEYS, dropna=False)
+    for _, group in sorted(groups, key=lambda kv: report_order(dict(zip(GROUP_KEYS, kv[0])))):
         curves = [[100 * e["top1"] for e in by_run[i].get("per_epoch") or []]
                   for i in group["run_id"]]
         length = min(len(c) for c in curves)
@@ -117,6 +125,7 @@ def make_figures(records: list[dict[str, Any]],
         label += f" ({len(curves)} runs)" if len(curves) > 1 else ""
         ax.plot(range(1, length + 1), mean, "o-", label=label)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test top-1 (%, mean over repeats)")
     ax.set_title("Accuracy per epoch")
     if ax.lines:
@@ -197,8 +206,8 @@ def _where_time_goes_figure(ok):
     ax.bar(range(len(rows)), exposed, bottom=compute, color="tab:red",
            label="exposed communication")
     ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
-                                                 f"{r.device} {r.precision}"]) for r in rows],
-                  fontsize=7)
+                                                 f"{r.device} {r.precision}", *_sets_apart(r)])
+                                      for r in rows], fontsize=7)
     ax.set_ylabel("step time (ms, median)")
     ax.set_title("Where the step time goes")
     if rows:
