@@ -182,6 +182,13 @@ def probe_table(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def probe_kind(record: dict[str, Any]) -> tuple:
+    """What a probe measured, and what a run is matched to its probes by: device, backend,
+    ranks and nodes (of a probe record or a run record alike)."""
+    return (record.get("device"), record.get("backend"), record.get("world_size"),
+            record.get("nodes") or 1)
+
+
 def load_probes(results: str | Path) -> list[dict[str, Any]]:
     folder = Path(results) / "probes"
     probes = []

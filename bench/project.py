@@ -286,10 +286,9 @@ def _calibration(root: Path) -> str:
 
 def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest probe of the run's device, backend, ranks and nodes."""
-    key = (rec.get("device"), rec.get("backend"), rec.get("world_size"), rec.get("nodes") or 1)
-    same = [p for p in probes
-            if (p.get("device"), p.get("backend"), p.get("world_size"), p.get("nodes") or 1)
-            == key]
+    from bench.probe import probe_kind
+
+    same = [p for p in probes if probe_kind(p) == probe_kind(rec)]
     return same[-1] if same else None
 
 

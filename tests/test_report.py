@@ -32,6 +32,15 @@ def _record(run_id, strategy, world, times, top1, status="ok", error=None, start
     }
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Tests that draw figures in this process close them (matplotlib warns past 20)."""
+    yield
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        plt.close("all")
+
+
 @pytest.fixture
 def results(tmp_path) -> Path:
     runs = tmp_path / "runs"

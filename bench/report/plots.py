@@ -242,8 +242,9 @@ def _probes_of(devices: set[str], probes: list[dict[str, Any]]) -> list[dict[str
     device, backend, ranks and nodes (the one its table's ceiling uses; probes come oldest
     first). A CPU probe says nothing about a GPU workload, and an older probe of the same
     kind would be a second line with the same label."""
-    newest = {(p.get("device"), p.get("backend"), p.get("world_size"), p.get("nodes") or 1): p
-              for p in probes if p.get("device") in devices}
+    from bench.probe import probe_kind
+
+    newest = {probe_kind(p): p for p in probes if p.get("device") in devices}
     return list(newest.values())
 
 
