@@ -167,7 +167,6 @@ full_runs() {  # the table's runs, at the worker count decided for them
   full_run=("$py" -m bench run "${where[@]}" --no-progress --output "$out/table" "${full[@]}"
             ${table_workers:+--workers "$table_workers"})
 }
-[ "$table_workers" = auto ] || full_runs
 
 if [ $plan = 0 ]; then
   say "parallel-bench check ($mode, phase $phase) $(date -u +%FT%TZ): $("$py" -m bench \
@@ -264,7 +263,7 @@ per=$([ $mode = gpu ] && echo GPU || echo replica)
 if [ $plan = 0 ] && [[ $phase =~ ^(table|calibrate|all|next)$ ]]; then
   # What the sweep measured, in the summary; TABLE_WORKERS=auto: the fewest workers per
   # replica that fed within 10 % of the best count's img/s.
-  picked=$("$py" - "$sweep_json" "$per" 2> /dev/null <<'PICK'
+  picked=$("$py" - "$sweep_json" 2> /dev/null <<'PICK'
 import json, sys
 points = json.load(open(sys.argv[1]))["points"]
 best = max(p["images_per_s"] for p in points)
