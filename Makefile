@@ -93,7 +93,8 @@ lint: $(STAMP)
 HOROVOD_TEST_MODE ?= $(if $(shell command -v nvcc 2>/dev/null),gpu,)
 # The suite runs on 2 workers (tests that share a fixture's runs on one), then the tests
 # marked serial (they time themselves or look for processes machine-wide) alone.
-PYTEST := $(BIN)/python -m pytest
+# Each part names its 10 slowest tests: `make test` must stay within 15 minutes.
+PYTEST := $(BIN)/python -m pytest --durations=10
 test: $(STAMP) lint
 	HOROVOD_BUILD_MODE=$(HOROVOD_TEST_MODE) $(MAKE) --no-print-directory horovod
 	$(PYTEST) -n 2 --dist loadgroup -m "not serial" && $(PYTEST) -m serial

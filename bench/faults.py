@@ -119,23 +119,19 @@ def _broken_forward(name: str, forward, model):
 SLOW_COMM_ENV = "BENCH_SLOW_COMM_MS"
 
 
-def slow_communication_from_env(parts, strategy) -> None:
+def slow_communication_from_env(strategy) -> None:
     """``BENCH_SLOW_COMM_MS=M`` (a test hook): every DDP gradient bucket waits M ms before
     its all-reduce, as a slow link would, so that the exposed-communication figure can be
-    shown to respond to communication cost. Only DDP models (a comm hook); noted in the
-    record."""
-    delay = float(os.environ.get(SLOW_COMM_ENV) or 0) / 1000
-    if not delay or not hasattr(parts.model, "register_comm_hook"):
-        return
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    shown to respond to communication cost. Set before the model is wrapped: strategies
+    that wrap it in torch's DDP put the wait in front of the run's comm hook (DDP takes one
+    hook only) and note it in the record; others ignore it."""
+    strategy.bucket_delay_s = float(os.environ.get(SLOW_COMM_ENV) or 0) / 1000
 
-    def slow_allreduce(state, bucket):
-        time.sleep(delay)
-        return default_hooks.allreduce_hook(state, bucket)
 
-    parts.model.register_comm_hook(None, slow_allreduce)
-    strategy.notes.append(f"SLOW COMMUNICATION INJECTED ({SLOW_COMM_ENV}): {delay * 1000:g} ms "
-                          "before every gradient bucket's all-reduce")
+def slow_communication_note(delay_s: float) -> str:
+    """The record's note of the injected wait (``bench project`` reads it back)."""
+    return (f"SLOW COMMUNICATION INJECTED ({SLOW_COMM_ENV}): {delay_s * 1000:g} ms "
+            "before every gradient bucket's all-reduce")
 
 
 SLOW_LOADER_ENV = "BENCH_SLOW_LOADER_MS"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import strategies
 from bench.cluster import slurm_task
-from bench.config import GPU_LOADER_WORKERS, RunConfig
+from bench.config import GPU_LOADER_WORKERS, RunConfig, StrategyOptions
 from bench.data import SYNTHETIC_SIZES, prepare_cifar100
 from bench.datasets import check_memory
 from bench.errors import ConfigError
@@ -55,17 +55,62 @@ def resolve_strategy(cfg: RunConfig) -> Strategy:
         raise ConfigError(exc.args[0]) from None
 
 
+# Each part of StrategyOptions: its fields' flags, and whose options they are.
+_OPTION_FLAGS = {
+    "ddp": {"bucket_cap_mb": "--bucket-cap-mb",
+            "gradient_as_bucket_view": "--gradient-as-bucket-view",
+            "static_graph": "--static-graph", "find_unused_parameters": "--find-unused-parameters",
+            "broadcast_buffers": "--no-broadcast-buffers", "comm_hook": "--ddp-comm-hook",
+            "powersgd_rank": "--powersgd-rank"},
+    "apex": {"opt_level": "--apex-opt-level", "ddp": "--apex-ddp"},
+    "horovod": {"compression": "--hvd-compression"},
+    "fsdp": {"reshard_after_forward": "--no-reshard-after-forward"},
+}
+_WHOSE = {"ddp": ("a", "torch DDP"), "apex": ("a", "ddp-apex"), "horovod": ("a", "horovod"),
+          "fsdp": ("an", "fsdp")}
+
+
 def check_strategy_options(cfg: RunConfig, strategy: Strategy) -> None:
     """Options that belong to some strategies only change nothing elsewhere: refused there
     rather than recorded as if they had run."""
-    if cfg.ddp_comm_hook != "none" and not strategy.accepts_ddp_comm_hook:
-        instead = (" (its counterpart: --hvd-compression fp16)" if strategy.name == "horovod"
-                   else "")
-        raise ConfigError(f"--ddp-comm-hook is a torch DDP option; {strategy.name} does not "
-                          f"wrap the model in torch's DDP{instead}")
-    if not cfg.reshard_after_forward and strategy.name != "fsdp":
-        raise ConfigError("--no-reshard-after-forward is an fsdp option; drop it for "
-                          f"{strategy.name}")
+    given, defaults = cfg.strategy_options, StrategyOptions()
+    for part, flags in _OPTION_FLAGS.items():
+        if part in strategy.own_options:
+            continue
+        named = [flag for name, flag in flags.items()
+                 if getattr(getattr(given, part), name) != getattr(getattr(defaults, part), name)]
+        if named:
+            raise ConfigError(_refusal(part, named, strategy.name))
+
+
+def _refusal(part: str, flags: list[str], strategy: str) -> str:
+    article, whose = _WHOSE[part]
+    which = (f"{flags[0]} is {article} {whose} option" if len(flags) == 1
+             else f"{', '.join(flags)} are {whose} options")
+    if part != "ddp":
+        hint = " (torch DDP's counterpart: --ddp-comm-hook fp16)" if part == "horovod" else ""
+        return f"{which}{hint}; drop {'it' if len(flags) == 1 else 'them'} for {strategy}"
+    instead = ""
+    if strategy == "horovod" and "--ddp-comm-hook" in flags:
+        instead = " (its counterpart: --hvd-compression fp16)"
+    elif strategy == "ddp-apex":
+        instead = " with --apex-ddp apex (--apex-ddp torch does)"
+    return f"{which}; {strategy} does not wrap the model in torch's DDP{instead}"
+
+
+_STARTS_RANKS = {"inline": "runs in one process", "spawn": "starts its ranks with mp.spawn",
+                 "torch.distributed.launch": "starts its ranks with torch.distributed.launch",
+                 "horovodrun": "starts its ranks with horovodrun",
+                 "slurm": "runs as srun tasks here"}
+
+
+def check_launch_options(cfg: RunConfig, strategy: Strategy, launcher: str) -> None:
+    """torchrun's restarts asked of a run that torchrun does not start change nothing:
+    refused, as other strategies' options are."""
+    if cfg.max_restarts and launcher != "torchrun":
+        raise ConfigError(f"--max-restarts is a torchrun option; {strategy.name} "
+                          f"{_STARTS_RANKS.get(launcher, 'starts its ranks with ' + launcher)}"
+                          ": drop it")
 
 
 def check_srun_task(strategy: Strategy, alternative: str = "") -> None:

@@ -32,6 +32,7 @@ from bench.mlperf_log import check_mllog_path
 from bench.models import check_model_builds
 from bench.parts import tf32_label
 from bench.preflight import (
+    check_launch_options,
     check_output_writable,
     check_srun_task,
     check_strategy_options,
@@ -100,6 +101,7 @@ class RunPlan:
         )
         self.strategy.check(self.topology, cfg.features)
         check_strategy_options(cfg, self.strategy)
+        check_launch_options(cfg, self.strategy, self.launcher)
         self.processes = self.strategy.num_processes(self.topology)
         self.replicas = self.strategy.num_replicas(self.topology)
         self.local_processes = self.processes

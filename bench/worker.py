@@ -44,6 +44,7 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", strategy.world_size))
     threads = cpu_threads_per_process(local_processes)
     torch.set_num_threads(threads)
+    slow_communication_from_env(strategy)
     parts = build_model_and_optimizer(cfg, strategy)
     split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
     loaders = build_loaders(cfg, strategy, micro_batch=split.micro,
@@ -52,7 +53,6 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     defect = defect_from_env()
     if defect:
         inject_defect(defect, parts, loaders.sampler, strategy)
-    slow_communication_from_env(parts, strategy)
     record, mllog = None, None
     if strategy.is_main:
         record = (RunRecord.load(spec.record_path) if spec.record_path.exists()

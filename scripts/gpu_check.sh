@@ -235,6 +235,8 @@ item variants fsdp_bf16 30 "${small_run[@]}" --strategy fsdp --gpus 1 --precisio
 item variants fsdp_no_reshard 30 "${small_run[@]}" --strategy fsdp --gpus 1 --no-reshard-after-forward
 item variants hook_fp16 30 "${small_run[@]}" --strategy ddp --gpus 1 --ddp-comm-hook fp16
 item variants hook_powersgd 30 "${small_run[@]}" --strategy ddp --gpus 1 --ddp-comm-hook powersgd
+[ $mode = gpu ] && item variants hook_fp16_apex_torch 30 "${small_run[@]}" --strategy ddp-apex --gpus 1 \
+  --apex-ddp torch --ddp-comm-hook fp16
 # 2 ranks with the comm probe: the hook's own work measured on a DDP of each rank alone
 # shellcheck disable=SC2086
 item variants hook_powersgd_n2 30 "${small_run[@]}" --strategy ddp --gpus 2 $shared \

@@ -31,7 +31,7 @@ REGISTRY: dict[str, Callable[[StrategyOptions], Strategy]] = {
     "ddp-zero": lambda o: DDPZeroStrategy("ddp-zero", ddp=o.ddp),
     "ddp-apex": lambda o: ApexStrategy("ddp-apex", apex=o.apex, ddp=o.ddp),
     "horovod": lambda o: HorovodStrategy("horovod", options=o.horovod),
-    "fsdp": lambda o: FSDPStrategy("fsdp", ddp=o.ddp, fsdp=o.fsdp),
+    "fsdp": lambda o: FSDPStrategy("fsdp", fsdp=o.fsdp),
 }
 
 

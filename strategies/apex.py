@@ -72,6 +72,10 @@ class ApexStrategy(DDPStrategy):
         super().__init__(name, ddp=ddp, launcher=launcher)
         self.apex_options = apex or ApexOptions()
 
+    @property
+    def own_options(self) -> frozenset[str]:  # apex.parallel's DDP takes none of torch DDP's
+        return frozenset({"apex", "ddp"} if self.apex_options.ddp == "torch" else {"apex"})
+
     def requires(self, device_type: str, backend: str | None = None) -> str | None:
         problems = []
         if device_type != "cuda":
@@ -117,6 +121,7 @@ class ApexStrategy(DDPStrategy):
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index], **_ddp_call_kwargs(self.ddp_options)
             )
+            self.register_comm_hook(model)
         self.notes.append(f"apex {opt_level}, {which_ddp} DDP, apex build: {apex_build()}")
         return model, optimizer
 

@@ -35,7 +35,9 @@ class Strategy:
 
     launcher: str = "inline"
     summary: str = ""
-    accepts_ddp_comm_hook = False  # wraps the model in torch's DDP (--ddp-comm-hook)
+    # the parts of StrategyOptions it honours (ddp, apex, horovod, fsdp): the flags of the
+    # others change nothing here, so bench run refuses them (bench.preflight)
+    own_options: frozenset[str] = frozenset()
     collective_forward = False  # True when every forward is a collective (FSDP)
     replicates_parameters = True  # every rank holds all parameters (False: sharded, FSDP)
 
@@ -53,6 +55,9 @@ class Strategy:
         self.device = torch.device("cpu")
         self.norm = "per-replica-bn"
         self.notes: list[str] = []
+        # BENCH_SLOW_COMM_MS (a test hook): a wait before each gradient bucket's all-reduce,
+        # honoured by strategies that wrap the model in torch's DDP
+        self.bucket_delay_s = 0.0
 
     # ---- in the launching process -------------------------------------------------------
     def requires(self, device_type: str, backend: str | None = None) -> str | None:

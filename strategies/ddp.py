@@ -5,6 +5,7 @@ launcher sets RANK / WORLD_SIZE / LOCAL_RANK, the strategy reads them."""
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -14,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bench.config import DDPOptions, Features, Topology
 from bench.errors import ConfigError
+from bench.faults import slow_communication_note
 from bench.precision import Precision
 from strategies.base import Strategy, SyncOff
 
@@ -102,27 +104,42 @@ def powersgd_elements(module: nn.Module, rank: int) -> int:
     return total
 
 
+def _delayed(hook, delay_s: float):
+    """The hook, after a blocking wait of ``delay_s`` seconds per bucket (a slow link)."""
+
+    def slow(state, bucket):
+        time.sleep(delay_s)
+        return hook(state, bucket)
+
+    return slow
+
+
 def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
-                       backend: str = "nccl", group=None) -> str | None:
+                       backend: str = "nccl", group=None, delay_s: float = 0.0) -> str | None:
     """DDP's own gradient compression (``--ddp-comm-hook``); returns the note saying what it
     does. fp16 / bf16: each bucket is cast (and divided by the world size) before the
     all-reduce and cast back after it, as Horovod's fp16 compression does. PowerSGD: each
     large gradient matrix is all-reduced as two rank-r factors, with error feedback and
     warm start; it starts at the second step (torch's default waits 1,000 steps, which a
     benchmark run would never leave) and all-reduces vectors (biases, BatchNorm) as they
-    are. ``group``: the process group the hook all-reduces over (default: every rank)."""
-    if options.comm_hook == "none":
-        return None
+    are. ``group``: the process group the hook all-reduces over (default: every rank).
+    ``delay_s`` (the ``BENCH_SLOW_COMM_MS`` test hook): a wait before every bucket's
+    communication, in front of whichever hook runs (DDP takes one hook only)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+    if options.comm_hook == "none":
+        if delay_s:
+            model.register_comm_hook(group, _delayed(default_hooks.allreduce_hook, delay_s))
+        return None
     if options.comm_hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(
             process_group=group, matrix_approximation_rank=options.powersgd_rank,
             min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True, random_seed=0)
         serial = backend == "gloo"
-        model.register_comm_hook(state, _one_bucket_at_a_time(powerSGD_hook.powerSGD_hook)
-                                 if serial else powerSGD_hook.powerSGD_hook)
+        hook = (_one_bucket_at_a_time(powerSGD_hook.powerSGD_hook) if serial
+                else powerSGD_hook.powerSGD_hook)
+        model.register_comm_hook(state, _delayed(hook, delay_s) if delay_s else hook)
         sent = powersgd_elements(model.module, options.powersgd_rank)
         total = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
         return (f"DDP comm hook: PowerSGD rank {options.powersgd_rank} (error feedback, warm "
@@ -132,7 +149,8 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
                    "collectives)" if serial else ""))
     hook = {"fp16": default_hooks.fp16_compress_hook,
             "bf16": default_hooks.bf16_compress_hook}[options.comm_hook]
-    model.register_comm_hook(group, hook)  # the cast hooks' state is their process group
+    # the cast hooks' state is their process group
+    model.register_comm_hook(group, _delayed(hook, delay_s) if delay_s else hook)
     return (f"DDP comm hook: gradients all-reduced in {options.comm_hook} (cast before, "
             "cast back after)")
 
@@ -140,7 +158,7 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
 class DDPStrategy(Strategy):
     summary = "DistributedDataParallel, one process per GPU"
     launcher = "torchrun"
-    accepts_ddp_comm_hook = True
+    own_options = frozenset({"ddp"})
 
     def __init__(self, name: str, *, ddp: DDPOptions | None = None,
                  launcher: str | None = None, summary: str | None = None) -> None:
@@ -200,10 +218,18 @@ class DDPStrategy(Strategy):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids,
                                           **_ddp_call_kwargs(self.ddp_options))
-        note = register_comm_hook(wrapped, self.ddp_options, dist.get_backend())
+        self.register_comm_hook(wrapped)
+        return wrapped
+
+    def register_comm_hook(self, model: DistributedDataParallel) -> None:
+        """The run's comm hook on its DDP model, behind the test hook's wait if one is set;
+        each noted in the record."""
+        note = register_comm_hook(model, self.ddp_options, dist.get_backend(),
+                                  delay_s=self.bucket_delay_s)
         if note:
             self.notes.append(note)
-        return wrapped
+        if self.bucket_delay_s:
+            self.notes.append(slow_communication_note(self.bucket_delay_s))
 
     def no_sync(self, model: nn.Module):
         return model.no_sync()

@@ -10,7 +10,7 @@ import contextlib
 import torch
 from torch import nn
 
-from bench.config import DDPOptions, Features, FSDPOptions, Topology
+from bench.config import Features, FSDPOptions, Topology
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import SyncOff
@@ -33,11 +33,10 @@ class FSDPStrategy(DDPStrategy):
     summary = "FSDP2: fully_shard per residual stage + root"
     collective_forward = True  # every forward all-gathers: ranks must evaluate in lockstep
     replicates_parameters = False  # each rank holds a shard: "replicas identical" has no object
-    accepts_ddp_comm_hook = False
+    own_options = frozenset({"fsdp"})
 
-    def __init__(self, name: str, *, ddp: DDPOptions | None = None,
-                 fsdp: FSDPOptions | None = None) -> None:
-        super().__init__(name, ddp=ddp)
+    def __init__(self, name: str, *, fsdp: FSDPOptions | None = None) -> None:
+        super().__init__(name)
         self.fsdp_options = fsdp or FSDPOptions()
 
     def record_options(self) -> dict | None:

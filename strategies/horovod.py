@@ -31,6 +31,7 @@ def horovodrun_command() -> list[str]:
 class HorovodStrategy(Strategy):
     launcher = "horovodrun"
     summary = "Horovod DistributedOptimizer (horovodrun --gloo)"
+    own_options = frozenset({"horovod"})
 
     def __init__(self, name: str, *, options: HorovodOptions | None = None,
                  launcher: str | None = None) -> None:

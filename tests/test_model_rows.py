@@ -93,7 +93,15 @@ def test_the_self_test_keeps_its_power_under_a_cast_hook():
 @pytest.mark.parametrize("strategy, args, says", [
     ("fsdp", ["--ddp-comm-hook", "fp16"], "fsdp does not wrap the model in torch's DDP"),
     ("horovod", ["--ddp-comm-hook", "fp16"], "counterpart: --hvd-compression fp16"),
+    ("ddp-apex", ["--ddp-comm-hook", "fp16"], "with --apex-ddp apex (--apex-ddp torch does)"),
     ("ddp", ["--no-reshard-after-forward"], "--no-reshard-after-forward is an fsdp option"),
+    ("fsdp", ["--bucket-cap-mb", "50"], "--bucket-cap-mb is a torch DDP option; fsdp does not"),
+    ("dp", ["--static-graph", "--no-broadcast-buffers"],
+     "--static-graph, --no-broadcast-buffers are torch DDP options; dp does not wrap"),
+    ("ddp", ["--hvd-compression", "fp16"], "--hvd-compression is a horovod option"),
+    ("ddp-amp", ["--apex-opt-level", "O2"], "--apex-opt-level is a ddp-apex option; drop it"),
+    ("ddp-spawn", ["--max-restarts", "1"],
+     "--max-restarts is a torchrun option; ddp-spawn starts its ranks with mp.spawn"),
     ("ddp", ["--powersgd-rank", "4"], "--powersgd-rank needs --ddp-comm-hook powersgd"),
     ("ddp", ["--ddp-comm-hook", "topk"], "argument --ddp-comm-hook: invalid choice"),
 ])

@@ -55,6 +55,20 @@ def test_exposed_communication_responds_to_communication_cost(tmp_path):
     assert plain["summary"]["input_wait_share"] < 0.3, plain["summary"]
 
 
+def test_a_slow_link_waits_in_front_of_a_comm_hook(tmp_path):
+    """The injected 60 ms wait per bucket goes in front of the run's own comm hook (DDP
+    takes one hook only: registering a second one failed at start-up), every step waits at
+    least once, and the rank-alone copy that measures PowerSGD's own work carries no wait."""
+    assert_ok(run_bench("run", *SMALL, "--ddp-comm-hook", "powersgd", "--output",
+                        str(tmp_path), env={"BENCH_SLOW_COMM_MS": "60"}))
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    assert any(n.startswith("DDP comm hook: PowerSGD") for n in rec["notes"]), rec["notes"]
+    assert any("SLOW COMMUNICATION INJECTED" in n for n in rec["notes"]), rec["notes"]
+    assert rec["per_epoch"][1]["step_time_p50_s"] >= 0.06
+    assert 0 < rec["hook_work_s"] < 0.03, rec["hook_work_s"]
+
+
 @pytest.mark.serial  # compares a measured rate with training's: no neighbour's load
 def test_loader_alone_finds_an_input_bound_run(tmp_path):
     """Every training image waits 20 ms before it is served (BENCH_SLOW_LOADER_MS, as a
