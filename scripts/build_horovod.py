@@ -18,6 +18,9 @@ the offline path is the path taken every time:
      ``libnccl.so`` beside its ``libnccl.so.2``, so a link folder is made), kernels for the
      visible GPUs' architectures only (``HOROVOD_BUILD_CUDA_CC_LIST`` overrides).
    - CPU mode (otherwise): no CUDA code at all. ``HOROVOD_BUILD_MODE=cpu|gpu`` overrides.
+     A GPU machine without a toolkit installs a GPU-mode wheel from the cache when one was
+     built for its torch and Python elsewhere (``HOROVOD_BUILD_MODE=gpu`` cross-compiles it
+     for sm_90 where nvcc is; ``make gpu-wheels`` does so for the GPU machine).
 
 The wheel is kept in ``.cache/horovod/`` under a name with the torch version and mode, so a
 second ``make horovod`` installs it in seconds (``HOROVOD_WHEEL_CACHE`` moves that folder,
@@ -288,6 +291,18 @@ def verify(target: Path | None) -> None:
     run([sys.executable, "-m", "horovod.runner.launch", "--check-build"], env=env)
 
 
+def wheel_tag(torch_version: str, mode: str, std: int) -> str:
+    """The cache folder of the wheels built for this torch, mode and C++ standard."""
+    return f"torch{torch_version.replace('+', '_')}-{mode}-cxx{std}"
+
+
+def cached_wheels(torch_version: str, mode: str, std: int) -> list[Path]:
+    """Wheels in the cache for this torch, mode and C++ standard, built for this Python."""
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    return sorted((CACHE / wheel_tag(torch_version, mode, std)).glob(
+        f"horovod-{VERSION}-{python}-*.whl"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheelhouse", type=Path, default=WHEELHOUSE,
@@ -310,15 +325,21 @@ def main() -> None:
     torch_version, torch_dir, torch_has_cuda = torch_info()
     std = cxx_standard(torch_dir)
     mode, toolkit = choose_mode(torch_has_cuda)
-    tag = f"torch{torch_version.replace('+', '_')}-{mode}-cxx{std}"
+    if (mode == "cpu" and not os.environ.get("HOROVOD_BUILD_MODE") and torch_has_cuda
+            and visible_capabilities() and cached_wheels(torch_version, "gpu", std)):
+        log("no CUDA toolkit here, but the cache holds a GPU wheel built elsewhere for this "
+            "torch and Python: installing it (NCCL and the CUDA runtime come from torch's "
+            "wheels)")
+        mode = "gpu"
+    tag = wheel_tag(torch_version, mode, std)
     shutil.rmtree(TOOLS, ignore_errors=True)
     install_build_deps(house, separate=args.target is not None)
-    cached = sorted((CACHE / tag).glob(f"horovod-{VERSION}-*.whl"))
+    cached = cached_wheels(torch_version, mode, std)
     if not cached:
         log(f"building Horovod {VERSION} for torch {torch_version}: {mode} mode, C++{std}, "
             "package index off")
         build_wheel(house, CACHE / tag, std, mode, toolkit)
-        cached = sorted((CACHE / tag).glob(f"horovod-{VERSION}-*.whl"))
+        cached = cached_wheels(torch_version, mode, std)
     else:
         log(f"using the cached wheel {cached[-1].relative_to(ROOT)}")
     install(cached[-1], house, args.target.resolve() if args.target else None)

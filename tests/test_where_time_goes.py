@@ -66,7 +66,8 @@ def test_a_slow_link_waits_in_front_of_a_comm_hook(tmp_path):
     assert any(n.startswith("DDP comm hook: PowerSGD") for n in rec["notes"]), rec["notes"]
     assert any("SLOW COMMUNICATION INJECTED" in n for n in rec["notes"]), rec["notes"]
     assert rec["per_epoch"][1]["step_time_p50_s"] >= 0.06
-    assert 0 < rec["hook_work_s"] < 0.03, rec["hook_work_s"]
+    # measured (None: not), and far below one wait (0 when below the noise of a tiny model)
+    assert rec["hook_work_s"] is not None and rec["hook_work_s"] < 0.03, rec["hook_work_s"]
 
 
 @pytest.mark.serial  # compares a measured rate with training's: no neighbour's load
