@@ -90,11 +90,11 @@ def _refusal(part: str, flags: list[str], strategy: str) -> str:
     if part != "ddp":
         hint = " (torch DDP's counterpart: --ddp-comm-hook fp16)" if part == "horovod" else ""
         return f"{which}{hint}; drop {'it' if len(flags) == 1 else 'them'} for {strategy}"
+    if strategy == "ddp-apex":
+        return f"{which}; ddp-apex wraps the model in apex's DDP: add --apex-ddp torch or drop it"
     instead = ""
     if strategy == "horovod" and "--ddp-comm-hook" in flags:
         instead = " (its counterpart: --hvd-compression fp16)"
-    elif strategy == "ddp-apex":
-        instead = " with --apex-ddp apex (--apex-ddp torch does)"
     return f"{which}; {strategy} does not wrap the model in torch's DDP{instead}"
 
 

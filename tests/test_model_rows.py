@@ -93,7 +93,7 @@ def test_the_self_test_keeps_its_power_under_a_cast_hook():
 @pytest.mark.parametrize("strategy, args, says", [
     ("fsdp", ["--ddp-comm-hook", "fp16"], "fsdp does not wrap the model in torch's DDP"),
     ("horovod", ["--ddp-comm-hook", "fp16"], "counterpart: --hvd-compression fp16"),
-    ("ddp-apex", ["--ddp-comm-hook", "fp16"], "with --apex-ddp apex (--apex-ddp torch does)"),
+    ("ddp-apex", ["--ddp-comm-hook", "fp16"], "apex's DDP: add --apex-ddp torch or drop it"),
     ("ddp", ["--no-reshard-after-forward"], "--no-reshard-after-forward is an fsdp option"),
     ("fsdp", ["--bucket-cap-mb", "50"], "--bucket-cap-mb is a torch DDP option; fsdp does not"),
     ("dp", ["--static-graph", "--no-broadcast-buffers"],
