@@ -69,19 +69,17 @@ gpu-deps: $(STAMP)
 	  git -C $(GPU_DEPS)/apex-clone archive --prefix=apex-25.05/ \
 	    -o $(abspath $(GPU_DEPS))/apex-25.05.tar.gz HEAD && rm -rf $(GPU_DEPS)/apex-clone; fi
 
-# Optional, before a lease: Horovod and apex built here for the GPU machine into
-# $(GPU_DEPS)/built, so that its build items install cached wheels instead of compiling
-# (Horovod ~200 s, apex ~140 s of the lease). GPU_PYTHON_BIN: an interpreter with the GPU
-# machine's Python and torch (e.g. a venv with torch==2.11.0); nvcc on PATH (they
-# cross-compile for sm_90). The wheels are used only where torch, Python (and, for apex,
-# nvcc) match.
+# Optional, before a lease: the GPU check's build phase, run here with the GPU machine's
+# Python and torch, fills $(GPU_DEPS)/built so that its build items there install cached
+# wheels instead of compiling (Horovod ~200 s, apex ~140 s of the lease). GPU_PYTHON_BIN: an
+# interpreter with that Python and torch (e.g. a venv with torch==2.11.0); nvcc on PATH (they
+# cross-compile for sm_90; Horovod in GPU mode though no GPU is here). The wheels are used
+# only where torch, Python (and, for apex, nvcc) match.
 gpu-wheels:
 	@[ -n "$(GPU_PYTHON_BIN)" ] || { echo "set GPU_PYTHON_BIN=/path/to/python (the GPU machine's Python and torch)"; exit 2; }
-	HOROVOD_BUILD_MODE=gpu HOROVOD_WHEEL_CACHE=$(abspath $(GPU_DEPS))/built/horovod \
-	  $(GPU_PYTHON_BIN) scripts/build_horovod.py --wheelhouse $(GPU_DEPS)/horovod-wheelhouse \
-	  --target build/gpu-wheels/horovod
-	APEX_SRC=$(abspath $(GPU_DEPS))/apex-25.05.tar.gz APEX_WHEEL_CACHE=$(abspath $(GPU_DEPS))/built/apex \
-	  $(GPU_PYTHON_BIN) scripts/build_apex.py --target build/gpu-wheels/apex
+	rm -rf build/gpu-wheels
+	HOROVOD_BUILD_MODE=gpu PYTHON=$(GPU_PYTHON_BIN) scripts/gpu_check.sh --cpu --deps $(GPU_DEPS) \
+	  --phase build build/gpu-wheels
 
 table: $(STAMP)
 	rm -rf $(TABLE_NEW)

@@ -105,7 +105,10 @@ def powersgd_elements(module: nn.Module, rank: int) -> int:
 
 
 def _delayed(hook, delay_s: float):
-    """The hook, after a blocking wait of ``delay_s`` seconds per bucket (a slow link)."""
+    """The hook, after a blocking wait of ``delay_s`` seconds per bucket (a slow link); the
+    hook itself without one."""
+    if not delay_s:
+        return hook
 
     def slow(state, bucket):
         time.sleep(delay_s)
@@ -139,7 +142,7 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
         serial = backend == "gloo"
         hook = (_one_bucket_at_a_time(powerSGD_hook.powerSGD_hook) if serial
                 else powerSGD_hook.powerSGD_hook)
-        model.register_comm_hook(state, _delayed(hook, delay_s) if delay_s else hook)
+        model.register_comm_hook(state, _delayed(hook, delay_s))
         sent = powersgd_elements(model.module, options.powersgd_rank)
         total = sum(p.numel() for p in model.module.parameters() if p.requires_grad)
         return (f"DDP comm hook: PowerSGD rank {options.powersgd_rank} (error feedback, warm "
@@ -150,7 +153,7 @@ def register_comm_hook(model: DistributedDataParallel, options: DDPOptions,
     hook = {"fp16": default_hooks.fp16_compress_hook,
             "bf16": default_hooks.bf16_compress_hook}[options.comm_hook]
     # the cast hooks' state is their process group
-    model.register_comm_hook(group, _delayed(hook, delay_s) if delay_s else hook)
+    model.register_comm_hook(group, _delayed(hook, delay_s))
     return (f"DDP comm hook: gradients all-reduced in {options.comm_hook} (cast before, "
             "cast back after)")
 
