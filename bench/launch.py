@@ -175,16 +175,30 @@ def _tee(stream, tail: collections.deque[str], echo: threading.Event) -> None:
         tail.append(text)
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?"
-                         r"exitcode\s*:\s*(-?\d+)", re.S)
+_REPORT = "Root Cause (first observed failure):"
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_AFTER_A_PEER = {signal.SIGABRT, signal.SIGTERM}  # how ranks end once a peer has died
 
 
 def _signal_root_cause(text: str) -> tuple[int, int] | None:
-    """(rank, signal) when torchrun's failure report blames a rank killed by a signal."""
-    found = _ROOT_CAUSE.search(text)
-    if found is None or int(found.group(2)) >= 0:
+    """(rank, signal) when torchrun's failure report blames a rank killed by a signal.
+
+    torchrun lists every rank that ended, the peers it stopped (SIGTERM) included, and names
+    the earliest as root cause; failures seen in one poll share a timestamp, so it names the
+    lowest rank. A peer that aborted (SIGABRT) on a broken collective, or that torchrun
+    stopped, can then take the blame of a rank killed by another signal: that one is named.
+    """
+    at = text.rfind(_REPORT)
+    root = _FAILURE.search(text, at) if at >= 0 else None
+    if root is None or int(root.group(2)) >= 0:
         return None
-    return int(found.group(1)), -int(found.group(2))
+    rank, signum = int(root.group(1)), -int(root.group(2))
+    if signum in _AFTER_A_PEER:
+        listed = text.rfind("Failures:", 0, at)
+        for other, code in _FAILURE.findall(text[listed if listed >= 0 else at:]):
+            if int(code) < 0 and -int(code) not in _AFTER_A_PEER:
+                return int(other), -int(code)
+    return rank, signum
 
 
 def _child_env(threads: int) -> dict[str, str]:

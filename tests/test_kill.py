@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, alive, only_record, run_bench
 
+from bench import launch
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
@@ -109,6 +110,35 @@ def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
     assert rec["error"].startswith("rank 1 was killed by signal 9 (SIGKILL) [in "), rec["error"]
     assert "epoch" in rec["error"]  # the phase it last reported
     assert not _gone_within(10, f"bench-{run_id}-")
+
+
+def test_a_killed_rank_is_named_when_torchrun_blames_the_peer_that_aborted(tmp_path):
+    """Real torchrun, two ranks: rank 1 is SIGKILLed, rank 0 aborts the moment it is gone
+    (as a peer whose collective broke does). torchrun sees both in one poll, stamps them
+    with the same second and names rank 0 as root cause; the run must still name rank 1."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "pid_file = sys.argv[1]\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    open(pid_file + '.tmp', 'w').write(str(os.getpid()))\n"
+        "    os.rename(pid_file + '.tmp', pid_file)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "while not os.path.exists(pid_file):\n"
+        "    time.sleep(0.01)\n"
+        "pid = int(open(pid_file).read())\n"
+        "while os.path.exists(f'/proc/{pid}') and "
+        "open(f'/proc/{pid}/stat').read().split(')')[-1].split()[0] != 'Z':\n"
+        "    time.sleep(0.001)\n"
+        "os.abort()\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--monitor-interval", "2", str(script), str(tmp_path / "pid-rank1")],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    report = proc.stderr[proc.stderr.rfind("Root Cause"):]
+    assert "exitcode  : -6" in report, proc.stderr  # torchrun blames the aborted rank 0
+    assert launch._signal_root_cause(proc.stderr) == (1, signal.SIGKILL)
 
 
 def _descendants(pid: int) -> set[int]:
