@@ -212,7 +212,7 @@ def install_build_deps(house: Path, *, separate: bool) -> None:
     installed into) into ``build/horovod/tools``, which the build then puts on its paths."""
     offline = ["--no-index", "--find-links", str(house)]
     if not separate:
-        run(pip("install", "--quiet", *offline, *BUILD_DEPS, *RUNTIME_DEPS))
+        run(pip("install", "--quiet", *offline, *BUILD_DEPS))
         return
     run(pip("install", "--quiet", *offline, "--target", str(TOOLS), "--upgrade", *BUILD_DEPS))
 
@@ -275,8 +275,7 @@ def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | Non
 def install(wheel: Path, house: Path, target: Path | None) -> None:
     offline = ["--no-index", "--find-links", str(house)]
     where = ["--target", str(target), "--upgrade"] if target else []
-    if target:  # a separate folder also needs the run-time dependencies
-        run(pip("install", "--quiet", *offline, *where, *RUNTIME_DEPS))
+    run(pip("install", "--quiet", *offline, *where, *RUNTIME_DEPS))
     run(pip("install", "--quiet", *offline, *where, "--no-deps", "--force-reinstall",
             str(wheel)))
 
@@ -333,9 +332,9 @@ def main() -> None:
         mode = "gpu"
     tag = wheel_tag(torch_version, mode, std)
     shutil.rmtree(TOOLS, ignore_errors=True)
-    install_build_deps(house, separate=args.target is not None)
     cached = cached_wheels(torch_version, mode, std)
     if not cached:
+        install_build_deps(house, separate=args.target is not None)
         log(f"building Horovod {VERSION} for torch {torch_version}: {mode} mode, C++{std}, "
             "package index off")
         build_wheel(house, CACHE / tag, std, mode, toolkit)
