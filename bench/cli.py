@@ -209,13 +209,23 @@ def cmd_list() -> int:
     return 0
 
 
+def _run_options(command: str, run_args: list[str]) -> argparse.Namespace:
+    """``bench run``'s options given to another command, which passes on what it does not
+    know itself; an option neither knows is named with both helps."""
+    run, unknown = build_parser().parse_known_args(["run", *run_args])
+    if unknown:
+        raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}; neither "
+                          f"`bench {command} --help` nor `bench run --help` lists it")
+    return run
+
+
 def cmd_sweep(args: argparse.Namespace, run_args: list[str]) -> int:
     from bench.sweep import parse_list, run_sweep
 
     for flag in ("--strategy", "--tag"):
         if any(a == flag or a.startswith(flag + "=") for a in run_args):
             raise ConfigError(f"bench sweep sets {flag} itself; use --strategies")
-    run = build_parser().parse_args(["run", "--strategy", "ddp", *run_args])
+    run = _run_options("sweep", ["--strategy", "ddp", *run_args])
     base = config_from_args(run)
     if base.mllog and "{run_id}" not in base.mllog:
         raise ConfigError("in a sweep, --mllog needs {run_id} in its name (one log per run), "
@@ -240,9 +250,8 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
         raise ConfigError(f"--time must look like HH:MM:SS (got {args.time!r})")
     # Validate the run options as the tasks will see them.
-    run = build_parser().parse_args(
-        ["run", "--strategy", args.strategy, "--gpus", str(args.gpus), *run_args]
-    )
+    run = _run_options("slurm", ["--strategy", args.strategy, "--gpus", str(args.gpus),
+                                 *run_args])
     cfg = config_from_args(run)
     cfg.validate()
     from bench.preflight import check_srun_task, resolve_strategy
@@ -270,7 +279,7 @@ def cmd_loader(args: argparse.Namespace, run_args: list[str]) -> int:
 
     if not any(a == "--strategy" or a.startswith("--strategy=") for a in run_args):
         run_args = ["--strategy", "ddp", *run_args]
-    run = build_parser().parse_args(["run", *run_args])
+    run = _run_options("loader", run_args)
     counts = parse_list(args.workers, "--workers", int) if args.workers is not None else None
     return sweep_loader(config_from_args(run), counts, args.steps, args.format)
 
@@ -288,9 +297,7 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
     for flag, default in defaults:
         if not given(flag):
             run_args = [flag, default, *run_args]
-    run = build_parser().parse_args(
-        ["run", "--strategy", "ddp", "--gpus", str(args.gpus), *run_args]
-    )
+    run = _run_options("verify", ["--strategy", "ddp", "--gpus", str(args.gpus), *run_args])
     names = parse_list(args.strategies, "--strategies") if args.strategies else None
     defects = parse_list(args.defects, "--defects") if args.defects else None
     if defects is not None and not args.self_test:
@@ -340,7 +347,10 @@ def _dispatch(argv: list[str]) -> int:
         if argv[:1] == ["verify"]:
             args, run_args = parser.parse_known_args(argv)
             return cmd_verify(args, run_args)
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # argparse would name `bench --help`, not the command's own
+            raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}; "
+                              f"see `bench {args.command} --help`")
         if args.command == "list":
             return cmd_list()
         if args.command == "run":

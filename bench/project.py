@@ -331,13 +331,16 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
         raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
                           "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
                           "same device, backend, ranks and nodes in RESULTS/probes")
-    print("run                               N  nodes  bucket MB  hook      delay ms  compute ms"
-          "  predicted ms  measured ms  error")
+    width = max(len(p["run_id"]) for p in points)
+    row = "{:<" + str(width) + "} {:>2} {:>5} {:>6} {:<8} {:>5} {:>8} {:>9} {:>8} {:>7}"
+    print(row.format("run", "N", "nodes", "bucket", "hook", "delay", "compute", "predicted",
+                     "measured", "error"))
+    print(row.format("", "", "", "MB", "", "ms", "ms", "ms", "ms", "").rstrip())
     for p in points:
-        print(f"{p['run_id']:<33} {p['world_size']:<2} {p['nodes']:>5} "
-              f"{p['bucket_cap_mb']:>10g}  {p['comm_hook']:<8} {p['injected_delay_ms']:>8g} "
-              f"{p['compute_ms']:>11.1f} {p['predicted_ms']:>13.1f} {p['measured_ms']:>12.1f} "
-              f"{p['error_pct']:>+5.1f}%")
+        print(row.format(p["run_id"], p["world_size"], p["nodes"], f"{p['bucket_cap_mb']:g}",
+                         p["comm_hook"], f"{p['injected_delay_ms']:g}",
+                         f"{p['compute_ms']:.1f}", f"{p['predicted_ms']:.1f}",
+                         f"{p['measured_ms']:.1f}", f"{p['error_pct']:+.1f}%"))
     errors = [abs(p["error_pct"]) for p in points]
     summary = {"date": _dt.date.today().isoformat(), "points": points,
                "median_error_pct": statistics.median(errors), "worst_error_pct": max(errors)}

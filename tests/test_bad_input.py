@@ -24,7 +24,15 @@ def _corrupt_copy(cifar_dir, tmp_path):
 
 CASES = {
     "unknown strategy": (["run", "--strategy", "nope", *BASE], "choose one of: dp, ddp"),
-    "unknown option": (["run", "--strategy", "ddp", "--frobnicate", *BASE], "--frobnicate"),
+    "unknown option": (["run", "--strategy", "ddp", "--frobnicate", *BASE],
+                       "--frobnicate; see `bench run --help`"),
+    "unknown option to report": (["report", "--frobnicate", "--results", "{here}"],
+                                 "see `bench report --help`"),
+    "unknown option to a sweep": (
+        ["sweep", "--strategies", "ddp", "--gpus", "1", "--frobnicate", *BASE],
+        "--frobnicate; neither `bench sweep --help` nor `bench run --help` lists it"),
+    "unknown option to verify": (["verify", "--frobnicate", *BASE],
+                                 "neither `bench verify --help` nor `bench run --help`"),
     "zero gpus": (["run", "--strategy", "ddp", *BASE, "--gpus", "0"], "--gpus must be"),
     "negative epochs": (["run", "--strategy", "ddp", *BASE, "--epochs", "-2"], "--epochs"),
     "gpu without --cpu": (
