@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -43,9 +42,8 @@ from bench.preflight import (
     shares_gpus,
 )
 from bench.record import RunRecord
-from bench.report.flags import input_bound
 from bench.results import new_run_id
-from bench.run_options import add_run_options
+from bench.run_summary import print_ok
 from bench.scratch import Scratch
 from bench.spec import WorkerSpec
 from strategies.base import cpu_threads_per_process
@@ -334,47 +332,6 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     return Outcome(status, error, rc, scratch)
 
 
-# The bench run options that shape the input pipeline (a loader sweep takes them all; the
-# rest would only lengthen the line)
-_PIPELINE_OPTIONS = {"--strategy", "--gpus", "--cpu", "--data", "--data-dir", "--no-download",
-                     "--synthetic-difficulty", "--synthetic-classes", "--image-size",
-                     "--train-limit", "--loader", "--batch-size", "--grad-accum", "--seed",
-                     "--model", "--channels-last", "--backend", "--no-slurm"}
-
-
-def loader_sweep_command(command: list[str], workers: int) -> str:
-    """The ``bench loader`` line that measures this run's input pipeline at its worker count
-    and at 2x and 4x it (``command``: the record's ``bench run ...``)."""
-    from bench.cli import _Parser  # its errors raise ConfigError instead of exiting
-
-    parser = _Parser(add_help=False)
-    add_run_options(parser)
-    args: list[str] = []
-    try:
-        given, _ = parser.parse_known_args(command[2:])
-    except ConfigError:  # not a command line bench run wrote: no options to repeat
-        given = None
-    for action in parser._actions if given is not None else []:
-        flag = action.option_strings[0]
-        value = getattr(given, action.dest)
-        if flag in _PIPELINE_OPTIONS and value != action.default:
-            args += [flag] if action.nargs == 0 else [flag, str(value)]
-    counts = sorted({workers, max(1, 2 * workers), max(2, 4 * workers)})
-    return shlex.join(["bench", "loader", *args, "--workers", ",".join(map(str, counts))])
-
-
-def _target_outcome(record: dict) -> str:
-    """'  90 % reached in 41.2 s (3 epochs)', or that it was not; empty without a target."""
-    target = record.get("target_top1")
-    if target is None:
-        return ""
-    if not record.get("reached_target"):
-        return f"  {target:g} % not reached"
-    epochs = record["epochs_to_target"]
-    return (f"  {target:g} % reached in {record['time_to_target_s']:.1f} s "
-            f"({epochs} epoch{'s' if epochs > 1 else ''})")
-
-
 def close_record(plan: RunPlan, outcome: Outcome) -> int:
     """Say how the run ended, in the record (unless another machine owns it) and on the
     terminal; returns the exit code."""
@@ -403,25 +360,7 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
     finally:
         shutil.rmtree(outcome.scratch.root, ignore_errors=True)
     if status == "ok":
-        summary = final.summary
-        median, speed = summary.get("median_epoch_time_s"), summary.get("median_images_per_s")
-        timing = (f"median epoch {median:.2f}s  {speed:.0f} img/s" if median is not None
-                  else "no timed epoch (the only epoch is the warm-up)")
-        share = summary.get("gpu_clock_share")
-        clock = f"  GPU clock {100 * share:.0f} % of max" if share is not None else ""
-        if summary.get("gpu_slowdowns"):
-            clock += f" ({', '.join(summary['gpu_slowdowns'])})"
-        if summary.get("images_per_joule"):
-            clock += f"  {summary['images_per_joule']:.1f} img/J"
-        feed = final.data.get("loader_alone_images_per_s")
-        bound = input_bound(speed, feed)
-        if bound:
-            clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
-        print(f"bench: ok  {timing}{clock}  final top1 "
-              f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
-        if bound and plan.cfg.loader == "torch":
-            print("bench: the loader set the pace; which worker count feeds faster:\n  "
-                  + loader_sweep_command(final.data["command"], plan.workers_per_replica))
+        print_ok(final, plan.cfg.loader, plan.workers_per_replica)
         return EXIT_OK
     print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
     return EXIT_INTERRUPTED if status == "interrupted" else EXIT_FAILED

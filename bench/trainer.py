@@ -4,12 +4,10 @@ evaluate, record. It never names a strategy; what differs lives in the strategy 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +15,6 @@ import torch
 from torch import nn
 
 from bench.across_ranks import (
-    full_tensor,
     global_mean,
     initial_fingerprint,
     replica_fingerprint,
@@ -42,6 +39,7 @@ from bench.record import EvalStats, RunRecord, TrainStats
 from bench.schedule import BatchSplit, lr_at
 from bench.scratch import Heartbeat
 from bench.timing import InputWait, step_intervals, step_mark
+from bench.verify_rank import run_verify
 from strategies.base import Strategy
 
 
@@ -362,17 +360,6 @@ def finish_run(trainer: Trainer) -> None:
                               trainer.strategy.compressed_gradient_elements(model))
 
 
-def run_verify(trainer: Trainer) -> None:
-    """bench verify: K steps, then rank 0 saves per-step losses and final parameters."""
-    train = trainer.train_epoch(0)
-    state = verify_state(trainer.parts.model)  # collective under FSDP: every rank
-    if trainer.record is not None:
-        save_verify_outputs(Path(trainer.cfg.verify_dir), train, state, trainer.strategy,
-                            trainer.parts.precision.label, trainer.cfg.grad_accum,
-                            trainer.parts.precision.scaler_state()["scaler_skipped_steps"])
-        trainer.record.finish_verify(trainer.strategy.norm, trainer.strategy.notes)
-
-
 def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
     """tqdm over one epoch's steps (rank 0 only), or None."""
     if not enabled:
@@ -396,23 +383,3 @@ def epoch_line(strategy: str, epochs: int, entry: dict[str, Any], width: int = 1
             f"top1 {100 * entry['top1']:.2f}%")
     gpus = epoch_suffix(entry.get("gpu_clocks"))
     return line + gpus if len(line + gpus) <= width else f"{line}\n  {gpus}"
-
-
-def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Final parameters of the unwrapped model (DP, DDP, apex), gathered whole, on CPU in
-    their own dtype (float64 under bench verify's fp32 check)."""
-    module = getattr(model, "module", model)
-    return {k: full_tensor(v.detach()).cpu().clone() for k, v in module.named_parameters()}
-
-
-def save_verify_outputs(out: Path, train: TrainStats, state: dict[str, torch.Tensor],
-                        strategy: Strategy, precision: str, grad_accum: int,
-                        scaler_skipped_steps: int | None = None) -> None:
-    """What ``bench verify`` compares with its reference: per-step losses and parameters,
-    and how the strategy cut the batch (its BatchNorm grouping)."""
-    torch.save(state, out / "params.pt")
-    (out / "losses.json").write_text(json.dumps({
-        "losses": list(train.step_losses), "precision": precision, "norm": strategy.norm,
-        "world_size": strategy.replicas, "processes": strategy.world_size,
-        "grad_accum": grad_accum, "scaler_skipped_steps": scaler_skipped_steps,
-    }))

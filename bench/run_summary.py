@@ -1,0 +1,75 @@
+"""The line ``bench run`` prints when a run ends ok: its pace, the GPUs' clocks and energy,
+top-1 and the target, and, where the loader set the pace, the ``bench loader`` line that
+finds a worker count that feeds faster."""
+
+from __future__ import annotations
+
+import shlex
+
+from bench.errors import ConfigError
+from bench.record import RunRecord
+from bench.report.flags import input_bound
+from bench.run_options import add_run_options
+
+
+def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
+    summary = final.summary
+    median, speed = summary.get("median_epoch_time_s"), summary.get("median_images_per_s")
+    timing = (f"median epoch {median:.2f}s  {speed:.0f} img/s" if median is not None
+              else "no timed epoch (the only epoch is the warm-up)")
+    share = summary.get("gpu_clock_share")
+    clock = f"  GPU clock {100 * share:.0f} % of max" if share is not None else ""
+    if summary.get("gpu_slowdowns"):
+        clock += f" ({', '.join(summary['gpu_slowdowns'])})"
+    if summary.get("images_per_joule"):
+        clock += f"  {summary['images_per_joule']:.1f} img/J"
+    feed = final.data.get("loader_alone_images_per_s")
+    bound = input_bound(speed, feed)
+    if bound:
+        clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
+    print(f"bench: ok  {timing}{clock}  final top1 "
+          f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
+    if bound and loader == "torch":
+        print("bench: the loader set the pace; which worker count feeds faster:\n  "
+              + loader_sweep_command(final.data["command"], workers_per_replica))
+
+
+# The bench run options that shape the input pipeline (a loader sweep takes them all; the
+# rest would only lengthen the line)
+_PIPELINE_OPTIONS = {"--strategy", "--gpus", "--cpu", "--data", "--data-dir", "--no-download",
+                     "--synthetic-difficulty", "--synthetic-classes", "--image-size",
+                     "--train-limit", "--loader", "--batch-size", "--grad-accum", "--seed",
+                     "--model", "--channels-last", "--backend", "--no-slurm"}
+
+
+def loader_sweep_command(command: list[str], workers: int) -> str:
+    """The ``bench loader`` line that measures this run's input pipeline at its worker count
+    and at 2x and 4x it (``command``: the record's ``bench run ...``)."""
+    from bench.cli import _Parser  # its errors raise ConfigError instead of exiting
+
+    parser = _Parser(add_help=False)
+    add_run_options(parser)
+    args: list[str] = []
+    try:
+        given, _ = parser.parse_known_args(command[2:])
+    except ConfigError:  # not a command line bench run wrote: no options to repeat
+        given = None
+    for action in parser._actions if given is not None else []:
+        flag = action.option_strings[0]
+        value = getattr(given, action.dest)
+        if flag in _PIPELINE_OPTIONS and value != action.default:
+            args += [flag] if action.nargs == 0 else [flag, str(value)]
+    counts = sorted({workers, max(1, 2 * workers), max(2, 4 * workers)})
+    return shlex.join(["bench", "loader", *args, "--workers", ",".join(map(str, counts))])
+
+
+def _target_outcome(record: dict) -> str:
+    """'  90 % reached in 41.2 s (3 epochs)', or that it was not; empty without a target."""
+    target = record.get("target_top1")
+    if target is None:
+        return ""
+    if not record.get("reached_target"):
+        return f"  {target:g} % not reached"
+    epochs = record["epochs_to_target"]
+    return (f"  {target:g} % reached in {record['time_to_target_s']:.1f} s "
+            f"({epochs} epoch{'s' if epochs > 1 else ''})")
