@@ -68,10 +68,12 @@ gpu-deps: $(STAMP)
 	  git clone --quiet --depth 1 --branch 25.05 https://github.com/NVIDIA/apex $(GPU_DEPS)/apex-clone && \
 	  git -C $(GPU_DEPS)/apex-clone archive --prefix=apex-25.05/ \
 	    -o $(abspath $(GPU_DEPS))/apex-25.05.tar.gz HEAD && rm -rf $(GPU_DEPS)/apex-clone; fi
+	$(BIN)/python scripts/carry_size.py $(GPU_DEPS)
 
 # Optional, before a lease: the GPU check's build phase, run here with the GPU machine's
 # Python and torch, fills $(GPU_DEPS)/built so that its build items there install cached
-# wheels instead of compiling (Horovod ~200 s, apex ~140 s of the lease). GPU_PYTHON_BIN: an
+# wheels instead of compiling (Horovod ~200 s, apex ~140 s of the lease), stripped of debug
+# sections so that the folder fits a call's 64 MiB (carry_size.py checks). GPU_PYTHON_BIN: an
 # interpreter with that Python and torch (e.g. a venv with torch==2.11.0); nvcc on PATH (they
 # cross-compile for sm_90; Horovod in GPU mode though no GPU is here). The wheels are used
 # only where torch, Python (and, for apex, nvcc) match.
@@ -80,6 +82,7 @@ gpu-wheels:
 	rm -rf build/gpu-wheels
 	HOROVOD_BUILD_MODE=gpu PYTHON=$(GPU_PYTHON_BIN) scripts/gpu_check.sh --cpu --deps $(GPU_DEPS) \
 	  --phase build build/gpu-wheels
+	$(BIN)/python scripts/carry_size.py $(GPU_DEPS)
 
 table: $(STAMP)
 	rm -rf $(TABLE_NEW)

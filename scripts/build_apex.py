@@ -31,6 +31,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from wheel_strip import strip_wheel  # scripts/ is on the path: run as a script
+
 TAG = "25.05"
 REPO = "https://github.com/NVIDIA/apex"
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,6 +214,9 @@ def try_build(src: Path, name: str, archs: str) -> Path | None:
         tail = " | ".join(done.stdout.strip().splitlines()[-3:])
         log(f"{name} build failed (log build/apex/{name}.log): {tail[-300:]}")
         return None
+    before, after = strip_wheel(wheels[-1])  # its extensions link with -g
+    log(f"debug sections stripped: {wheels[-1].name} {before / 2**20:.1f} MiB -> "
+        f"{after / 2**20:.1f} MiB")
     return wheels[-1]
 
 

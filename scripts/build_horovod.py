@@ -40,6 +40,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from wheel_strip import strip_wheel  # scripts/ is on the path: run as a script
+
 VERSION = "0.28.1"
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "horovod"
@@ -270,6 +272,10 @@ def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | Non
     patch_source(src, std, mode)
     run(pip("wheel", "--no-index", "--no-build-isolation", "--no-deps", "-w", str(out),
             str(src)), env=build_env(mode, toolkit, house))
+    for wheel in out.glob(f"horovod-{VERSION}-*.whl"):  # its CMake build links with -g
+        before, after = strip_wheel(wheel)
+        log(f"debug sections stripped: {wheel.name} {before / 2**20:.1f} MiB -> "
+            f"{after / 2**20:.1f} MiB")
 
 
 def install(wheel: Path, house: Path, target: Path | None) -> None:
