@@ -214,9 +214,7 @@ def try_build(src: Path, name: str, archs: str) -> Path | None:
         tail = " | ".join(done.stdout.strip().splitlines()[-3:])
         log(f"{name} build failed (log build/apex/{name}.log): {tail[-300:]}")
         return None
-    before, after = strip_wheel(wheels[-1])  # its extensions link with -g
-    log(f"debug sections stripped: {wheels[-1].name} {before / 2**20:.1f} MiB -> "
-        f"{after / 2**20:.1f} MiB")
+    log(strip_wheel(wheels[-1]))  # its extensions link with -g
     return wheels[-1]
 
 

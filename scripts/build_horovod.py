@@ -43,6 +43,7 @@ from pathlib import Path
 from wheel_strip import strip_wheel  # scripts/ is on the path: run as a script
 
 VERSION = "0.28.1"
+PYTHON_TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"  # of the wheels built here
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "horovod"
 CACHE = Path(os.environ.get("HOROVOD_WHEEL_CACHE", ROOT / ".cache" / "horovod"))
@@ -272,10 +273,8 @@ def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | Non
     patch_source(src, std, mode)
     run(pip("wheel", "--no-index", "--no-build-isolation", "--no-deps", "-w", str(out),
             str(src)), env=build_env(mode, toolkit, house))
-    for wheel in out.glob(f"horovod-{VERSION}-*.whl"):  # its CMake build links with -g
-        before, after = strip_wheel(wheel)
-        log(f"debug sections stripped: {wheel.name} {before / 2**20:.1f} MiB -> "
-            f"{after / 2**20:.1f} MiB")
+    for wheel in out.glob(f"horovod-{VERSION}-{PYTHON_TAG}-*.whl"):  # CMake links with -g
+        log(strip_wheel(wheel))
 
 
 def install(wheel: Path, house: Path, target: Path | None) -> None:
@@ -303,9 +302,8 @@ def wheel_tag(torch_version: str, mode: str, std: int) -> str:
 
 def cached_wheels(torch_version: str, mode: str, std: int) -> list[Path]:
     """Wheels in the cache for this torch, mode and C++ standard, built for this Python."""
-    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     return sorted((CACHE / wheel_tag(torch_version, mode, std)).glob(
-        f"horovod-{VERSION}-{python}-*.whl"))
+        f"horovod-{VERSION}-{PYTHON_TAG}-*.whl"))
 
 
 def main() -> None:

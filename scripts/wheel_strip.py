@@ -35,14 +35,12 @@ def _stripped(data: bytes, strip: str) -> bytes:
         return lib.read_bytes()
 
 
-def strip_wheel(wheel: Path) -> tuple[int, int]:
-    """Strip every ``.so`` in ``wheel`` in place; returns its size before and after (the
-    same when ``strip`` is missing or nothing had debug sections)."""
+def strip_wheel(wheel: Path) -> str:
+    """Strip every ``.so`` in ``wheel`` in place; returns a line saying what it did."""
     before = wheel.stat().st_size
     strip = shutil.which("strip")
     if strip is None:
-        print(f"[wheel_strip] no strip on PATH: {wheel.name} keeps its debug sections")
-        return before, before
+        return f"{wheel.name}: no strip on PATH, debug sections kept"
     with zipfile.ZipFile(wheel) as old:
         entries = [(info, old.read(info)) for info in old.infolist()]
     changed, records = False, []
@@ -52,7 +50,7 @@ def strip_wheel(wheel: Path) -> tuple[int, int]:
             if len(smaller) < len(data):
                 entries[i], changed = (info, smaller), True
     if not changed:
-        return before, before
+        return f"{wheel.name}: no debug sections ({before / 2**20:.1f} MiB)"
     record = next(info.filename for info, _ in entries
                   if info.filename.endswith(".dist-info/RECORD"))
     for info, data in entries:
@@ -67,16 +65,15 @@ def strip_wheel(wheel: Path) -> tuple[int, int]:
                 data = ("\n".join(records) + "\n").encode()
             new.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
     os.replace(tmp_name, wheel)
-    return before, wheel.stat().st_size
+    return (f"{wheel.name}: debug sections stripped, {before / 2**20:.1f} MiB -> "
+            f"{wheel.stat().st_size / 2**20:.1f} MiB")
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python scripts/wheel_strip.py WHEEL...")
     for name in sys.argv[1:]:
-        before, after = strip_wheel(Path(name))
-        print(f"[wheel_strip] {Path(name).name}: {before / 2**20:.1f} MiB -> "
-              f"{after / 2**20:.1f} MiB")
+        print(f"[wheel_strip] {strip_wheel(Path(name))}")
 
 
 if __name__ == "__main__":
