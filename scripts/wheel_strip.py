@@ -64,6 +64,7 @@ def strip_wheel(wheel: Path) -> str:
             if info.filename == record:
                 data = ("\n".join(records) + "\n").encode()
             new.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+    os.chmod(tmp_name, wheel.stat().st_mode)  # mkstemp's file is private (0600)
     os.replace(tmp_name, wheel)
     return (f"{wheel.name}: debug sections stripped, {before / 2**20:.1f} MiB -> "
             f"{wheel.stat().st_size / 2**20:.1f} MiB")

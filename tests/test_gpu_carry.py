@@ -52,6 +52,7 @@ def _sections(lib) -> list[str]:
                     reason="needs gcc and binutils (strip, readelf) to build and strip a library")
 def test_a_stripped_wheel_is_smaller_installs_and_its_library_still_works(tmp_path):
     wheel, lib_size = _wheel_with_a_debug_library(tmp_path)
+    wheel.chmod(0o644)
     done = subprocess.run([sys.executable, str(SCRIPTS / "wheel_strip.py"), str(wheel)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -59,6 +60,7 @@ def test_a_stripped_wheel_is_smaller_installs_and_its_library_still_works(tmp_pa
         stripped = whl.read("answer/answer.so")
         record = whl.read("answer-1.0.dist-info/RECORD").decode().splitlines()
     assert len(stripped) < lib_size
+    assert wheel.stat().st_mode & 0o777 == 0o644  # readable by others, as it was
     assert ".debug_info" in _sections(tmp_path / "answer.so")  # the library as built
     (tmp_path / "stripped.so").write_bytes(stripped)
     assert not [s for s in _sections(tmp_path / "stripped.so") if s.startswith(".debug")]
