@@ -56,7 +56,7 @@ def allreduced_bytes(rec: dict[str, Any]) -> int:
 def workload_of(rec: dict[str, Any]) -> Workload | None:
     """What the model needs from a record; None when it lacks the compute step."""
     compute = rec.get("compute_step_s")
-    if not isinstance(compute, int | float):
+    if not isinstance(compute, (int, float)):
         compute = median_step_s(rec) if rec.get("world_size") == 1 else math.nan
     parameters = (rec.get("model") or {}).get("parameters")
     if math.isnan(compute) or not parameters:

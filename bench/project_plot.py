@@ -22,7 +22,7 @@ def measured_efficiency(rec: dict[str, Any]) -> float | None:
     """A multi-rank run's compute-only step over its step: the projection's efficiency,
     measured."""
     compute, step = rec.get("compute_step_s"), median_step_s(rec)
-    if not isinstance(compute, int | float) or not step or math.isnan(step):
+    if not isinstance(compute, (int, float)) or not step or math.isnan(step):
         return None
     return compute / step
 

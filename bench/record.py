@@ -6,8 +6,6 @@ The launching process opens it (``skeleton``: what the plan knows) and closes it
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,7 @@ from bench import __version__
 from bench.config import REFERENCE_BATCH, RunConfig
 from bench.flops import peak_tflops
 from bench.models import ModelSpec
+from bench.provenance import source_commit, this_process
 from bench.results import (
     RECORD_VERSION,
     capture_env,
@@ -27,68 +26,6 @@ from bench.results import (
 )
 
 LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
-
-
-def _process_started(pid: int) -> str | None:
-    """When process ``pid`` started (boot id + start time in clock ticks): a pid that is
-    reused later has another start. None when there is no such process (or no /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # fields 3.. after "pid (comm)"
-    if fields[0] in ("Z", "X"):  # a zombie nobody reaped (a container's init may not)
-        return None
-    return f"{boot}:{fields[19]}"  # field 22: start time
-
-
-def this_process() -> dict[str, Any]:
-    """The record's ``owner``: who must close it."""
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": _process_started(os.getpid())}
-
-
-def owner_alive(owner: dict[str, Any] | None) -> bool | None:
-    """Whether the process that owns a record still runs; None when that cannot be known
-    here (another host, or an old record without an owner)."""
-    if not owner or owner.get("host") != socket.gethostname() or not owner.get("started"):
-        return None
-    return _process_started(int(owner["pid"])) == owner["started"]
-
-
-def source_commit() -> str | None:
-    """The git commit of the code that ran, ``+dirty`` with uncommitted changes; None
-    outside a git checkout (an installed package)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    if not (root / ".git").exists():
-        return None
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-        # --no-optional-locks: status must never write the user's index (a failing disk
-        # once left a stale .git/index.lock behind, which broke their next commit).
-        dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status",
-                                "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if head.returncode:
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def current_status(rec: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(status, error) as they stand now: a ``running`` record whose owner is gone (killed
-    with -9, a crashed machine) was interrupted, although nobody could write that in it."""
-    status, error = rec.get("status"), rec.get("error")
-    if status == "running" and owner_alive(rec.get("owner")) is False:
-        owner = rec["owner"]
-        return "interrupted", (f"owner gone: bench (pid {owner['pid']} on {owner['host']}) "
-                               "ended without closing the record")
-    return status, error
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from bench.errors import (
     raise_interrupted,
 )
 from bench.lifetime import start_dying_with_me
-from bench.record import current_status, owner_alive, this_process
+from bench.provenance import current_status, owner_alive, this_process
 from bench.results import read_record, runs_dir, utc_now, write_atomic
 from bench.runner import RunPlan
 

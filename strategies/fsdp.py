@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from bench.config import Features, FSDPOptions, Topology
@@ -22,10 +23,7 @@ def fsdp_api():
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:
-        try:  # torch 2.4/2.5 kept FSDP2 under _composable
-            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-        except ImportError:
-            return None
+        return None
     return fully_shard, MixedPrecisionPolicy
 
 
@@ -44,7 +42,7 @@ class FSDPStrategy(DDPStrategy):
 
     def requires(self, device_type: str, backend: str | None = None) -> str | None:
         if fsdp_api() is None:
-            return f"torch {torch.__version__} has no FSDP2 (fully_shard); use torch >= 2.4"
+            return f"torch {torch.__version__} has no FSDP2 (fully_shard); use torch >= 2.8"
         return None
 
     def check(self, topology: Topology, features: Features) -> None:
@@ -73,7 +71,8 @@ class FSDPStrategy(DDPStrategy):
         model = self.apply_norm(model, syncbn, nn.SyncBatchNorm.convert_sync_batchnorm,
                                 "SyncBatchNorm needs CUDA").to(self.device)
         kwargs = {}
-        if precision.name in ("bf16", "fp16"):
+        mixed = precision.name in ("bf16", "fp16")
+        if mixed:
             dtype = torch.bfloat16 if precision.name == "bf16" else torch.float16
             kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32)
             # BatchNorm stays fp32 (its own unit), as in every mixed-precision recipe.
@@ -86,14 +85,23 @@ class FSDPStrategy(DDPStrategy):
                 f"FSDP MixedPrecisionPolicy: {precision.name} params, fp32 reduce, "
                 "fp32 BatchNorm"
             )
+        elif next(model.parameters()).dtype == torch.float64:
+            # bench verify runs fp32 strategies in float64, where FSDP2 reduces gradients
+            # with SUM and divides them itself; a float32 run reduces with ReduceOp.AVG.
+            # Reducing in float32 here checks the reduction runs use (its rounding moved
+            # loss and parameters by ~1e-11 over 6 steps, far below the 1e-8 tolerance).
+            kwargs["mp_policy"] = policy_cls(reduce_dtype=torch.float32)
+            self.notes.append("FSDP MixedPrecisionPolicy under bench verify: float64 "
+                              "parameters, gradients reduced in float32 as a float32 run does")
         units = shard_units(model)
         kwargs["reshard_after_forward"] = self.fsdp_options.reshard_after_forward
         for unit in units:
             fully_shard(unit, **kwargs)
-        if "mp_policy" in kwargs:  # logits and loss in fp32, as autocast gives them
+        if mixed:  # logits and loss in fp32, as autocast gives them
             kwargs["mp_policy"] = policy_cls(param_dtype=dtype, reduce_dtype=torch.float32,
                                              output_dtype=torch.float32)
         fully_shard(model, **kwargs)
+        self._reduce_gradients_by_sum_where_avg_sums(model)
         what = ("4 residual stages" if hasattr(model, "stages")
                 else f"{len(units)} submodules of {type(model).__name__}")
         self.notes.append(f"FSDP2: sharded units = {what} + root; parameters are "
@@ -103,6 +111,28 @@ class FSDPStrategy(DDPStrategy):
                               "gathered parameters from forward to backward (ZeRO-2-like: no "
                               "all-gather in backward)")
         return model
+
+    def _reduce_gradients_by_sum_where_avg_sums(self, model: nn.Module) -> None:
+        """FSDP2 reduce-scatters fp32 and bf16 gradients with ``ReduceOp.AVG``; gloo's
+        reduce_scatter returned the *sum* for AVG before the fix of pytorch/pytorch#162338
+        (2.8 does; 2.4 refuses AVG), so fsdp on CPU trained on N times the gradient
+        (`bench verify` runs in float64, where FSDP divides and sums, and cannot see it).
+        Where this group's AVG sums, every FSDP module is told to reduce with SUM and divide
+        itself. Collective."""
+        if dist.get_backend() != "gloo" or reduce_scatter_averages():
+            return
+        if not hasattr(model, "set_force_sum_reduction_for_comms"):  # an older FSDP2
+            raise RuntimeError(
+                f"fsdp over gloo cannot average its gradients on torch {torch.__version__}: "
+                "gloo's reduce_scatter refuses ReduceOp.AVG or returns the sum "
+                "(pytorch/pytorch#162338), and this FSDP2 cannot be told to sum and divide "
+                "itself; use torch >= 2.8 (pyproject's minimum), or fsdp on GPUs over nccl")
+        for module in model.modules():
+            if hasattr(module, "set_force_sum_reduction_for_comms"):  # each FSDP module
+                module.set_force_sum_reduction_for_comms(True)
+        self.notes.append(f"FSDP2 reduces gradients with SUM and divides by the world size: "
+                          f"gloo's reduce_scatter on torch {torch.__version__} sums where asked "
+                          "to average (pytorch/pytorch#162338)")
 
     def eval_module(self, model: nn.Module) -> nn.Module:
         return model
@@ -117,6 +147,19 @@ class FSDPStrategy(DDPStrategy):
                        "still communicating with sync off: FSDP's parameter all-gathers (only "
                        "the gradient reduce-scatter is off; the step then has no sharded "
                        "gradient to apply)")
+
+
+def reduce_scatter_averages() -> bool:
+    """Whether ``reduce_scatter_tensor`` with ``ReduceOp.AVG`` averages over the default
+    group (one element per rank: rank r sends r + 1 everywhere). Collective."""
+    world = dist.get_world_size()
+    sent = torch.full((world,), float(dist.get_rank() + 1), dtype=torch.float64)
+    got = torch.zeros(1, dtype=torch.float64)
+    try:
+        dist.reduce_scatter_tensor(got, sent, op=dist.ReduceOp.AVG)
+    except (RuntimeError, ValueError):  # a gloo without AVG at all
+        return False
+    return abs(got.item() - (world + 1) / 2) < 1e-9
 
 
 @contextlib.contextmanager

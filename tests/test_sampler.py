@@ -2,6 +2,8 @@
 size; set_epoch changes the order between epochs; the record's digest hashes what the
 loaders really served, and sees a wrong order."""
 
+from __future__ import annotations
+
 import numpy as np
 import pytest
 import torch

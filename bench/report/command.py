@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench import terminal
 from bench.errors import EXIT_FAILED, ConfigError
-from bench.record import current_status
+from bench.provenance import current_status
 from bench.report.plots import write_plots
 from bench.report.readme import update_readme
 from bench.report.table import parse_reference, summary_table

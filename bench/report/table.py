@@ -13,7 +13,7 @@ from bench.config import GPU_LOADER_WORKERS, STRATEGY_ORDER
 from bench.errors import ConfigError
 from bench.gpu_clocks import ABNORMAL
 from bench.models import DEFAULT_MODEL, ModelSpec, short_name
-from bench.record import current_status
+from bench.provenance import current_status
 from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
 from bench.results import summarise_epochs
 from bench.stats import mean_ci, welch
