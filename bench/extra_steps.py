@@ -3,11 +3,11 @@ recorded figure changes).
 
 The input pipeline's ceiling: K batches drawn from the run's own training loader and moved
 onto the device with no model, i.e. the most img/s the pipeline can feed. Exposed
-communication: K more training steps with gradient synchronisation switched off,
-timed like the epoch steps. Their median is the step's compute (plus whatever communication
-cannot be switched off, e.g. SyncBatchNorm's statistics); what the overlap with backward did
-not hide is ``1 - compute_step_s / step_time_p50_s``. ``--profile-steps``: ordinary steps
-under torch.profiler, for a trace."""
+communication: K more training steps with gradient synchronisation switched off, timed like
+the epoch steps. The median of each step's slowest rank is the step's compute (plus whatever
+communication cannot be switched off, e.g. SyncBatchNorm's statistics); what the overlap with
+backward did not hide is ``1 - compute_step_s / step_time_p50_s``. ``--profile-steps``:
+ordinary steps under torch.profiler, for a trace."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ ONE_RANK_TIMELINE_STEPS = 5  # one process: steps run only for the gradient time
 @dataclass(frozen=True)
 class CommProbe:
     steps: int  # timed steps (after PROBE_WARMUP)
-    compute_step_s: float | None  # slowest rank's median compute-only step
+    compute_step_s: float | None  # median of each compute-only step's slowest rank
     note: str | None  # why there is no figure, or what still communicates
     timeline: GradientTimeline | None = None  # rank 0: when each gradient was ready
     hook_work_s: float | None = None  # slowest rank's per-step work of a comm hook
@@ -40,8 +40,11 @@ class CommProbe:
 
 def compute_only_steps(trainer, steps: int) -> CommProbe:
     """Run ``steps`` (+ warm-up) steps of the run's own shape without gradient sync on every
-    rank (collective: all ranks take part) and return the slowest rank's median step, with
-    rank 0's gradient timeline. One process has nothing to switch off: a few steps measure
+    rank (collective: all ranks take part) and return the median over those steps of the
+    slowest rank's time for each, with rank 0's gradient timeline. A synchronised step waits
+    for whichever rank is slowest at that step: on a noisy host that is a different rank
+    each time, and the slowest rank's own median (2-5 % less on 2 CPU ranks) would count
+    that wait as communication. One process has nothing to switch off: a few steps measure
     its timeline only."""
     s, parts = trainer.strategy, trainer.parts
     probe = TimelineProbe(parts.model, s.device.type == "cuda") if s.rank == 0 else None
@@ -59,14 +62,13 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
     finally:
         if probe is not None:
             probe.remove()
-    compute = statistics.median(times)
-    hook = hook_work(trainer, steps, compute)
-    slowest = torch.tensor([compute, math.nan if hook is None else hook],
+    hook = hook_work(trainer, steps, statistics.median(times))
+    slowest = torch.tensor([*times, math.nan if hook is None else hook],
                            dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
-    work = slowest[1].item()
-    return CommProbe(steps, slowest[0].item(), sync_off.note, probe and probe.result,
-                     None if math.isnan(work) else work)
+    *lockstep, work = slowest.tolist()
+    return CommProbe(steps, statistics.median(lockstep), sync_off.note,
+                     probe and probe.result, None if math.isnan(work) else work)
 
 
 def hook_work(trainer, steps: int, compute_step_s: float) -> float | None:
