@@ -11,9 +11,11 @@ ordinary steps under torch.profiler, for a trace."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,10 +25,13 @@ from bench.across_ranks import sync_devices
 from bench.grad_timeline import GradientTimeline, TimelineProbe
 from bench.loaders import draw_seconds, endless, unchanged_randomness
 from bench.timing import step_intervals, step_mark
+from strategies.base import SyncOff
 
 PROBE_WARMUP = 2  # first steps after switching synchronisation off, not counted
-ALONE_WARMUP = 3  # the rank-alone copy's first steps: PowerSGD compresses from its 3rd
+ALONE_WARMUP = 3  # the rank-alone copy's first synced steps: PowerSGD compresses from its 3rd
 ONE_RANK_TIMELINE_STEPS = 5  # one process: steps run only for the gradient timeline
+# (step, last micro-step) -> the context of that micro-step's forward and backward
+StepContext = Callable[[int, bool], contextlib.AbstractContextManager]
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
     finally:
         if probe is not None:
             probe.remove()
-    hook = hook_work(trainer, steps, statistics.median(times))
+    hook = hook_work(trainer, steps)
     slowest = torch.tensor([*times, math.nan if hook is None else hook],
                            dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
@@ -71,24 +76,34 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
                      probe and probe.result, None if math.isnan(work) else work)
 
 
-def hook_work(trainer, steps: int, compute_step_s: float) -> float | None:
+def hook_work(trainer, steps: int) -> float | None:
     """What the strategy computes per step beside its communication (a comm hook's own
-    work, which gradient sync off skips): ``steps`` steps of the model wrapped again over
-    this rank alone (``Strategy.alone``), less this rank's compute-only step. None where
-    there is no such work, or under --compile (the copy is not compiled). Collective."""
+    work, which gradient sync off skips): the model wrapped again over this rank alone
+    (``Strategy.alone``) takes ``steps`` pairs of steps, one with gradient sync off and one
+    with it on, in turn; the median of each pair's difference. Paired steps, because a
+    host's speed drifts by more than a hook's few ms between two phases (a compute-only
+    step measured 112 to 171 ms minutes apart on 2 CPU cores). None where there is no such
+    work, or under --compile (the copy is not compiled). Collective."""
     s, parts = trainer.strategy, trainer.parts
     if trainer.cfg.compile:
         return None
     solo = s.alone(parts.model)
     if solo is None:
         return None
+
+    def sync_off_at_even_steps(step: int, last_micro: bool) -> contextlib.AbstractContextManager:
+        if step % 2 == 1 and last_micro:  # as in training: only the last micro-step syncs
+            return contextlib.nullcontext()
+        sync_off = s.gradient_sync_off(solo, parts.optimizer)
+        return sync_off.context if isinstance(sync_off, SyncOff) else contextlib.nullcontext()
+
     trainer.parts = replace(parts, model=solo, forward=solo)
     try:
-        times = extra_steps(trainer, steps, "comm hook alone", warmup=ALONE_WARMUP)
+        times = extra_steps(trainer, 2 * steps, "comm hook alone", warmup=2 * ALONE_WARMUP,
+                            step_context=sync_off_at_even_steps)
     finally:
         trainer.parts = parts
-        del solo
-    return max(0.0, statistics.median(times) - compute_step_s)
+    return max(0.0, statistics.median(on - off for off, on in zip(times[::2], times[1::2])))
 
 
 def loader_alone(trainer, steps: int) -> float:
@@ -133,11 +148,13 @@ def profile_steps(trainer, steps: int, trace: Path) -> None:
 
 
 def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP,
-                timeline: TimelineProbe | None = None) -> list[float]:
+                timeline: TimelineProbe | None = None,
+                step_context: StepContext | None = None) -> list[float]:
     """``warmup`` + ``steps`` training steps of the run's shape (same micro-batches, precision
     and optimizer) after the epochs, timed between step boundaries like the epoch steps;
     returns this rank's step times (warm-up excluded). ``timeline`` marks the measured
-    steps' backward and gradients; its ``result`` is set from their boundaries."""
+    steps' backward and gradients; its ``result`` is set from their boundaries.
+    ``step_context(step, last_micro)`` wraps each micro-step's forward and backward."""
     s, parts, cfg = trainer.strategy, trainer.parts, trainer.cfg
     cuda = s.device.type == "cuda"
     parts.model.train()
@@ -152,11 +169,13 @@ def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP,
                 marks.append(step_mark(cuda))
             parts.model.zero_grad(set_to_none=True)  # not the optimizer's (Horovod checks)
             for micro in range(cfg.grad_accum):
+                last = micro == cfg.grad_accum - 1
                 images, labels = next(batches)[:2]
-                loss = parts.training_loss(trainer.criterion, images, labels, s.device)
-                if timeline is not None and step >= warmup and micro == cfg.grad_accum - 1:
-                    timeline.last_backward_starts()
-                s.backward(loss / cfg.grad_accum, parts.optimizer, parts.precision)
+                with step_context(step, last) if step_context else contextlib.nullcontext():
+                    loss = parts.training_loss(trainer.criterion, images, labels, s.device)
+                    if timeline is not None and step >= warmup and last:
+                        timeline.last_backward_starts()
+                    s.backward(loss / cfg.grad_accum, parts.optimizer, parts.precision)
             if timeline is not None:
                 timeline.step_done()
             s.step(parts.optimizer, parts.precision)
