@@ -25,7 +25,6 @@ from bench.across_ranks import sync_devices
 from bench.grad_timeline import GradientTimeline, TimelineProbe
 from bench.loaders import draw_seconds, endless, unchanged_randomness
 from bench.timing import step_intervals, step_mark
-from strategies.base import SyncOff
 
 PROBE_WARMUP = 2  # first steps after switching synchronisation off, not counted
 ALONE_WARMUP = 3  # the rank-alone copy's first synced steps: PowerSGD compresses from its 3rd
@@ -88,14 +87,13 @@ def hook_work(trainer, steps: int) -> float | None:
     if trainer.cfg.compile:
         return None
     solo = s.alone(parts.model)
-    if solo is None:
-        return None
+    if solo is None or isinstance(s.gradient_sync_off(solo, parts.optimizer), str):
+        return None  # (a copy whose sync cannot be switched off has no pairs to take)
 
     def sync_off_at_even_steps(step: int, last_micro: bool) -> contextlib.AbstractContextManager:
         if step % 2 == 1 and last_micro:  # as in training: only the last micro-step syncs
             return contextlib.nullcontext()
-        sync_off = s.gradient_sync_off(solo, parts.optimizer)
-        return sync_off.context if isinstance(sync_off, SyncOff) else contextlib.nullcontext()
+        return s.gradient_sync_off(solo, parts.optimizer).context  # a fresh one each time
 
     trainer.parts = replace(parts, model=solo, forward=solo)
     try:
