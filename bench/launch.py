@@ -228,9 +228,16 @@ def agent(module: str) -> list[str]:
     return [sys.executable, "-m", "bench.agent", module]
 
 
+def agent_log_dir(folder: Path) -> str:
+    """torchrun's option for where it keeps its per-rank files (error.json). Without it
+    torch makes a ``torchelastic_*`` folder in the temporary directory on every start and
+    never removes it; in the run's scratch folder they go with the run."""
+    return f"--log-dir={folder / 'torchrun'}"
+
+
 def launch_torchrun(launch: Launch) -> int:
     """``python -m torch.distributed.run`` (torchrun): env:// rendezvous, LOCAL_RANK set."""
-    cmd = [*agent("torch.distributed.run"),
+    cmd = [*agent("torch.distributed.run"), agent_log_dir(launch.scratch.root),
            f"--nproc-per-node={launch.nprocs}", f"--max-restarts={launch.max_restarts}"]
     if launch.rdzv_endpoint:  # several machines: each runs this, c10d rendezvous joins them
         cmd += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
@@ -244,7 +251,7 @@ def launch_torchrun(launch: Launch) -> int:
 def launch_legacy(launch: Launch) -> int:
     """``python -m torch.distributed.launch`` (deprecated): passes --local-rank to each rank."""
     cmd = [
-        *agent("torch.distributed.launch"),
+        *agent("torch.distributed.launch"), agent_log_dir(launch.scratch.root),
         f"--nproc-per-node={launch.nprocs}",
         f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
         "-m", "bench.worker", str(launch.spec_path),
@@ -279,6 +286,17 @@ def launch_spawn(launch: Launch) -> int:
     # SIGKILL, which a stopped (SIGSTOP) rank always uses up.
     grace = ({"grace_period": _GRACE_S}
              if "grace_period" in inspect.signature(context.join).parameters else {})
+    try:
+        return _join_spawned(context, launch, grace)
+    finally:  # torch keeps a failed rank's traceback file in the temporary directory
+        for name in getattr(context, "error_files", ()):
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+def _join_spawned(context, launch: Launch, grace: dict) -> int:
+    import torch.multiprocessing as mp
+
     try:
         while not context.join(timeout=_POLL_S, **grace):
             launch.check_progress()

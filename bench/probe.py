@@ -14,6 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -98,7 +99,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
               timeout: float = 300.0, max_mib: float = 256.0) -> int:
     import torch
 
-    from bench.launch import MASTER_ADDR, agent, free_port
+    from bench.launch import MASTER_ADDR, agent, agent_log_dir, free_port
     from bench.results import capture_env, new_run_id, write_atomic
 
     if not 0 < width <= 4:
@@ -131,7 +132,9 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     sizes = sorted({s for s in PROBE_SIZES if s <= max_mib * MIB} | {grad})
     probe_id = new_run_id("allreduce", gpus * nodes, device)
     partial = folder / f"{probe_id}.ranks.json"
-    cmd = [*agent("torch.distributed.run"), f"--nproc-per-node={gpus}"]
+    logs = tempfile.TemporaryDirectory(prefix="bench-probe-")
+    cmd = [*agent("torch.distributed.run"), agent_log_dir(Path(logs.name)),
+           f"--nproc-per-node={gpus}"]
     if nodes > 1:
         cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                 f"--rdzv-id=probe-{rdzv_endpoint}"]
@@ -143,7 +146,8 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
     print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
           f"{len(sizes)} sizes", flush=True)
-    done = subprocess.run(cmd, env=env)
+    with logs:
+        done = subprocess.run(cmd, env=env)
     if done.returncode == 0 and nodes > 1 and not partial.exists():
         print("bench probe: done; rank 0 ran on another node, which writes the record")
         return EXIT_OK

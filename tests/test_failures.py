@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import FAST, ROOT, alive, assert_ok, only_record, run_bench
@@ -220,3 +221,35 @@ def test_a_write_that_fails_is_one_line_and_never_leaves_a_running_record(limit,
     # Recording the commit must not write the checkout's git index (it once left a stale
     # .git/index.lock under this very limit).
     assert not (ROOT / ".git" / "index.lock").exists()
+
+
+# torch's own caches (torchinductor_USER), shared by every run on purpose, may stay.
+_TORCH_CACHES = ("torchinductor_",)
+
+
+def _left_in(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir() if not p.name.startswith(_TORCH_CACHES))
+
+
+@pytest.mark.parametrize("strategy, fault", [("ddp", None), ("ddp-launch", "raise:1:2"),
+                                             ("ddp-spawn", "raise:1:2")])
+def test_a_run_leaves_nothing_in_the_temporary_directory(strategy, fault, tmp_path):
+    """Every start of torchrun (and torch.distributed.launch) made a ``torchelastic_*``
+    folder in the temporary directory and never removed it, and a spawned rank that failed
+    left its ``pytorch-errorfile-*.pickle``: hundreds of them after a sweep."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"TMPDIR": str(tmp), **({"BENCH_FAULT": fault} if fault else {})}
+    proc = run_bench("run", "--strategy", strategy, "--gpus", "2", "--epochs", "1", *SMALL,
+                     "--output", str(tmp_path / "out"), env=env)
+    assert proc.returncode == (1 if fault else 0), proc.stderr[-2000:]
+    assert _left_in(tmp) == []
+
+
+def test_bench_probe_leaves_nothing_in_the_temporary_directory(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = run_bench("probe", "--cpu", "--gpus", "2", "--width", "0.125", "--max-size", "0.01",
+                     "--output", str(tmp_path / "out"), env={"TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _left_in(tmp) == []
