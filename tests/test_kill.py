@@ -133,7 +133,8 @@ def test_a_killed_rank_is_named_when_torchrun_blames_the_peer_that_aborted(tmp_p
         "os.abort()\n")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--monitor-interval", "2", str(script), str(tmp_path / "pid-rank1")],
+         "--monitor-interval", "2", launch.agent_log_dir(tmp_path), str(script),
+         str(tmp_path / "pid-rank1")],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     report = proc.stderr[proc.stderr.rfind("Root Cause"):]
