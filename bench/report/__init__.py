@@ -1,6 +1,7 @@
-"""`bench report`: records -> tables (table), their views (views), figures per workload
-(plots), the README block (readme) and the command (command)."""
+"""`bench report`: records -> tables (table; scores over repeats in accuracy), their views
+(views), figures per workload (plots), the README block (readme) and the command (command)."""
 
+from bench.report.accuracy import mlperf_score, mlperf_seconds, parse_reference
 from bench.report.command import cmd_report
 from bench.report.plots import (
     figures_per_workload,
@@ -19,9 +20,6 @@ from bench.report.readme import (
 from bench.report.table import (
     COLUMNS,
     GROUP_KEYS,
-    mlperf_score,
-    mlperf_seconds,
-    parse_reference,
     report_order,
     run_rows,
     same_start,

@@ -8,9 +8,10 @@ from pathlib import Path
 from bench import terminal
 from bench.errors import EXIT_FAILED, ConfigError
 from bench.provenance import current_status
+from bench.report.accuracy import parse_reference
 from bench.report.plots import write_plots
 from bench.report.readme import update_readme
-from bench.report.table import parse_reference, summary_table
+from bench.report.table import summary_table
 from bench.report.views import (
     plausibility_warnings,
     to_csv,

@@ -10,13 +10,13 @@ import statistics
 from typing import Any
 
 from bench.config import GPU_LOADER_WORKERS, STRATEGY_ORDER
-from bench.errors import ConfigError
 from bench.gpu_clocks import ABNORMAL
 from bench.models import DEFAULT_MODEL, ModelSpec, short_name
 from bench.provenance import current_status
+from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
 from bench.results import summarise_epochs
-from bench.stats import mean_ci, welch
+from bench.stats import mean_ci
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
 # gpu_shared keeps runs whose ranks shared GPUs (--backend gloo) apart: their timing is not
@@ -72,33 +72,6 @@ def _number(value: float | None) -> float:
 
 
 COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
-
-
-def mlperf_seconds(times: list[float]) -> tuple[float, int]:
-    """The MLPerf score of times to target (inf: did not converge) and the runs that missed
-    (their time is inf). See ``mlperf_score``."""
-    if not times:
-        return math.nan, 0
-    missed = sum(math.isinf(t) for t in times)
-    score = (statistics.fmean(sorted(times)[1:-1]) if len(times) >= 5
-             else statistics.median(times))
-    return (math.inf if missed > 1 else score), missed
-
-
-def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
-    """Time to target over repeats, scored as MLPerf Training does: with 5 or more runs drop
-    the fastest and the slowest and average the rest; at most one run may miss the target
-    (its time is infinite, so it is the slowest). Fewer runs: the median, marked."""
-    if not times or all(t is None or (isinstance(t, float) and math.isnan(t)) for t in targets):
-        return None
-    if len({t for t in targets}) > 1:
-        return "mixed targets"
-    target = targets[0]
-    score, missed = mlperf_seconds(times)
-    if math.isinf(score):
-        return f"did not converge ({missed}/{len(times)} missed {target:g} %)"
-    how = f"MLPerf, {len(times)} runs" if len(times) >= 5 else f"median of {len(times)}"
-    return f"{score:.2f} ({how}{f', {missed} missed' if missed else ''})"
 
 
 def _median(values: list[float]) -> float:
@@ -378,39 +351,3 @@ def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | Non
     net = network_from_probe(match[-1])
     cells = [f"{100 * project(work, n, 8, net).efficiency:.0f}%" for n in PROJECTED_AT]
     return " / ".join(cells) + " (projected)"
-
-
-def parse_reference(text: str) -> tuple[str, int]:
-    """``strategy[:N]`` (N default 1) -> (strategy, N)."""
-    name, _, world = text.partition(":")
-    try:
-        return name, int(world or 1)
-    except ValueError:
-        raise ConfigError(f"--reference must be STRATEGY[:N], e.g. ddp:1 (got {text!r})") from None
-
-
-def add_parity(table, reference: str):
-    """Δ final top-1 (mean) against the reference row of the same workload and device, and
-    Welch's p-value over the repeats. The reference row is the strategy at N replicas on its
-    own GPUs, fp32 where it exists (else tf32, else the first precision), and without speed
-    or compression options where such a row exists (a PowerSGD row is no reference)."""
-    name, world = parse_reference(reference)
-    refs: dict[tuple, Any] = {}
-    for r in table.itertuples():
-        if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
-            continue
-        rank = ({"fp32": 0, "tf32": 1}.get(r.precision, 2), r.options != "—")
-        key = (r.workload, r.device)
-        if key not in refs or rank < refs[key][0]:
-            refs[key] = (rank, r.Index, r.finals)
-    deltas, pvalues, is_ref = [], [], []
-    for r in table.itertuples():
-        found = refs.get((r.workload, r.device))
-        if found is None or r.status != "ok":
-            deltas.append(math.nan), pvalues.append(math.nan), is_ref.append(False)
-            continue
-        diff, p = welch(r.finals, found[2])
-        deltas.append(diff), pvalues.append(p), is_ref.append(r.Index == found[1])
-    table["delta_top1"], table["p_value"], table["is_reference"] = deltas, pvalues, is_ref
-    table["differs"] = [p < 0.05 for p in pvalues]
-    return table
