@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -101,6 +101,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
 
     from bench.launch import MASTER_ADDR, agent, agent_log_dir, free_port
     from bench.results import capture_env, new_run_id, write_atomic
+    from bench.scratch import Scratch
 
     if not 0 < width <= 4:
         raise ConfigError(f"--width must lie in (0, 4] (got {width})")
@@ -132,8 +133,10 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     sizes = sorted({s for s in PROBE_SIZES if s <= max_mib * MIB} | {grad})
     probe_id = new_run_id("allreduce", gpus * nodes, device)
     partial = folder / f"{probe_id}.ranks.json"
-    logs = tempfile.TemporaryDirectory(prefix="bench-probe-")
-    cmd = [*agent("torch.distributed.run"), agent_log_dir(Path(logs.name)),
+    # torchrun's files go in a scratch folder: removed below, or by the next run or probe
+    # when this one is killed outright
+    scratch = Scratch.create(probe_id)
+    cmd = [*agent("torch.distributed.run"), agent_log_dir(scratch.root),
            f"--nproc-per-node={gpus}"]
     if nodes > 1:
         cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
@@ -146,8 +149,10 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
     print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
           f"{len(sizes)} sizes", flush=True)
-    with logs:
+    try:
         done = subprocess.run(cmd, env=env)
+    finally:
+        shutil.rmtree(scratch.root, ignore_errors=True)
     if done.returncode == 0 and nodes > 1 and not partial.exists():
         print("bench probe: done; rank 0 ran on another node, which writes the record")
         return EXIT_OK

@@ -213,3 +213,30 @@ def test_a_ctrl_c_while_a_child_starts_is_not_lost_and_the_child_can_be_signalle
     blocked = int(words[words.index("SigBlk:") + 1], 16)
     assert blocked & (1 << (signal.SIGINT - 1)) == 0, proc.stdout
     assert blocked & (1 << (signal.SIGTERM - 1)) == 0, proc.stdout
+
+
+def test_kill_9_of_bench_probe_leaves_nothing_running_and_the_next_probe_clears_its_folder(
+        tmp_path):
+    """The probe's torchrun keeps its files in a scratch folder of the probe's own, which a
+    probe killed outright cannot remove: the next probe (or run) does."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    probe = [sys.executable, "-m", "bench", "probe", "--cpu", "--gpus", "2", "--width", "0.125",
+             "--output", str(tmp_path / "out")]
+    proc = subprocess.Popen([*probe, "--max-size", "256"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp.glob("bench-*/torchrun/*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    folders = list(tmp.glob("bench-*"))
+    assert folders, "the probe's torchrun never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = _gone_within(10, str(tmp_path / "out"))  # in every rank's command line
+    assert not left, f"still running 10 s after kill -9 of bench probe: {left}"
+    assert folders[0].is_dir()  # nobody removed it yet
+    again = subprocess.run([*probe, "--max-size", "0.01"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not list(tmp.glob("bench-*"))
