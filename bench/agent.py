@@ -1,7 +1,9 @@
-"""``python -m bench.agent MODULE ARGS``: a torch launcher agent (``torch.distributed.run``,
-i.e. torchrun, or the legacy ``torch.distributed.launch``) run exactly as ``python -m MODULE
-ARGS`` runs it, then ended without the interpreter's teardown (see bench.quick_exit). A
-failure leaves as it would (torchrun's error report, its exit code)."""
+"""A torch launcher agent (``torch.distributed.run``, i.e. torchrun, or the legacy
+``torch.distributed.launch``) run exactly as ``python -m MODULE ARGS`` runs it: in a copy of
+bench's own process (bench.launch: torch is imported already), or as
+``python -m bench.agent MODULE ARGS`` (bench probe), ended without the interpreter's teardown
+(see bench.quick_exit). A failure leaves as it would (torchrun's error report, its exit
+code)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,13 @@ import sys
 
 from bench.quick_exit import exit_now
 
+
+def run_agent(module: str, args: list[str]) -> int:
+    """``python -m module args``: the agent's ``main``; an exception is its failure."""
+    sys.argv = [module, *args]
+    importlib.import_module(module).main(args)
+    return 0
+
+
 if __name__ == "__main__":
-    module = sys.argv[1]
-    sys.argv = [module, *sys.argv[2:]]
-    importlib.import_module(module).main()
-    exit_now(0)
+    exit_now(run_agent(sys.argv[1], sys.argv[2:]))

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import worker
+from bench.agent import run_agent
 from bench.cluster import SlurmTask
-from bench.lifetime import die_with_parent, start_dying_with_me
+from bench.lifetime import ForkedChild, die_with_parent, fork_dying_with_me, start_dying_with_me
 from bench.quick_exit import exit_now
 from bench.scratch import Scratch
 
@@ -102,7 +103,8 @@ class Launch:
             return False
 
 
-def _stop_group(proc: subprocess.Popen, scratch: Scratch, echo: threading.Event) -> None:
+def _stop_group(proc: subprocess.Popen | ForkedChild, scratch: Scratch,
+                echo: threading.Event) -> None:
     """SIGTERM the launcher's process group (it forwards to its ranks), SIGCONT the ranks (a
     stopped one acts on its SIGTERM only once it runs again), SIGKILL what lingers. What the
     launcher and its ranks print while they die (torchrun's traceback of the SIGTERM) is not
@@ -126,9 +128,17 @@ def _resume_ranks(scratch: Scratch) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
-def _run_child(cmd: list[str], launch: Launch) -> int:
-    proc = start_dying_with_me(cmd, env=_child_env(launch.threads), start_new_session=True,
-                               stderr=subprocess.PIPE)
+def _run_child(cmd: list[str] | AgentCall, launch: Launch) -> int:
+    """Start the launcher ``cmd`` (a command, or a torch agent to run in a copy of this
+    process) in a session of its own that dies with this process, pass its stderr on, and
+    wait for it while the watchdog looks at the ranks' heartbeats."""
+    env = _child_env(launch.threads)
+    if isinstance(cmd, AgentCall) and cmd.forkable():
+        proc: subprocess.Popen | ForkedChild = fork_dying_with_me(cmd.run, env)
+    else:
+        if isinstance(cmd, AgentCall):
+            cmd = [*agent(cmd.module), *cmd.args]
+        proc = start_dying_with_me(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)
     tail: collections.deque[str] = collections.deque(maxlen=4000)
     echo = threading.Event()
     echo.set()
@@ -154,6 +164,8 @@ def _run_child(cmd: list[str], launch: Launch) -> int:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
     pump.join(timeout=5)
+    if not pump.is_alive():
+        proc.stderr.close()
     killed = _signal_root_cause("".join(tail)) if rc else None
     if killed is not None:
         launch.scratch.signal_death(*killed)
@@ -228,6 +240,27 @@ def agent(module: str) -> list[str]:
     return [sys.executable, "-m", "bench.agent", module]
 
 
+@dataclass(frozen=True)
+class AgentCall:
+    """torch's launcher ``module`` with ``args``, to run in a copy of this process (bench has
+    imported torch: a fresh interpreter would import it again before the ranks start)."""
+
+    module: str
+    args: tuple[str, ...]
+
+    def run(self) -> int:
+        return run_agent(self.module, list(self.args))
+
+    @staticmethod
+    def forkable() -> bool:
+        """Whether a copy of this process may run it: not once CUDA is initialized here (a
+        GPU run's checks name the GPUs), which a forked child must never touch again and
+        torchrun's agent asks about (how many GPUs); a fresh interpreter then runs it."""
+        import torch
+
+        return not torch.cuda.is_initialized()
+
+
 def agent_log_dir(folder: Path) -> str:
     """torchrun's option for where it keeps its per-rank files (error.json). Without it
     torch makes a ``torchelastic_*`` folder in the temporary directory on every start and
@@ -237,26 +270,23 @@ def agent_log_dir(folder: Path) -> str:
 
 def launch_torchrun(launch: Launch) -> int:
     """``python -m torch.distributed.run`` (torchrun): env:// rendezvous, LOCAL_RANK set."""
-    cmd = [*agent("torch.distributed.run"), agent_log_dir(launch.scratch.root),
-           f"--nproc-per-node={launch.nprocs}", f"--max-restarts={launch.max_restarts}"]
+    args = [agent_log_dir(launch.scratch.root), f"--nproc-per-node={launch.nprocs}",
+            f"--max-restarts={launch.max_restarts}"]
     if launch.rdzv_endpoint:  # several machines: each runs this, c10d rendezvous joins them
-        cmd += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}"]
+        args += [f"--nnodes={launch.nnodes}", "--rdzv-backend=c10d",
+                 f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={launch.rdzv_id}"]
     else:
-        cmd += ["--nnodes=1", f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}"]
-    cmd += ["-m", "bench.worker", str(launch.spec_path)]
-    return _run_child(cmd, launch)
+        args += ["--nnodes=1", f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}"]
+    args += ["-m", "bench.worker", str(launch.spec_path)]
+    return _run_child(AgentCall("torch.distributed.run", tuple(args)), launch)
 
 
 def launch_legacy(launch: Launch) -> int:
     """``python -m torch.distributed.launch`` (deprecated): passes --local-rank to each rank."""
-    cmd = [
-        *agent("torch.distributed.launch"), agent_log_dir(launch.scratch.root),
-        f"--nproc-per-node={launch.nprocs}",
-        f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
-        "-m", "bench.worker", str(launch.spec_path),
-    ]
-    return _run_child(cmd, launch)
+    args = (agent_log_dir(launch.scratch.root), f"--nproc-per-node={launch.nprocs}",
+            f"--master-addr={MASTER_ADDR}", f"--master-port={launch.port}",
+            "-m", "bench.worker", str(launch.spec_path))
+    return _run_child(AgentCall("torch.distributed.launch", args), launch)
 
 
 def _spawn_rank(index: int, spec_path: str, nprocs: int, parent: int) -> None:

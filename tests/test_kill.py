@@ -3,6 +3,7 @@ could not close is reported as interrupted (its owner is gone), without being re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -65,10 +66,12 @@ def test_kill_9_of_bench_run_leaves_nothing_running(strategy, tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     run_id = _training(tmp_path)
+    tree = _descendants(proc.pid)  # the agent, a copy of bench, lacks the run id in its argv
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     left = _gone_within(10, f"bench-{run_id}-")
     assert not left, f"still running 10 s after kill -9 of bench run: {left}"
+    assert not _running(tree), f"{_running(tree)} of {len(tree)} processes still running"
     _interrupted_in_report(tmp_path)
 
 
@@ -159,6 +162,19 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _running(pids: set[int], within: float = 10) -> list[int]:
+    """Those of ``pids`` still running (not zombies) after up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    left = []
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            if "zombie" not in Path(f"/proc/{pid}/status").read_text().lower():
+                left.append(pid)
+    return left
+
+
 @pytest.mark.parametrize("strategy, delay", [
     ("ddp", 0.0), ("ddp", 2.5), ("ddp-spawn", 2.0), ("ddp-launch", 1.5),
 ])
@@ -179,11 +195,7 @@ def test_kill_9_during_start_up_leaves_nothing_running(strategy, delay, tmp_path
     tree = _descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in tree):
-        time.sleep(0.2)
-    left = sorted(p for p in tree if Path(f"/proc/{p}").exists()
-                  and "zombie" not in Path(f"/proc/{p}/status").read_text().lower())
+    left = _running(tree)
     assert not left, f"{len(left)} of {len(tree)} processes still running 10 s later: {left}"
 
 
