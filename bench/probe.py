@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -152,7 +151,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     try:
         done = subprocess.run(cmd, env=env)
     finally:
-        shutil.rmtree(scratch.root, ignore_errors=True)
+        scratch.remove()
     if done.returncode == 0 and nodes > 1 and not partial.exists():
         print("bench probe: done; rank 0 ran on another node, which writes the record")
         return EXIT_OK

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -358,7 +357,7 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
         if status not in ("ok", "diverged") or final.status not in ("ok", "diverged"):
             final.fail(status, error)
     finally:
-        shutil.rmtree(outcome.scratch.root, ignore_errors=True)
+        outcome.scratch.remove()
     if status == "ok":
         print_ok(final, plan.cfg.loader, plan.workers_per_replica)
         return EXIT_OK

@@ -66,6 +66,11 @@ class Scratch:
     def exists(self) -> bool:
         return self.root.is_dir()
 
+    def remove(self) -> None:
+        """The folder and all in it, once the run (or probe) is over; a launcher killed
+        outright leaves it to the next ``create``."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
     @property
     def spec(self) -> Path:
         return self.root / "spec.json"
