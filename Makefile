@@ -107,7 +107,8 @@ lint: $(STAMP)
 # cross-compiled for sm_90), so the Horovod tests run against that build.
 HOROVOD_TEST_MODE ?= $(if $(shell command -v nvcc 2>/dev/null),gpu,)
 # The suite runs on 2 workers (tests that share a fixture's runs on one), then the tests
-# marked serial (they time themselves or look for processes machine-wide) alone.
+# marked serial (a neighbour's load would move their figures, or they look for processes
+# machine-wide) alone.
 # Each part names its 10 slowest tests: `make test` must stay within 15 minutes.
 PYTEST := $(BIN)/python -m pytest --durations=10
 test: $(STAMP) lint

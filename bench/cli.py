@@ -23,7 +23,7 @@ from bench.errors import (
     Interrupted,
     raise_interrupted,
 )
-from bench.run_options import add_run_options, config_from_args
+from bench.run_options import add_run_options, config_from_args, parse_list
 
 
 class _Parser(argparse.ArgumentParser):
@@ -220,7 +220,7 @@ def _run_options(command: str, run_args: list[str]) -> argparse.Namespace:
 
 
 def cmd_sweep(args: argparse.Namespace, run_args: list[str]) -> int:
-    from bench.sweep import parse_list, run_sweep
+    from bench.sweep import run_sweep
 
     for flag in ("--strategy", "--tag"):
         if any(a == flag or a.startswith(flag + "=") for a in run_args):
@@ -275,7 +275,6 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
 
 def cmd_loader(args: argparse.Namespace, run_args: list[str]) -> int:
     from bench.loader_sweep import cmd_loader as sweep_loader
-    from bench.sweep import parse_list
 
     if not any(a == "--strategy" or a.startswith("--strategy=") for a in run_args):
         run_args = ["--strategy", "ddp", *run_args]
@@ -285,7 +284,6 @@ def cmd_loader(args: argparse.Namespace, run_args: list[str]) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
-    from bench.sweep import parse_list
     from bench.verify import VERIFY_WIDTH, default_strategies, run_self_test, run_verify
 
     def given(flag: str) -> bool:
@@ -371,7 +369,6 @@ def _dispatch(argv: list[str]) -> int:
             return cmd_compare(args.a, args.b, args.threshold, args.format)
         if args.command == "project":
             from bench.project import cmd_project
-            from bench.sweep import parse_list
 
             return cmd_project(args.source, parse_list(args.gpus, "--gpus", int),
                                args.gpus_per_node, args.network, args.intra_busbw,

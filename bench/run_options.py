@@ -20,6 +20,19 @@ from bench.config import (
     RunConfig,
     default_data_dir,
 )
+from bench.errors import ConfigError
+
+
+def parse_list(text: str, flag: str, cast=str) -> list:
+    """A comma-separated option (--gpus 1,2,4): its values, or one line naming the fix."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        values = [cast(x) for x in items]
+    except ValueError:
+        raise ConfigError(f"{flag} takes a comma-separated list (got {text!r})") from None
+    if not values:
+        raise ConfigError(f"{flag} needs at least one value")
+    return values
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

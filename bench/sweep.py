@@ -65,17 +65,6 @@ def sweep_key(cfg: RunConfig) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def parse_list(text: str, flag: str, cast=str) -> list:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    try:
-        values = [cast(x) for x in items]
-    except ValueError:
-        raise ConfigError(f"{flag} takes a comma-separated list (got {text!r})") from None
-    if not values:
-        raise ConfigError(f"{flag} needs at least one value")
-    return values
-
-
 def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
                 repeats: int) -> list[Combo]:
     """Every combination, validated before anything runs (bad input: ConfigError)."""

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import FAST, ROOT, alive, assert_ok, only_record, run_bench
 
-# Tests marked serial time how fast a failure ends a run, or look for processes
-# machine-wide (`alive`): they run alone.
-SERIAL = pytest.mark.serial
+# The tests look for their own run's processes (`alive(run_id)`) and bound how long a
+# failure takes with margins that hold beside another test's ranks; the one that looks for
+# processes machine-wide is marked serial (alone).
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "32",
          "--width", "0.125", "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
@@ -31,7 +31,7 @@ def _failing_run(tmp_path, strategy: str, gpus: int, fault: str, *extra: str):
     return only_record(tmp_path), time.monotonic() - start
 
 
-@SERIAL
+@pytest.mark.serial  # no spawned rank of anybody's run may be left: alone
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn"])
 def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
     rec, elapsed = _failing_run(tmp_path, strategy, 2, "raise:1:3")
@@ -43,7 +43,6 @@ def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
     assert not alive("multiprocessing.spawn"), "a spawned rank outlived its run"
 
 
-@SERIAL
 def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
     rec, elapsed = _failing_run(tmp_path, "ddp", 2, "hang:1:3", "--timeout", "5")
     # Rank 0 waited in the gradient all-reduce that rank 1 never joined.
@@ -53,7 +52,6 @@ def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
     assert not alive(rec["run_id"])
 
 
-@SERIAL
 def test_a_failed_rank_ends_the_run_while_another_is_stopped(tmp_path):
     """Rank 1 raises while rank 0 is stopped (SIGSTOP): torchrun SIGTERMs rank 0, which a
     stopped process never acts on, and waits 30 s; with --timeout 60 the watchdog would
@@ -64,14 +62,12 @@ def test_a_failed_rank_ends_the_run_while_another_is_stopped(tmp_path):
     assert not alive(rec["run_id"])
 
 
-@SERIAL
 def test_watchdog_ends_a_rank_that_stops_without_a_collective(tmp_path):
     rec, _ = _failing_run(tmp_path, "ddp", 1, "hang:0:3", "--timeout", "2")
     assert rec["error"].startswith("timeout: rank 0 made no progress"), rec["error"]
     assert not alive(rec["run_id"])
 
 
-@SERIAL
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp"])
 def test_sigterm_keeps_finished_epochs_and_says_so_in_one_line(strategy, tmp_path):
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
@@ -163,7 +159,6 @@ def test_a_signal_at_any_moment_of_start_up_exits_130_without_a_traceback(sig, w
         assert json.loads(path.read_text())["status"] == "interrupted"
 
 
-@SERIAL
 @pytest.mark.parametrize("strategy", ["ddp-spawn", "ddp"])
 def test_a_stopped_rank_ends_the_run_within_the_timeout_and_ten_seconds(strategy, tmp_path):
     """SIGSTOP of one ddp-spawn rank with --timeout 30 ended only after 64 s: torch's spawn

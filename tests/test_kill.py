@@ -23,8 +23,9 @@ SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit",
          "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500",
          "--comm-probe-steps", "0"]
 HOROVOD = HorovodStrategy("horovod").requires("cpu")
-# Signals runs at moments it watches for and looks for processes machine-wide: alone.
-pytestmark = pytest.mark.serial
+# Each test looks only at its own run's processes (its run id, output folder or process
+# tree), so most run beside others; those that aim a signal at a moment a neighbour's load
+# would move are marked serial (alone).
 
 
 def _training(out: Path, timeout: float = 120) -> str:
@@ -115,6 +116,7 @@ def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
     assert not _gone_within(10, f"bench-{run_id}-")
 
 
+@pytest.mark.serial  # both deaths must land in one of torchrun's 2 s polls: no load
 def test_a_killed_rank_is_named_when_torchrun_blames_the_peer_that_aborted(tmp_path):
     """Real torchrun, two ranks: rank 1 is SIGKILLed, rank 0 aborts the moment it is gone
     (as a peer whose collective broke does). torchrun sees both in one poll, stamps them
@@ -175,6 +177,7 @@ def _running(pids: set[int], within: float = 10) -> list[int]:
     return left
 
 
+@pytest.mark.serial  # its delays aim at start-up phases timed on an idle machine
 @pytest.mark.parametrize("strategy, delay", [
     ("ddp", 0.0), ("ddp", 2.5), ("ddp-spawn", 2.0), ("ddp-launch", 1.5),
 ])
