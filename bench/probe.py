@@ -99,6 +99,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     import torch
 
     from bench.launch import MASTER_ADDR, agent, agent_log_dir, free_port
+    from bench.lifetime import start_dying_with_me
     from bench.results import capture_env, new_run_id, write_atomic
     from bench.scratch import Scratch
 
@@ -148,16 +149,24 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
     print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
           f"{len(sizes)} sizes", flush=True)
+    # The agent dies with bench (kill -9 included: a 2-node probe's agent waits minutes for
+    # its peer), its ranks with it (they arm their death signal: see the end of this file).
+    # In its own session, a Ctrl-C reaches bench alone, which ends it without its traceback.
+    agent_proc = start_dying_with_me(cmd, env=env, start_new_session=True)
     try:
-        done = subprocess.run(cmd, env=env)
+        returncode = agent_proc.wait()
+    except BaseException:  # Ctrl-C, SIGTERM
+        agent_proc.kill()
+        agent_proc.wait()
+        raise
     finally:
         scratch.remove()
-    if done.returncode == 0 and nodes > 1 and not partial.exists():
+    if returncode == 0 and nodes > 1 and not partial.exists():
         print("bench probe: done; rank 0 ran on another node, which writes the record")
         return EXIT_OK
-    if done.returncode != 0 or not partial.exists():
+    if returncode != 0 or not partial.exists():
         partial.unlink(missing_ok=True)
-        print(f"bench probe: failed (torchrun exit {done.returncode})", file=sys.stderr)
+        print(f"bench probe: failed (torchrun exit {returncode})", file=sys.stderr)
         return EXIT_FAILED
     measured = json.loads(partial.read_text())
     partial.unlink()
@@ -224,6 +233,9 @@ def ideal_allreduce_s(probe: dict[str, Any], size: int) -> float:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "WORKER":
+        from bench.lifetime import die_with_parent
+
+        die_with_parent(os.getppid())  # torchrun's agent killed outright: this rank too
         _, _, backend_arg, out_arg, timeout_arg, *size_args = sys.argv
         rank_main(backend_arg, out_arg, [int(s) for s in size_args], float(timeout_arg))
         from bench.quick_exit import exit_now

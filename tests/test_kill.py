@@ -255,3 +255,52 @@ def test_kill_9_of_bench_probe_leaves_nothing_running_and_the_next_probe_clears_
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert not list(tmp.glob("bench-*"))
+
+
+def test_kill_9_of_a_two_node_probe_waiting_for_its_peer_ends_its_agent(tmp_path):
+    """Node 0 of a 2-node probe whose peer never comes: torchrun's agent waits in the
+    rendezvous (for minutes). It was started as a plain child and outlived bench's kill -9."""
+    from bench.launch import free_port
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "probe", "--cpu", "--gpus", "1", "--nodes", "2",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--width", "0.125",
+         "--output", str(out)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not [line for line in alive(str(out)) if "bench.agent" in line]:
+        assert time.monotonic() < deadline, "the probe's agent never started"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = _gone_within(10, str(out))  # in the agent's command line
+    assert not left, f"still running 10 s after kill -9 of bench probe: {left}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_probe_interrupted_while_its_ranks_measure_ends_them_in_one_line(sig, tmp_path):
+    """Ctrl-C (to the terminal's process group) or SIGTERM (to bench) while the ranks
+    all-reduce: exit 130 and one line. SIGTERM left both ranks waiting on their dead agent's
+    store; Ctrl-C printed torchrun's traceback."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "probe", "--cpu", "--gpus", "2", "--width", "0.125",
+         "--output", str(out)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len([line for line in alive(str(out)) if "bench.probe WORKER" in line]) < 2:
+        assert time.monotonic() < deadline, "the probe's ranks never started"
+        time.sleep(0.1)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "bench: interrupted", err
+    assert "Traceback" not in err, err
+    left = _gone_within(10, str(out))
+    assert not left, f"still running 10 s after bench probe ended: {left}"
+
