@@ -15,6 +15,7 @@ import contextlib
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from bench.across_ranks import sync_devices
+from bench.faults import slow_probe_steps_from_env, slow_probe_steps_note
 from bench.grad_timeline import GradientTimeline, TimelineProbe
 from bench.loaders import draw_seconds, endless, unchanged_randomness
 from bench.timing import step_intervals, step_mark
@@ -61,8 +63,11 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
         sync_off = s.gradient_sync_off(parts.model, parts.optimizer)
         if isinstance(sync_off, str):
             return CommProbe(0, None, sync_off)
+        delay = slow_probe_steps_from_env()  # a test hook: 0
         with sync_off.context:
-            times = extra_steps(trainer, steps, "comm probe", timeline=probe)
+            times = extra_steps(trainer, steps, "comm probe", timeline=probe,
+                                step_context=_slow_in_turn(delay, s.rank, s.world_size)
+                                if delay else None)
     finally:
         if probe is not None:
             probe.remove()
@@ -71,8 +76,21 @@ def compute_only_steps(trainer, steps: int) -> CommProbe:
                            dtype=torch.float64, device=s.device)
     s.all_reduce(slowest, "max")
     *lockstep, work = slowest.tolist()
-    return CommProbe(steps, statistics.median(lockstep), sync_off.note,
+    notes = [sync_off.note] + ([slow_probe_steps_note(delay)] if delay else [])
+    return CommProbe(steps, statistics.median(lockstep), "; ".join(filter(None, notes)) or None,
                      probe and probe.result, None if math.isnan(work) else work)
+
+
+def _slow_in_turn(delay_s: float, rank: int, world_size: int) -> StepContext:
+    """Rank ``step mod world_size`` waits ``delay_s`` in each step's last micro-step."""
+
+    @contextlib.contextmanager
+    def in_turn(step: int, last_micro: bool):
+        if last_micro and step % world_size == rank:
+            time.sleep(delay_s)
+        yield
+
+    return in_turn
 
 
 def hook_work(trainer, steps: int) -> float | None:

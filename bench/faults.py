@@ -147,3 +147,20 @@ def slow_loader_from_env(strategy) -> float:
         strategy.notes.append(f"SLOW LOADER INJECTED ({SLOW_LOADER_ENV}): {delay * 1000:g} ms "
                               "before every training image")
     return delay
+
+
+SLOW_PROBE_ENV = "BENCH_SLOW_PROBE_STEP_MS"
+
+
+def slow_probe_steps_from_env() -> float:
+    """``BENCH_SLOW_PROBE_STEP_MS=M`` (a test hook): in the compute-only probe steps one rank
+    in turn (step mod world size) waits M ms inside its step, so that every step has another
+    slowest rank and a test can tell the median of each step's slowest rank (the compute
+    step) from any one rank's median (half a wait less). Seconds; 0 without it."""
+    return float(os.environ.get(SLOW_PROBE_ENV) or 0) / 1000
+
+
+def slow_probe_steps_note(delay_s: float) -> str:
+    return (f"SLOW PROBE STEPS INJECTED ({SLOW_PROBE_ENV}): {delay_s * 1000:g} ms in one "
+            "rank's step in turn")
+

@@ -55,6 +55,20 @@ def test_exposed_communication_responds_to_communication_cost(tmp_path):
     assert plain["summary"]["input_wait_share"] < 0.3, plain["summary"]
 
 
+def test_the_compute_step_is_the_median_of_each_steps_slowest_rank(tmp_path):
+    """A synchronised step waits for whichever rank is slowest at that step. With a 500 ms
+    wait in one rank's probe step in turn (BENCH_SLOW_PROBE_STEP_MS), every step's slowest
+    rank waited: the compute step is at least the wait; either rank's own median is about
+    half a wait less (a tiny step here is ~20 ms), and a sum over ranks a wait more."""
+    assert_ok(run_bench("run", *SMALL, "--epochs", "1", "--comm-probe-steps", "10",
+                        "--output", str(tmp_path), env={"BENCH_SLOW_PROBE_STEP_MS": "500"}))
+    rec = only_record(tmp_path)
+    assert rec["norm"] == "per-replica-bn"  # ranks not coupled inside a step (no SyncBN)
+    assert 0.45 < rec["compute_step_s"] < 0.75, rec["compute_step_s"]
+    assert "SLOW PROBE STEPS INJECTED (BENCH_SLOW_PROBE_STEP_MS): 500 ms" in \
+        rec["comm_probe_note"], rec["comm_probe_note"]
+
+
 def test_a_slow_link_waits_in_front_of_a_comm_hook(tmp_path):
     """The injected 60 ms wait per bucket goes in front of the run's own comm hook (DDP
     takes one hook only: registering a second one failed at start-up), every step waits at
