@@ -163,4 +163,3 @@ def slow_probe_steps_from_env() -> float:
 def slow_probe_steps_note(delay_s: float) -> str:
     return (f"SLOW PROBE STEPS INJECTED ({SLOW_PROBE_ENV}): {delay_s * 1000:g} ms in one "
             "rank's step in turn")
-
