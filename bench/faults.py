@@ -161,5 +161,6 @@ def slow_probe_steps_from_env() -> float:
 
 
 def slow_probe_steps_note(delay_s: float) -> str:
+    """What the record's ``comm_probe_note`` says of the injected wait."""
     return (f"SLOW PROBE STEPS INJECTED ({SLOW_PROBE_ENV}): {delay_s * 1000:g} ms in one "
             "rank's step in turn")

@@ -8,9 +8,11 @@ algbw · 2(n-1)/n) and the ideal time to all-reduce one gradient, and writes a r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -155,8 +157,9 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     agent_proc = start_dying_with_me(cmd, env=env, start_new_session=True)
     try:
         returncode = agent_proc.wait()
-    except BaseException:  # Ctrl-C, SIGTERM
-        agent_proc.kill()
+    except BaseException:  # Ctrl-C, SIGTERM: the agent's session, its ranks in it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent_proc.pid, signal.SIGKILL)
         agent_proc.wait()
         raise
     finally:

@@ -257,6 +257,14 @@ def test_kill_9_of_bench_probe_leaves_nothing_running_and_the_next_probe_clears_
     assert not list(tmp.glob("bench-*"))
 
 
+def _wait_for_processes(out: Path, kind: str, count: int, never: str) -> None:
+    """Until ``count`` processes of ``kind`` name ``out`` in their command line (60 s)."""
+    deadline = time.monotonic() + 60
+    while len([line for line in alive(str(out)) if kind in line]) < count:
+        assert time.monotonic() < deadline, never
+        time.sleep(0.1)
+
+
 def test_kill_9_of_a_two_node_probe_waiting_for_its_peer_ends_its_agent(tmp_path):
     """Node 0 of a 2-node probe whose peer never comes: torchrun's agent waits in the
     rendezvous (for minutes). It was started as a plain child and outlived bench's kill -9."""
@@ -268,10 +276,7 @@ def test_kill_9_of_a_two_node_probe_waiting_for_its_peer_ends_its_agent(tmp_path
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--width", "0.125",
          "--output", str(out)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not [line for line in alive(str(out)) if "bench.agent" in line]:
-        assert time.monotonic() < deadline, "the probe's agent never started"
-        time.sleep(0.2)
+    _wait_for_processes(out, "bench.agent", 1, "the probe's agent never started")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     left = _gone_within(10, str(out))  # in the agent's command line
@@ -289,10 +294,7 @@ def test_a_probe_interrupted_while_its_ranks_measure_ends_them_in_one_line(sig, 
          "--output", str(out)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
-    deadline = time.monotonic() + 60
-    while len([line for line in alive(str(out)) if "bench.probe WORKER" in line]) < 2:
-        assert time.monotonic() < deadline, "the probe's ranks never started"
-        time.sleep(0.1)
+    _wait_for_processes(out, "bench.probe WORKER", 2, "the probe's ranks never started")
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)
     else:
@@ -303,4 +305,3 @@ def test_a_probe_interrupted_while_its_ranks_measure_ends_them_in_one_line(sig, 
     assert "Traceback" not in err, err
     left = _gone_within(10, str(out))
     assert not left, f"still running 10 s after bench probe ended: {left}"
-
