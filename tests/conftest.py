@@ -34,6 +34,15 @@ FAST = ["--width", "0.125", "--batch-size", "32", "--no-progress", *NO_PROBE]
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Tests that draw figures in their own process close them (matplotlib warns past 20)."""
+    yield
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        plt.close("all")
+
+
 @pytest.fixture(scope="session")
 def cifar_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cifar")

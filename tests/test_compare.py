@@ -6,14 +6,7 @@ import json
 
 import pytest
 from conftest import run_bench
-from test_report import _repeat
-
-
-def _write(folder, records):
-    (folder / "runs").mkdir(parents=True)
-    for rec in records:
-        (folder / "runs" / f"{rec['run_id']}.json").write_text(json.dumps(rec))
-    return folder
+from report_records import repeat, write_runs
 
 
 def _slower(rec, factor):
@@ -23,14 +16,14 @@ def _slower(rec, factor):
 
 
 def test_compare_exits_1_on_a_planted_slowdown_and_0_on_identical_folders(tmp_path):
-    base = [_repeat(f"a{i}", "ddp", 2, 50 + i % 2, 10.0 + i) for i in range(5)]
-    base += [_repeat(f"b{i}", "dp", 1, 50 + i % 2, 12.0 + i) for i in range(5)]
-    a = _write(tmp_path / "a", base)
+    base = [repeat(f"a{i}", "ddp", 2, 50 + i % 2, 10.0 + i) for i in range(5)]
+    base += [repeat(f"b{i}", "dp", 1, 50 + i % 2, 12.0 + i) for i in range(5)]
+    a = write_runs(tmp_path / "a", base)
     same = run_bench("compare", str(a), str(a))
     assert same.returncode == 0, same.stdout + same.stderr
     assert "2 matched row(s), 0 regressed" in same.stderr
     # ddp 10 % slower (img/s ratio 1/1.1 = 0.909, time to target x1.1); dp untouched
-    b = _write(tmp_path / "b", [_slower(r, 1.1) if r["strategy"] == "ddp" else r for r in base])
+    b = write_runs(tmp_path / "b", [_slower(r, 1.1) if r["strategy"] == "ddp" else r for r in base])
     slow = run_bench("compare", str(a), str(b), "--format", "json")
     assert slow.returncode == 1, slow.stdout + slow.stderr
     rows = {r["strategy"]: r for r in json.loads(slow.stdout)}
@@ -52,19 +45,19 @@ def test_compare_refuses_what_is_not_results(tmp_path):
 def test_one_run_a_side_or_overlapping_runs_are_not_a_regression(tmp_path):
     """Two single runs of the same code minutes apart once read `REGRESSED: img/s -16.1 %`
     and exit 1. A slow-down counts only beyond the run-to-run range of repeats."""
-    one_a = _write(tmp_path / "one_a", [_repeat("x", "ddp", 2, 50, 10.0)])
-    one_b = _write(tmp_path / "one_b", [_slower(_repeat("y", "ddp", 2, 50, 10.0), 1.19)])
+    one_a = write_runs(tmp_path / "one_a", [repeat("x", "ddp", 2, 50, 10.0)])
+    one_b = write_runs(tmp_path / "one_b", [_slower(repeat("y", "ddp", 2, 50, 10.0), 1.19)])
     proc = run_bench("compare", str(one_a), str(one_b), "--format", "json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (row,) = json.loads(proc.stdout)
     assert row["verdict"].startswith("not gated: img/s -16.0 %, one run a side")
     # repeats whose ranges overlap: within noise, whatever the medians say
-    spread_a = [_slower(_repeat(f"a{i}", "ddp", 2, 50, 10.0), f) for i, f in
+    spread_a = [_slower(repeat(f"a{i}", "ddp", 2, 50, 10.0), f) for i, f in
                 enumerate((1.0, 1.1, 1.2))]
-    spread_b = [_slower(_repeat(f"b{i}", "ddp", 2, 50, 10.0), f) for i, f in
+    spread_b = [_slower(repeat(f"b{i}", "ddp", 2, 50, 10.0), f) for i, f in
                 enumerate((1.15, 1.2, 1.25))]
-    proc = run_bench("compare", str(_write(tmp_path / "sa", spread_a)),
-                     str(_write(tmp_path / "sb", spread_b)), "--format", "json")
+    proc = run_bench("compare", str(write_runs(tmp_path / "sa", spread_a)),
+                     str(write_runs(tmp_path / "sb", spread_b)), "--format", "json")
     assert proc.returncode == 0, proc.stdout
     assert "within the runs' range: noise" in json.loads(proc.stdout)[0]["verdict"]
     markdown = run_bench("compare", str(one_a), str(one_b), "--format", "markdown").stdout
@@ -83,12 +76,12 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
     """B about 20 % slower beyond the runs' range, its GPUs at 1,700 MHz (86 % of 1,980) where A's
     ran at 1,960 (99 %): still a regression on that machine, with the clocks beside it. At
     equal clocks (and in A/B without clocks) nothing is added."""
-    a = [_at_clock(_slower(_repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100), 1960.0)
+    a = [_at_clock(_slower(repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100), 1960.0)
          for i in range(3)]
-    b = [_at_clock(_slower(_repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100), 1700.0)
+    b = [_at_clock(_slower(repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100), 1700.0)
          for i in range(3)]
-    proc = run_bench("compare", str(_write(tmp_path / "a", a)), str(_write(tmp_path / "b", b)),
-                     "--format", "json")
+    proc = run_bench("compare", str(write_runs(tmp_path / "a", a)),
+                     str(write_runs(tmp_path / "b", b)), "--format", "json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (row,) = json.loads(proc.stdout)
     # median slow-down 1.21 / 1.01: img/s -16.5 %, time to target +19.8 %
@@ -108,7 +101,7 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
     assert " ".join(line.strip() for line in lines[3:]) == row["verdict"].removeprefix(
         "REGRESSED: "), text
     hot_a = [_at_clock(r, 1700.0) for r in a]
-    proc = run_bench("compare", str(_write(tmp_path / "hot_a", hot_a)), str(tmp_path / "b"),
+    proc = run_bench("compare", str(write_runs(tmp_path / "hot_a", hot_a)), str(tmp_path / "b"),
                      "--format", "json")
     assert json.loads(proc.stdout)[0]["verdict"].endswith("time to target +19.8 %, outside "
                                                           "both sides' run-to-run range")
@@ -118,18 +111,18 @@ def test_a_slowdown_at_the_input_pipelines_pace_says_so(tmp_path):
     """B about 20 % slower (833 img/s) where its input pipeline fed 850 img/s alone (98 %:
     input-bound) and A's 2,000: the regression stands, the loaders' figures beside it. A B
     whose pipeline fed 5,000 img/s adds nothing."""
-    a = [{**_slower(_repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100),
+    a = [{**_slower(repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100),
           "loader_alone_images_per_s": 2000.0} for i in range(3)]
-    b = [{**_slower(_repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100),
+    b = [{**_slower(repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100),
           "loader_alone_images_per_s": 850.0} for i in range(3)]
-    proc = run_bench("compare", str(_write(tmp_path / "a", a)), str(_write(tmp_path / "b", b)),
-                     "--format", "json")
+    proc = run_bench("compare", str(write_runs(tmp_path / "a", a)),
+                     str(write_runs(tmp_path / "b", b)), "--format", "json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (row,) = json.loads(proc.stdout)
     assert row["verdict"].endswith("range, B was input-bound: its loader alone fed 850 img/s, "
                                    "A's 2000"), row["verdict"]
     fed = [{**r, "loader_alone_images_per_s": 5000.0} for r in b]
-    proc = run_bench("compare", str(tmp_path / "a"), str(_write(tmp_path / "fed", fed)),
+    proc = run_bench("compare", str(tmp_path / "a"), str(write_runs(tmp_path / "fed", fed)),
                      "--format", "json")
     assert "input-bound" not in json.loads(proc.stdout)[0]["verdict"]
 
@@ -139,11 +132,11 @@ def test_rows_that_differ_only_in_speed_options_stay_apart(tmp_path):
     two rows of one workload: every format names their options, so they are never read as
     one configuration twice. A time to target that no run reached reads 'missed', one that
     was never asked for is left out."""
-    plain = [{**_repeat(f"p{i}", "ddp-amp", 1, 50, None), "precision": "bf16"} for i in range(2)]
+    plain = [{**repeat(f"p{i}", "ddp-amp", 1, 50, None), "precision": "bf16"} for i in range(2)]
     fast = [{**r, "run_id": f"f{i}", "loader": "gpu", "channels_last": True, "compile": True,
              "optimizer_impl": "fused", "target_top1": None, "reached_target": None}
             for i, r in enumerate(plain)]
-    a = _write(tmp_path / "a", plain + fast)
+    a = write_runs(tmp_path / "a", plain + fast)
     rows = json.loads(run_bench("compare", str(a), str(a), "--format", "json").stdout)
     assert sorted(r["options"] for r in rows) == ["gpu loader, channels_last, compile, fused SGD",
                                                   "—"]
@@ -169,12 +162,13 @@ def test_json_and_csv_carry_numbers_with_ranges_and_ci_apart(tmp_path):
     range and the top-1 CI are fields of their own, and a target that was missed or never
     asked for is null, never NaN or Infinity (which JSON parsers refuse). The markdown view
     still shows each figure with its range or CI."""
-    a = [_slower(_repeat(f"a{i}", "ddp", 2, 50 + i, 10.0), f)
+    a = [_slower(repeat(f"a{i}", "ddp", 2, 50 + i, 10.0), f)
          for i, f in enumerate((1.0, 1.1, 1.2))]
-    b = [_repeat(f"b{i}", "ddp", 2, 50, None) for i in range(3)]  # all missed the target
-    untargeted = [{**_repeat(f"u{i}", "dp", 1, 50, None), "target_top1": None,
+    b = [repeat(f"b{i}", "ddp", 2, 50, None) for i in range(3)]  # all missed the target
+    untargeted = [{**repeat(f"u{i}", "dp", 1, 50, None), "target_top1": None,
                    "reached_target": None} for i in range(2)]
-    side_a, side_b = _write(tmp_path / "a", a + untargeted), _write(tmp_path / "b", b + untargeted)
+    side_a = write_runs(tmp_path / "a", a + untargeted)
+    side_b = write_runs(tmp_path / "b", b + untargeted)
     rows = {r["strategy"]: r for r in _strict(run_bench("compare", str(side_a), str(side_b),
                                                         "--format", "json").stdout)}
     ddp, dp = rows["ddp"], rows["dp"]

@@ -5,7 +5,6 @@ hand-computed values, and the report's flags. A real GPU's clocks: test_gpu.py."
 from __future__ import annotations
 
 import csv
-import json
 import math
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import time
 
 import pytest
 from conftest import run_bench
+from report_records import write_runs
 
 from bench.gpu_clocks import (
     Sample,
@@ -214,13 +214,11 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     at 1,700 MHz (86 % of 1,980: 14 points below ddp; its warm-up at full clock does not
     count) under a power limit lowered to 500 W; ddp-amp at 1,930 MHz (97 %: 3 points, within
     the 5 allowed) but in a hardware thermal slowdown."""
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    for rec in (_gpu_record("a", "ddp", "tf32", [(1980.0, [])] * 3, limit_w=680.0),
-                _gpu_record("b", "fsdp", "tf32", [(1980.0, [])] + [(1700.0, ["power cap"])] * 2,
-                            limit_w=500.0),
-                _gpu_record("c", "ddp-amp", "bf16", [(1930.0, ["hw thermal"])] * 3)):
-        (runs / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    write_runs(tmp_path, [
+        _gpu_record("a", "ddp", "tf32", [(1980.0, [])] * 3, limit_w=680.0),
+        _gpu_record("b", "fsdp", "tf32", [(1980.0, [])] + [(1700.0, ["power cap"])] * 2,
+                    limit_w=500.0),
+        _gpu_record("c", "ddp-amp", "bf16", [(1930.0, ["hw thermal"])] * 3)])
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()

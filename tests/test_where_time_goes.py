@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_ok, only_record, run_bench
+from report_records import record
 
 from bench.flops import peak_tflops, train_flops_per_image
 from bench.models import ModelSpec
@@ -219,9 +220,7 @@ def test_mfu_uses_the_gpus_dense_peak_for_the_runs_precision(tmp_path):
 
 
 def test_report_shows_exposed_comm_mfu_and_the_comm_ceiling(tmp_path):
-    from test_report import _record
-
-    rec = {**_record("a", "ddp", 2, [2.0, 1.0], [0.1, 0.2]), "exposed_comm_fraction": 0.25,
+    rec = {**record("a", "ddp", 2, [2.0, 1.0], [0.1, 0.2]), "exposed_comm_fraction": 0.25,
            "compute_step_s": 0.03, "backend": "gloo",
            "model": {"width": 1.0, "parameters": 1_000_000}}
     for epoch in rec["per_epoch"]:

@@ -1,0 +1,60 @@
+"""The report's plots: one folder of figures per workload, each drawn from its own runs and
+probes only, its bars and lines named apart."""
+
+from __future__ import annotations
+
+from conftest import run_bench
+from report_records import probe, record, write_runs
+
+
+def test_plots_never_mix_workloads(tmp_path):
+    """Two workloads: a folder of plots each, each figure drawn from its own runs only (the
+    committed plots once drew one scaling line from one workload's N=1 to another's N=2)."""
+    small = [record("a", "ddp", 1, [5.0, 4.0], [0.1, 0.2]),
+             record("b", "ddp", 2, [5.0, 2.0], [0.1, 0.2])]
+    other = {**record("c", "ddp", 2, [50.0, 40.0], [0.3, 0.4]), "global_batch": 512}
+    write_runs(tmp_path, [*small, other])
+    proc = run_bench("report", "--results", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    folders = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert folders == ["synthetic-1000img-batch100-resnet18", "synthetic-1000img-batch512-resnet18"]
+    one = tmp_path / "plots" / folders[0]
+    two = tmp_path / "plots" / folders[1]
+    assert (one / "scaling.png").exists()  # N=1 and N=2 of the same workload
+    assert not (two / "scaling.png").exists()  # one N only: no scaling to draw
+    from bench.report import figures_per_workload
+
+    figures = figures_per_workload([*small, other])
+    lines = figures["synthetic 1000 img, batch 512, resnet18"]["top1"].axes[0].lines
+    assert [line.get_label() for line in lines] == ["ddp N=2 fp32"]
+
+
+def test_a_workloads_bandwidth_figure_shows_the_newest_probe_of_its_own_devices():
+    """The committed README's GPU workload once drew the CPU gloo probes, and `make table`
+    run again drew two lines both labelled `cpu gloo N=2`. A workload's figure now shows, for
+    the devices it ran on, the newest probe of each kind: the one its table's ceiling uses."""
+    from bench.report import figures_per_workload
+
+    cpu = record("a", "ddp", 2, [3.0, 2.0], [0.1, 0.5])
+    gpu = {**record("g", "ddp", 1, [3.0, 2.0], [0.1, 0.5]), "device": "cuda",
+           "train_size": 50000}
+    probes = [probe("old", "cpu", 1.0), probe("new", "cpu", 2.0)]
+    figures = figures_per_workload([cpu, gpu], probes)
+    by_device = {("cuda" if "50000" in name else "cpu"): figs for name, figs in figures.items()}
+    assert "busbw" not in by_device["cuda"]
+    (line,) = [line for line in by_device["cpu"]["busbw"].axes[0].lines
+               if not line.get_label().startswith("_")]  # the dotted gradient size aside
+    assert line.get_label() == "cpu gloo N=2" and set(line.get_ydata()) == {2.0}
+    assert "one resnet18-cifar gradient" in by_device["cpu"]["busbw"].axes[0].get_xlabel()
+
+
+def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():
+    """The committed CPU table's ddp N=2 rows with and without --grad-accum 4 were two bars
+    both named `ddp / N=2 / cpu fp32`."""
+    from bench.report import figures_per_workload
+
+    plain = {**record("p", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "compute_step_s": 0.1}
+    accum = {**plain, "run_id": "q", "grad_accum": 4}
+    figure = figures_per_workload([plain, accum])["synthetic 1000 img, batch 100, resnet18"]
+    ticks = [t.get_text() for t in figure["where_time_goes"].axes[0].get_xticklabels()]
+    assert ticks == ["ddp\nN=2\ncpu fp32", "ddp\nN=2\ncpu fp32\naccum 4"], ticks

@@ -1,0 +1,151 @@
+"""What makes a row of the report and its figures: which runs are repeats of one row and
+which are rows apart, the epochs a figure is taken from, the reference row, time to target
+and accuracy parity over repeats."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import run_bench
+from report_records import record, repeat, timed
+
+from bench.report import summary_table, to_markdown
+
+
+def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
+    one_epoch = record("e", "ddp", 1, [7.0], [0.3])
+    dp1 = {**record("f", "dp", 1, [3.0, 2.0], [0.2, 0.3]), "gpus_requested": 1}
+    dp2 = {**record("g", "dp", 1, [3.0, 2.5], [0.2, 0.3]), "gpus_requested": 2}
+    table = summary_table([one_epoch, dp1, dp2])
+    ddp = table[table["strategy"] == "ddp"].iloc[0]
+    assert math.isnan(ddp["epoch_time_s"])  # not the 7 s warm-up
+    assert len(table[table["strategy"] == "dp"]) == 2  # not two repeats of one row
+    text = to_markdown(table)
+    assert "— (1 epoch: warm-up only)" in text and "1 (of 2 asked)" in text
+
+
+def test_peak_memory_is_the_timed_epochs_not_the_warm_up_autotuning():
+    # The H100's ddp TF32 run: cuDNN autotuning in epoch 1 peaked at 7,916 MiB, training at
+    # 2,566 MiB after it; a one-epoch run has only its warm-up to show.
+    rec = record("h", "ddp", 1, [4.8, 2.6, 2.6, 2.6], [0.1, 0.2, 0.3, 0.4])
+    for epoch, mib in zip(rec["per_epoch"], [7916, 2566, 2565, 2565]):
+        epoch["peak_mem_bytes"] = mib * 2**20
+    one_epoch = {**record("i", "ddp", 2, [7.0], [0.3]), "world_size": 2}
+    one_epoch["per_epoch"][0]["peak_mem_bytes"] = 300 * 2**20
+    table = summary_table([rec, one_epoch]).set_index("world_size")
+    assert table.loc[1, "peak_mem_mib"] == pytest.approx(2566)
+    assert table.loc[2, "peak_mem_mib"] == pytest.approx(300)
+    assert "| 2566 |" in to_markdown(table)
+
+
+def test_runs_on_shared_gpus_stay_apart_and_are_marked_not_comparable():
+    own = record("h", "ddp", 2, [5.0, 2.0], [0.1, 0.2])
+    base = record("i", "ddp", 1, [5.0, 4.0], [0.1, 0.2])
+    shared = {**record("j", "ddp", 2, [5.0, 1.0], [0.1, 0.2]), "gpu_shared": True}
+    table = summary_table([own, base, shared])
+    rows = table[table["world_size"] == 2].set_index("gpu_shared")
+    assert len(rows) == 2 and rows.loc[False, "epoch_time_s"] == 2.0
+    assert rows.loc[False, "speedup"] == pytest.approx(2.0)
+    assert math.isnan(rows.loc[True, "speedup"])  # no speed-up from a shared GPU
+    lines = [line for line in to_markdown(table).splitlines() if "not comparable" in line]
+    assert len(lines) == 1 and "| 1.00 (ranks shared GPUs: not comparable) |" in lines[0]
+
+
+def test_runs_with_other_speed_options_are_other_rows_not_repeats():
+    """Seen on the H100: the fastest path (GPU loader, channels_last, compile, fused SGD)
+    was averaged with plain bf16 as "2 runs" of one row. Each way of working is its own row,
+    and its speed-up is against N=1 done the same way."""
+    plain = record("k", "ddp", 1, [5.0, 4.0], [0.1, 0.2])
+    fast = {**record("l", "ddp", 1, [5.0, 1.0], [0.1, 0.2]), "loader": "gpu",
+            "channels_last": True, "compile": True, "optimizer_impl": "fused"}
+    table = summary_table([plain, fast]).set_index("options")
+    assert list(table["runs"]) == [1, 1]
+    assert table.loc["gpu loader, channels_last, compile, fused SGD", "epoch_time_s"] == 1.0
+    assert table.loc["—", "epoch_time_s"] == 4.0
+    assert list(table["speedup"]) == [1.0, 1.0]
+
+
+def test_runs_with_more_loader_workers_are_other_rows():
+    """An input-bound row measured again with 8 workers is not a repeat of the 4-worker one:
+    the count is named where it is not bench run's default (4 per GPU, 0 on CPU)."""
+    four = {**record("o", "ddp", 1, [5.0, 4.0], [0.1, 0.2]), "device": "cuda",
+            "workers_per_replica": 4}
+    eight = {**record("p", "ddp", 1, [5.0, 2.0], [0.1, 0.2]), "device": "cuda",
+             "workers_per_replica": 8}
+    on_cpu = {**record("q", "ddp", 1, [5.0, 3.0], [0.1, 0.2]), "workers_per_replica": 2}
+    table = summary_table([four, eight, on_cpu])
+    assert sorted(zip(table["device"], table["options"], table["epoch_time_s"])) == [
+        ("cpu", "2 workers", 3.0), ("cuda", "8 workers", 2.0), ("cuda", "—", 4.0)]
+
+
+def test_the_reference_row_is_plain_ddp_not_a_compressed_one():
+    """Both rows are ddp at N=1 in fp32; the PowerSGD one (sorted first) trained to 30 %,
+    plain ddp to 50 %: the deltas are against plain ddp."""
+    plain = record("m", "ddp", 1, [5.0, 4.0], [0.4, 0.5])
+    powersgd = {**record("n", "ddp", 1, [5.0, 4.0], [0.2, 0.3]),
+                "ddp_options": {"comm_hook": "powersgd", "powersgd_rank": 1}}
+    table = summary_table([plain, powersgd]).set_index("options")
+    assert table.index[0] == "powersgd hook r=1"
+    assert bool(table.loc["—", "is_reference"])
+    assert table.loc["powersgd hook r=1", "delta_top1"] == pytest.approx(-20.0)
+
+
+def test_sweep_key_is_the_workload_only():
+    from bench.config import RunConfig
+    from bench.sweep import sweep_key
+
+    base = RunConfig("ddp", gpus=2, cpu=True)
+    assert sweep_key(base.derive(workers=3)) != sweep_key(base)  # speed: input-bound rows
+    for where in ({"data_dir": "/elsewhere"}, {"download": False},
+                  {"comm_probe_steps": 0}, {"profile_steps": 3},
+                  {"output": "other"}, {"master_port": 1234}):
+        assert sweep_key(base.derive(**where)) == sweep_key(base)
+    for what in ({"epochs": 5}, {"seed": 1}, {"width": 0.5}, {"gpus": 4},
+                 {"synthetic_difficulty": 0.5}):
+        assert sweep_key(base.derive(**what)) != sweep_key(base)
+
+
+def test_time_to_target_is_scored_like_mlperf():
+    # 5 runs: drop the fastest (10) and the slowest (50): mean of 20, 30, 40 = 30.
+    five = [timed(f"r{i}", t) for i, t in enumerate([10.0, 20.0, 30.0, 40.0, 50.0])]
+    assert summary_table(five)["time_to_target"].iloc[0] == "30.00 (MLPerf, 5 runs)"
+    # a run missing the target counts as the slowest and is dropped with the fastest (10):
+    # mean of 20, 30, 40 = 30.
+    one_miss = [*five[:4], timed("m", None, reached=False)]
+    assert summary_table(one_miss)["time_to_target"].iloc[0] == (
+        "30.00 (MLPerf, 5 runs, 1 missed)")
+    two_miss = [*five[:3], timed("m1", None, False), timed("m2", None, False)]
+    assert summary_table(two_miss)["time_to_target"].iloc[0].startswith(
+        "did not converge (2/5 missed 60 %)")
+    three = [timed(f"t{i}", t) for i, t in enumerate([9.0, 3.0, 6.0])]
+    assert summary_table(three)["time_to_target"].iloc[0] == "6.00 (median of 3)"
+
+
+def test_sweep_table_scores_time_to_target_and_tests_accuracy_parity():
+    """Five repeats per row, numbers checked by hand (t-table values, df = 8):
+    ref ddp N=1 finals 48..52: mean 50, sd 1.581, 95 % CI 2.776 * 1.581 / sqrt(5) = 1.96.
+    ddp N=2 finals 46..50: Δ -2, t = -2 / sqrt(2.5/5 + 2.5/5) = -2, p = 0.0805: not flagged.
+    dp N=2 finals 44..48: Δ -4, t = -4, p = 0.00395: flagged; one run missed the target.
+    ddp-amp N=2 (finals as dp's): two runs missed the target: did not converge."""
+    ref = [repeat(f"a{i}", "ddp", 1, 48 + i, 10.0 + i) for i in range(5)]
+    same = [repeat(f"b{i}", "ddp", 2, 46 + i, 6.0 + i) for i in range(5)]
+    worse = [repeat(f"c{i}", "dp", 2, 44 + i, None if i == 0 else 5.0 + i) for i in range(5)]
+    lost = [repeat(f"d{i}", "ddp-amp", 2, 44 + i, None if i < 2 else 5.0) for i in range(5)]
+    table = summary_table(ref + same + worse + lost).set_index(["strategy", "world_size"])
+    assert table.loc[("ddp", 1), "final_top1"] == pytest.approx(50.0)
+    assert table.loc[("ddp", 1), "final_top1_ci"] == pytest.approx(1.963, abs=1e-3)
+    assert table.loc[("ddp", 2), "delta_top1"] == pytest.approx(-2.0)
+    assert table.loc[("ddp", 2), "p_value"] == pytest.approx(0.0805, abs=1e-4)
+    assert table.loc[("dp", 2), "p_value"] == pytest.approx(0.00395, abs=1e-5)
+    assert dict(table["differs"]) == {("ddp", 1): False, ("ddp", 2): False, ("dp", 2): True,
+                                      ("ddp-amp", 2): True}
+    # times to target: ref 10..14 -> mean of 11, 12, 13; dp: the miss and 7 dropped -> 8..9
+    assert table.loc[("ddp", 1), "time_to_target"] == "12.00 (MLPerf, 5 runs)"
+    assert table.loc[("dp", 2), "time_to_target"] == "8.00 (MLPerf, 5 runs, 1 missed)"
+    assert table.loc[("ddp-amp", 2), "time_to_target"].startswith("did not converge (2/5")
+    text = to_markdown(summary_table(ref + same + worse + lost))
+    assert "| 50.00 ± 1.96 |" in text and "| ref |" in text
+    assert "| -2.00 (p 0.081) |" in text and "| -4.00 (p 0.0039) ≠ |" in text
+    proc = run_bench("report", "--results", "/nonexistent", "--reference", "ddp:x")
+    assert proc.returncode == 2 and "--reference" in proc.stderr
