@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "workload, measured runs over the projection")
     report = sub.add_parser("report", help="summarise records into tables")
     report.add_argument("--results", default="results", help="results folder")
-    report.add_argument("--reference", default="ddp:1",
+    report.add_argument("--reference", default=None,
                         help="STRATEGY[:N]: the row each workload's top-1 is compared with "
                              "(default ddp:1)")
     report.add_argument("--format", choices=("text", "wide", "markdown", "csv", "json"),

@@ -30,6 +30,7 @@ from bench.report.table import median_step_s
 from bench.results import write_atomic
 
 VALIDATION_FILE = "projection-validation.json"
+MAX_GPUS, MAX_GPUS_PER_NODE = 2**20, 1024  # where a projection stops meaning anything
 _SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
 _HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gradients
 
@@ -161,6 +162,12 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
 
     if gpus_per_node < 1 or any(n < 1 for n in gpus):
         raise ConfigError("--gpus and --gpus-per-node must be positive")
+    if max(gpus) > MAX_GPUS:
+        raise ConfigError(f"--gpus goes up to {MAX_GPUS:,}, past the largest clusters built "
+                          f"(got {max(gpus):,})")
+    if gpus_per_node > MAX_GPUS_PER_NODE:
+        raise ConfigError(f"--gpus-per-node goes up to {MAX_GPUS_PER_NODE:,}, past the largest "
+                          f"NVLink domains built (got {gpus_per_node:,})")
     if plot is not None and Path(plot).suffix not in (".png", ".svg"):
         raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
     records, root = _records(source)

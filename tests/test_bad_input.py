@@ -101,6 +101,13 @@ CASES = {
                                     "--mllog", "{here}/run.log"], "needs {run_id} in its name"),
     "project: unknown network": (["project", "{here}", "--network", "nope"],
                                  "--network must be one of"),
+    "project: more GPUs than any cluster": (
+        ["project", "{here}", "--gpus", "8,99999999999999999999"],
+        "--gpus goes up to 1,048,576"),
+    "project: a node of 4,096 GPUs": (["project", "{here}", "--gpus-per-node", "4096"],
+                                      "--gpus-per-node goes up to 1,024"),
+    "report: reference at N=0": (["report", "--results", "{here}", "--reference", "ddp:0"],
+                                 "--reference must be STRATEGY[:N] with N at least 1"),
     "compare: bad threshold": (["compare", "{empty}", "{empty}", "--threshold", "0"],
                                "--threshold"),
     "verify: every strategy refuses": (
@@ -147,7 +154,7 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path, capsys, monk
         "here": str(tmp_path),
     }
     args = [a.format(**values) for a in args]
-    if "--output" not in args and args[0] not in ("compare", "project"):
+    if "--output" not in args and args[0] not in ("compare", "project", "report"):
         args += ["--output", str(out)]
     monkeypatch.setenv("BENCH_CIFAR100_URL", "http://127.0.0.1:9/cifar-100-python.tar.gz")
     monkeypatch.chdir(ROOT)

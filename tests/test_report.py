@@ -151,6 +151,17 @@ def test_json_is_strict_csv_says_yes_and_failed_runs_are_counted(tmp_path):
     assert "✓" not in csv.stdout and "✗" not in csv.stdout
 
 
+def test_a_reference_that_is_no_finished_runs_row_is_refused_and_nothing_written(results):
+    """`--reference fsdp:2` named no row and the report went on with every Δ top-1 blank
+    (and wrote them); the rows it could name are the finished ones."""
+    proc = run_bench("report", "--results", str(results), "--reference", "fsdp:2")
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "skipped" not in line]  # 2 bad files
+    assert said == [f"bench: error: --reference fsdp:2 is no finished run's row in {results} "
+                    "(those here: ddp:1, ddp:2); name one of them"], proc.stderr
+    assert proc.stdout == "" and sorted(p.name for p in results.iterdir()) == ["runs"]
+
+
 def test_report_refuses_a_missing_folder_and_writes_nothing_for_an_empty_one(tmp_path):
     missing = tmp_path / "nope" / "results"
     proc = run_bench("report", "--results", str(missing))

@@ -42,9 +42,13 @@ def parse_reference(text: str) -> tuple[str, int]:
     """``strategy[:N]`` (N default 1) -> (strategy, N)."""
     name, _, world = text.partition(":")
     try:
-        return name, int(world or 1)
+        parsed = name, int(world or 1)
     except ValueError:
-        raise ConfigError(f"--reference must be STRATEGY[:N], e.g. ddp:1 (got {text!r})") from None
+        parsed = name, 0
+    if not name or parsed[1] < 1:
+        raise ConfigError(f"--reference must be STRATEGY[:N] with N at least 1, e.g. ddp:1 "
+                          f"(got {text!r})")
+    return parsed
 
 
 def add_parity(table, reference: str):

@@ -24,8 +24,11 @@ from bench.results import load_records, runs_dir, write_text_atomic
 
 
 def cmd_report(results: str, fmt: str = "text", write: bool = True,
-               readme: str | None = None, reference: str = "ddp:1") -> int:
-    parse_reference(reference)
+               readme: str | None = None, reference: str | None = None) -> int:
+    """With ``reference`` None, each workload's ``ddp:1`` row is its reference where it has
+    one; a reference the user names must be the row of some workload."""
+    if reference is not None:
+        parse_reference(reference)
     if not Path(results).is_dir():
         raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
                           "(the one `bench run --output` wrote)")
@@ -43,7 +46,13 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         return EXIT_FAILED
     from bench.probe import load_probes
 
-    table = summary_table(records, reference, load_probes(results))
+    table = summary_table(records, reference or "ddp:1", load_probes(results))
+    if reference is not None and not table["is_reference"].any():
+        finished = table[table["status"] == "ok"]
+        rows = sorted(set(zip(finished["strategy"], finished["world_size"])))
+        raise ConfigError(f"--reference {reference} is no finished run's row in {results} "
+                          f"(those here: {', '.join(f'{s}:{n}' for s, n in rows) or 'none'}); "
+                          "name one of them")
     if fmt == "json":
         print(to_json(table), end="")
     elif fmt == "wide":
