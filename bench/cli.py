@@ -240,9 +240,9 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
     import re
     import shutil
     import subprocess
-    from pathlib import Path
 
     from bench.cluster import sbatch_script
+    from bench.folders import file_to_write
 
     for flag in ("--nodes", "--gpus", "--strategy", "--node-rank", "--rdzv-endpoint"):
         if any(a == flag or a.startswith(flag + "=") for a in run_args):
@@ -266,7 +266,7 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
                           "--submit and copy the script there")
-    Path(args.out).write_text(script)
+    file_to_write("--out", args.out, "job.sbatch").write_text(script)
     print(f"wrote {args.out}")
     if args.submit:
         return subprocess.run(["sbatch", args.out]).returncode

@@ -76,13 +76,20 @@ def memory_bytes(cfg: RunConfig, train: int, test: int) -> int:
     return train * 3 * (size * size + padded * padded) + test * 3 * size * size * 2
 
 
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
 def check_memory(cfg: RunConfig, train: int, test: int, processes: int) -> None:
     """Refuse, before anything is written, a set that the machine's processes cannot hold."""
     per_process = memory_bytes(cfg, train, test)
     need = per_process * processes
-    try:
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
+    have = physical_memory()
+    if have is None:
         return
     if need > 0.8 * have:
         per = per_process / 2**30

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from bench.errors import ConfigError
+from bench.folders import file_to_write
 
 PACKAGE_HINT = "pip install mlperf-logging (or pip install -e '.[mllog]')"
 
@@ -26,16 +27,7 @@ def check_mllog_path(path: str, run_id: str) -> str:
     package is importable and the folder writable; otherwise a ConfigError naming the fix."""
     if importlib.util.find_spec("mlperf_logging") is None:
         raise ConfigError(f"--mllog needs the mlperf-logging package: {PACKAGE_HINT}")
-    resolved = Path(path.replace("{run_id}", run_id)).expanduser().absolute()
-    if resolved.is_dir():
-        raise ConfigError(f"--mllog {path} is a folder; name a file, e.g. {path}/run.log")
-    if not resolved.parent.is_dir():
-        raise ConfigError(f"--mllog {path}: folder {resolved.parent} does not exist; "
-                          "create it or choose another path")
-    if not os.access(resolved.parent, os.W_OK):
-        raise ConfigError(f"--mllog {path}: cannot write in {resolved.parent}; choose "
-                          "another path")
-    return str(resolved)
+    return str(file_to_write("--mllog", path.replace("{run_id}", run_id), "run.log"))
 
 
 class MLPerfLog:

@@ -102,6 +102,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
 
     from bench.launch import MASTER_ADDR, agent, agent_log_dir, free_port
     from bench.lifetime import start_dying_with_me
+    from bench.preflight import check_processes_fit, writable_folder
     from bench.results import capture_env, new_run_id, write_atomic
     from bench.scratch import Scratch
 
@@ -125,13 +126,13 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     if device == "cuda" and backend == "nccl" and gpus > torch.cuda.device_count():
         raise ConfigError(f"--gpus {gpus} but only {torch.cuda.device_count()} GPU(s) are "
                           "visible (NCCL refuses two ranks on one GPU)")
-    folder = Path(output) / "probes"
-    folder.mkdir(parents=True, exist_ok=True)
+    if not max_mib > 0:
+        raise ConfigError(f"--max-size must be positive (got {max_mib})")
+    check_processes_fit(gpus)
+    folder, _ = writable_folder(Path(output) / "probes")
     from bench.model import count_parameters
 
     grad = 4 * count_parameters(built)  # float32 gradients
-    if not max_mib > 0:
-        raise ConfigError(f"--max-size must be positive (got {max_mib})")
     sizes = sorted({s for s in PROBE_SIZES if s <= max_mib * MIB} | {grad})
     probe_id = new_run_id("allreduce", gpus * nodes, device)
     partial = folder / f"{probe_id}.ranks.json"

@@ -15,6 +15,7 @@ from typing import Any
 
 from bench import terminal
 from bench.errors import ConfigError
+from bench.folders import file_to_write
 from bench.projection import (
     LEFT_OUT,
     NETWORKS,
@@ -170,6 +171,8 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                           f"NVLink domains built (got {gpus_per_node:,})")
     if plot is not None and Path(plot).suffix not in (".png", ".svg"):
         raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
+    if plot is not None:
+        file_to_write("--plot", plot, "scaling.png")
     records, root = _records(source)
     probes = load_probes(root)
     if validate:

@@ -32,6 +32,7 @@ from bench.parts import tf32_label
 from bench.preflight import (
     check_launch_options,
     check_output_writable,
+    check_processes_fit,
     check_srun_task,
     check_strategy_options,
     default_workers,
@@ -105,6 +106,7 @@ class RunPlan:
         if self.slurm is not None:
             self.processes, self.replicas = 1, self.slurm.world_size
             self.local_processes = self.slurm.local_world_size
+        check_processes_fit(self.local_processes)
         if cfg.nodes > 1 and self.slurm is None and cfg.rdzv_id is None:
             cfg = cfg.derive(rdzv_id=default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict()))
         self.cfg = cfg

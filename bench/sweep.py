@@ -26,6 +26,7 @@ from bench.errors import (
     raise_interrupted,
 )
 from bench.lifetime import start_dying_with_me
+from bench.preflight import check_output_writable
 from bench.provenance import current_status, owner_alive, this_process
 from bench.results import read_record, runs_dir, utc_now, write_atomic
 from bench.runner import RunPlan
@@ -118,6 +119,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     combos = plan_combos(base, strategies, gpus, repeats)
     if run_timeout is not None and run_timeout <= 0:
         raise ConfigError(f"--run-timeout must be positive seconds (got {run_timeout})")
+    check_output_writable(base.output)  # its runs' records and the sweep's claims go there
     outcomes: list[tuple[Combo, str]] = []
     took: list[float] = []  # seconds of the runs this sweep ran (not skipped)
     previous = signal.signal(signal.SIGTERM, raise_interrupted)

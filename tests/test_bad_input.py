@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 
@@ -21,6 +22,11 @@ def _corrupt_copy(cifar_dir, tmp_path):
     (target / "cifar-100-python" / "train").write_bytes(b"\x80\x02garbage")
     return target
 
+
+# Ranks that even 0.3 GiB each (less than the smallest model's rank holds) would not fit in
+# this machine's memory; --batch-size 32 is refused for them too, should that check be gone.
+_BEYOND_MEMORY = str(int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                         / (0.3 * 2**30)) + 1)
 
 CASES = {
     "unknown strategy": (["run", "--strategy", "nope", *BASE], "choose one of: dp, ddp"),
@@ -108,6 +114,20 @@ CASES = {
                                       "--gpus-per-node goes up to 1,024"),
     "report: reference at N=0": (["report", "--results", "{here}", "--reference", "ddp:0"],
                                  "--reference must be STRATEGY[:N] with N at least 1"),
+    "sweep into a file": (["sweep", "--strategies", "ddp", "--gpus", "1", *BASE, "--output",
+                           "{file}/sub"], "choose another --output"),
+    "probe into a file": (["probe", "--cpu", "--output", "{file}/sub"],
+                          "choose another --output"),
+    "probe of no sizes": (["probe", "--cpu", "--max-size", "0", "--output", "{empty}"],
+                          "--max-size must be positive"),
+    "more ranks than memory": (["run", "--strategy", "ddp", *BASE, "--gpus", _BEYOND_MEMORY],
+                               "lower --gpus"),
+    "slurm script into a folder": (["slurm", "--nodes", "1", "--gpus", "2", "--strategy", "ddp",
+                                    "--out", "{here}"], "is a folder; name a file"),
+    "project plot in a missing folder": (["project", "{here}", "--plot", "{empty}/x.png"],
+                                         "does not exist; create that folder"),
+    "report into a missing readme": (["report", "--results", "{here}", "--update-readme",
+                                      "{empty}/README.md"], "--update-readme"),
     "compare: bad threshold": (["compare", "{empty}", "{empty}", "--threshold", "0"],
                                "--threshold"),
     "verify: every strategy refuses": (
@@ -167,7 +187,7 @@ def test_bad_input_exits_2_with_one_line(case, cifar_dir, tmp_path, capsys, monk
     assert len(lines) == 1, stderr
     assert lines[0].startswith("bench: error: ") and fragment in lines[0], lines[0]
     assert not out.exists(), "bad input must leave nothing behind"
-    assert not (tmp_path / "empty").exists(), "nor a --data-dir made by a failed download"
+    assert not (tmp_path / "empty").exists(), "nor a folder made before the refusal"
 
 
 def test_an_output_path_too_long_and_a_data_dir_loop_are_one_line(tmp_path, capsys,

@@ -10,7 +10,7 @@ from bench.errors import EXIT_FAILED, ConfigError
 from bench.provenance import current_status
 from bench.report.accuracy import parse_reference
 from bench.report.plots import write_plots
-from bench.report.readme import update_readme
+from bench.report.readme import check_readme, update_readme
 from bench.report.table import summary_table
 from bench.report.views import (
     plausibility_warnings,
@@ -29,6 +29,8 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     one; a reference the user names must be the row of some workload."""
     if reference is not None:
         parse_reference(reference)
+    if readme is not None:
+        check_readme(Path(readme))
     if not Path(results).is_dir():
         raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
                           "(the one `bench run --output` wrote)")

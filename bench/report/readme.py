@@ -44,15 +44,27 @@ def readme_block(records: list[dict[str, Any]],
     )
 
 
+def check_readme(readme: Path) -> str:
+    """The README's text, once it is a readable file with both table markers (checked before
+    the report writes anything)."""
+    from bench.errors import ConfigError
+
+    try:
+        text = readme.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--update-readme {readme}: cannot read it "
+                          f"({getattr(exc, 'strerror', None) or exc}); name the README to "
+                          "update") from None
+    if README_START not in text or README_END not in text:
+        raise ConfigError(f"{readme} has no table markers; add {README_START} ... {README_END}")
+    return text
+
+
 def update_readme(readme: Path, records: list[dict[str, Any]],
                   probes: list[dict[str, Any]] | None = None) -> bool:
     """Rewrite the block between the markers; True when the file changed."""
-    text = readme.read_text()
+    text = check_readme(readme)
     start, end = text.find(README_START), text.find(README_END)
-    if start < 0 or end < 0:
-        from bench.errors import ConfigError
-
-        raise ConfigError(f"{readme} has no table markers; add {README_START} ... {README_END}")
     new = text[:start] + readme_block(records, probes) + text[end + len(README_END):]
     readme.write_text(new)
     return new != text
