@@ -66,7 +66,7 @@ def default_worker_counts(cores_per_process: int) -> list[int]:
 def plan_sweep(cfg: RunConfig, worker_counts: list[int] | None, steps: int) -> SweepShape:
     """Validate the run options as ``bench run`` would, and the sweep's own; ConfigError on
     bad input, before any process starts."""
-    from bench.preflight import prepare_data
+    from bench.preflight import check_processes_fit, prepare_data
     from bench.runner import RunPlan
     from strategies.base import cpu_threads_per_process
 
@@ -84,7 +84,6 @@ def plan_sweep(cfg: RunConfig, worker_counts: list[int] | None, steps: int) -> S
     if cfg.loader == "gpu" and worker_counts is not None:
         raise ConfigError("--loader gpu has no loader workers: drop --workers, or measure "
                           "--loader torch")
-    _, train_size, _ = prepare_data(plan.cfg, plan.local_processes)
     threads = cpu_threads_per_process(plan.local_processes)
     if cfg.loader == "gpu":
         per_process: list[int | None] = [None]
@@ -92,6 +91,8 @@ def plan_sweep(cfg: RunConfig, worker_counts: list[int] | None, steps: int) -> S
         counts = worker_counts if worker_counts is not None else default_worker_counts(threads)
         # --workers is per replica, as in bench run (DataParallel: one process, N replicas)
         per_process = [w * plan.replicas // plan.processes for w in counts]
+        check_processes_fit(plan.local_processes, max(per_process), plan.replicas)
+    _, train_size, _ = prepare_data(plan.cfg, plan.local_processes)
     per_process_batch = plan.cfg.check_batch_split(plan.processes)
     return SweepShape(cfg=plan.cfg, strategy=cfg.strategy, device_type=plan.device_type,
                       processes=plan.processes, replicas=plan.replicas,

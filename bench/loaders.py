@@ -4,7 +4,9 @@ device-resident ``--loader gpu``), its sampler, and the exact evaluation shard."
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from bench.data import ImageSet
 from bench.datasets import dataset, image_set
 from bench.device_loader import DeviceLoader
 from bench.faults import slow_loader_from_env
+from bench.lifetime import die_with_parent
 from strategies.base import Strategy
 
 
@@ -89,7 +92,7 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
     test = DataLoader(
         EvalShard(test_set, eval_indices),
         batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
-        persistent_workers=workers > 0,
+        persistent_workers=workers > 0, worker_init_fn=dying_with_this_process(),
     )
     return Loaders(train, test, train.sampler, len(train_set), len(test_set))
 
@@ -123,7 +126,19 @@ def training_loader(cfg: RunConfig, strategy: Strategy, train_set: Dataset, *,
         sampler=strategy.train_sampler(train_set, cfg.seed), drop_last=True,
         num_workers=workers, pin_memory=strategy.device.type == "cuda",
         persistent_workers=workers > 0, generator=torch.Generator().manual_seed(aug_seed),
+        worker_init_fn=dying_with_this_process(),
     )
+
+
+def dying_with_this_process() -> Callable[[int], None]:
+    """A DataLoader ``worker_init_fn`` that arms each worker's death signal: torch's own
+    watchdog notices a dead rank only between batches (up to 5 s on, and after an
+    out-of-memory kill its workers were seen waiting a minute later)."""
+    return functools.partial(_die_with, os.getpid())
+
+
+def _die_with(parent: int, worker_id: int) -> None:
+    die_with_parent(parent)
 
 
 def endless(loader: Iterable) -> Iterator:

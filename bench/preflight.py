@@ -38,25 +38,37 @@ def resolve_device(cfg: RunConfig) -> str:
     return "cuda"
 
 
-# The least a rank holds before its data: the interpreter, torch and its process group.
-# Measured (proportional set size, shared pages split): 0.49 GB for a CPU rank of
-# ResNet-18 x0.125, 0.95 GB at full width.
+# The least a rank and a loader worker hold before their data: the interpreter, torch, the
+# process group. Measured (proportional set size, shared pages split): 0.49 GB for a CPU rank
+# of ResNet-18 x0.125, 0.95 GB at full width; 0.087 GB for each of its 4 loader workers.
 RANK_FLOOR_BYTES = int(0.45 * 2**30)
+WORKER_FLOOR_BYTES = int(0.08 * 2**30)
 
 
-def check_processes_fit(processes: int) -> None:
-    """Refuse more ranks than this machine's memory could hold even for the smallest model
-    (64 CPU ranks asked of a 24 GiB machine would swap it to a halt or be killed)."""
+def check_processes_fit(processes: int, workers_per_process: int = 0,
+                        replicas: int | None = None) -> None:
+    """Refuse more ranks, or loader workers, than this machine's memory could hold even for
+    the smallest model (64 CPU ranks asked of 24 GiB, or 100,000 workers, swapped it to a halt
+    until the kernel killed processes at random)."""
     have = physical_memory()
-    if have is None or processes * RANK_FLOOR_BYTES <= 0.8 * have:
+    if have is None:
         return
-    most = max(1, int(0.8 * have // RANK_FLOOR_BYTES))
-    raise ConfigError(
-        f"{processes} processes on this machine hold at least "
-        f"{processes * RANK_FLOOR_BYTES / 2**30:.0f} GiB before any data "
-        f"({RANK_FLOOR_BYTES / 2**30:.2f} GiB each), more than its {have / 2**30:.0f} GiB; "
-        f"lower --gpus (even the smallest model's ranks fit {most} at most here)"
-    )
+    room = 0.8 * have
+    ranks = processes * RANK_FLOOR_BYTES
+    need = ranks + processes * workers_per_process * WORKER_FLOOR_BYTES
+    if need <= room:
+        return
+    said = (f"{processes} process{'es' if processes > 1 else ''} on this machine"
+            + (f" with {workers_per_process:,} loader workers each" if workers_per_process else "")
+            + f" hold at least {need / 2**30:,.0f} GiB before any data, more than its "
+            f"{have / 2**30:.0f} GiB")
+    if ranks > room:
+        most = max(1, int(room // RANK_FLOOR_BYTES))
+        raise ConfigError(f"{said}; lower --gpus (even the smallest model's ranks fit {most} "
+                          "at most here)")
+    per_process = int((room - ranks) // (processes * WORKER_FLOOR_BYTES))
+    per_replica = per_process * processes // (replicas or processes)
+    raise ConfigError(f"{said}; lower --workers (at most {per_replica} per replica fit here)")
 
 
 def shares_gpus(cfg: RunConfig, device_type: str) -> bool:

@@ -106,17 +106,17 @@ class RunPlan:
         if self.slurm is not None:
             self.processes, self.replicas = 1, self.slurm.world_size
             self.local_processes = self.slurm.local_world_size
-        check_processes_fit(self.local_processes)
         if cfg.nodes > 1 and self.slurm is None and cfg.rdzv_id is None:
             cfg = cfg.derive(rdzv_id=default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict()))
         self.cfg = cfg
-        self.per_replica_batch = cfg.check_batch_split(self.replicas)
-        cfg.check_batch_split(self.processes)
         self.workers_per_replica = (
             cfg.workers if cfg.workers is not None else default_workers(self.device_type,
                                                                         self.replicas)
         )
         self.workers_per_process = self.workers_per_replica * self.replicas // self.processes
+        check_processes_fit(self.local_processes, self.workers_per_process, self.replicas)
+        self.per_replica_batch = cfg.check_batch_split(self.replicas)
+        cfg.check_batch_split(self.processes)
         if cfg.mllog:  # checked before anything is written
             check_mllog_path(cfg.mllog, "run-id")
         if not probe_output:  # a dry check (bench sweep validates every combination first)

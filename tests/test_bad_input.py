@@ -23,10 +23,12 @@ def _corrupt_copy(cifar_dir, tmp_path):
     return target
 
 
-# Ranks that even 0.3 GiB each (less than the smallest model's rank holds) would not fit in
-# this machine's memory; --batch-size 32 is refused for them too, should that check be gone.
-_BEYOND_MEMORY = str(int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-                         / (0.3 * 2**30)) + 1)
+# Ranks that even 0.3 GiB each (less than the smallest model's rank holds), and loader
+# workers that even 50 MiB each, would not fit in this machine's memory; --batch-size 32 is
+# refused for those ranks too, should that check be gone.
+_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+_BEYOND_MEMORY = str(int(_MEMORY / (0.3 * 2**30)) + 1)
+_WORKERS_BEYOND = str(int(_MEMORY / (50 * 2**20)) + 1)
 
 CASES = {
     "unknown strategy": (["run", "--strategy", "nope", *BASE], "choose one of: dp, ddp"),
@@ -122,6 +124,11 @@ CASES = {
                           "--max-size must be positive"),
     "more ranks than memory": (["run", "--strategy", "ddp", *BASE, "--gpus", _BEYOND_MEMORY],
                                "lower --gpus"),
+    # should the check be gone, too few images for a batch still refuses them all unstarted
+    "loader workers beyond memory": (["loader", *BASE, "--workers", f"2,{_WORKERS_BEYOND}",
+                                      "--train-limit", "16"], "lower --workers"),
+    "run's workers beyond memory": (["run", "--strategy", "ddp", *BASE, "--workers",
+                                     _WORKERS_BEYOND, "--train-limit", "16"], "lower --workers"),
     "slurm script into a folder": (["slurm", "--nodes", "1", "--gpus", "2", "--strategy", "ddp",
                                     "--out", "{here}"], "is a folder; name a file"),
     "project plot in a missing folder": (["project", "{here}", "--plot", "{empty}/x.png"],

@@ -177,6 +177,32 @@ def _running(pids: set[int], within: float = 10) -> list[int]:
     return left
 
 
+def test_kill_9_of_a_rank_ends_its_loader_workers_at_once():
+    """torch's own watchdog ends a dead rank's DataLoader workers only between batches (1 to 5
+    s after a kill -9 here; after an out-of-memory kill some were still waiting a minute
+    later): each worker arms its death signal. `bench loader` draws in bench's own process."""
+    cmd = [sys.executable, "-m", "bench", "loader", "--cpu", "--data", "synthetic",
+           "--train-limit", "2048", "--batch-size", "32", "--workers", "2", "--steps",
+           "10000000", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := _descendants(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(workers) == 2, "its two loader workers never started"
+        time.sleep(3)  # drawing batches
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert not _running(workers, within=1), "a loader worker outlived its rank by 1 s"
+    finally:
+        for pid in (proc.pid, *workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.mark.serial  # its delays aim at start-up phases timed on an idle machine
 @pytest.mark.parametrize("strategy, delay", [
     ("ddp", 0.0), ("ddp", 2.5), ("ddp-spawn", 2.0), ("ddp-launch", 1.5),
