@@ -109,12 +109,19 @@ class RunPlan:
         if cfg.nodes > 1 and self.slurm is None and cfg.rdzv_id is None:
             cfg = cfg.derive(rdzv_id=default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict()))
         self.cfg = cfg
+        # Loader workers are this machine's: per replica here (every node feeds its own).
+        replicas_here = max(1, self.replicas // cfg.nodes)
         self.workers_per_replica = (
             cfg.workers if cfg.workers is not None else default_workers(self.device_type,
-                                                                        self.replicas)
+                                                                        replicas_here)
         )
-        self.workers_per_process = self.workers_per_replica * self.replicas // self.processes
-        check_processes_fit(self.local_processes, self.workers_per_process, self.replicas)
+        self.workers_per_process = (self.workers_per_replica * replicas_here
+                                    // self.local_processes)
+        on_one_machine = self.local_processes
+        if cfg.hosts:  # horovodrun starts every host's slots from here; one machine has its own
+            on_one_machine = max(int(h.rsplit(":", 1)[1]) for h in cfg.hosts.split(","))
+        check_processes_fit(on_one_machine, self.workers_per_process,
+                            replicas_here * on_one_machine // self.local_processes)
         self.per_replica_batch = cfg.check_batch_split(self.replicas)
         cfg.check_batch_split(self.processes)
         if cfg.mllog:  # checked before anything is written

@@ -38,7 +38,7 @@ def test_two_nodes_on_loopback_write_one_record(tmp_path):
     procs = [
         _start(["run", "--strategy", "ddp", "--nodes", "2", "--gpus", "1", "--node-rank",
                 str(rank), "--rdzv-endpoint", endpoint, "--rdzv-id", "looptest", *SMALL,
-                "--output", str(tmp_path)])
+                "--workers", "1", "--output", str(tmp_path)])
         for rank in (0, 1)
     ]
     _finish(procs)
@@ -48,6 +48,8 @@ def test_two_nodes_on_loopback_write_one_record(tmp_path):
     assert rec["rendezvous"] == {"endpoint": endpoint, "id": "looptest"}
     assert len(rec["per_epoch"]) == 2 and rec["replicas_identical"] is True
     assert rec["per_epoch"][-1]["test_images"] == 10
+    # one loader worker per replica, as asked: each node's rank has one (it had one per node)
+    assert (rec["workers_per_replica"], rec["workers_per_process"]) == (1, 1)
 
 
 def test_slurm_tasks_train_together(tmp_path):
@@ -58,13 +60,16 @@ def test_slurm_tasks_train_together(tmp_path):
                "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242",
                "SLURM_STEP_ID": "0", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}
         procs.append(_start(["run", "--strategy", "ddp", "--gpus", "2", *SMALL,
-                             "--master-port", port, "--output", str(tmp_path)], env))
+                             "--workers", "1", "--master-port", port, "--output",
+                             str(tmp_path)], env))
     _finish(procs)
     rec = only_record(tmp_path)
     assert rec["launcher"] == "slurm" and rec["status"] == "ok"
     assert rec["world_size"] == 2 and rec["processes"] == 2
     assert rec["rendezvous"]["slurm_job"] == "4242"
     assert rec["replicas_identical"] is True
+    # one loader worker per replica, as asked (each task had one per task of the job)
+    assert (rec["workers_per_replica"], rec["workers_per_process"]) == (1, 1)
 
 
 def test_slurm_variables_are_read():
