@@ -59,17 +59,23 @@ def start_dying_with_me(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
+    _deliver_held(held, proc, group=bool(popen_kwargs.get("start_new_session")))
+    return proc
+
+
+def _deliver_held(held: set, child: subprocess.Popen | ForkedChild, group: bool) -> None:
+    """Deliver a Ctrl-C or SIGTERM held back while the child started; when it raises, the
+    caller never gets the child, so it is ended here (its whole session when it has one)."""
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal held meanwhile lands here
-    except BaseException:  # ... and the caller never gets the child: end it here
+    except BaseException:
         with contextlib.suppress(OSError):
-            if popen_kwargs.get("start_new_session"):
-                os.killpg(proc.pid, signal.SIGKILL)
+            if group:
+                os.killpg(child.pid, signal.SIGKILL)
             else:
-                proc.kill()
-        proc.wait()
+                os.kill(child.pid, signal.SIGKILL)
+        child.wait()
         raise
-    return proc
 
 
 class ForkedChild:
@@ -133,13 +139,7 @@ def fork_dying_with_me(body: Callable[[], int], env: dict[str, str]) -> ForkedCh
     # stops the child's whole group, which must exist by then).
     while child.poll() is None and _session(pid) != pid:
         time.sleep(0.0005)
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal held meanwhile lands here
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
-        child.wait()
-        raise
+    _deliver_held(held, child, group=True)
     return child
 
 
