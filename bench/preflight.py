@@ -58,10 +58,12 @@ def check_processes_fit(processes: int, workers_per_process: int = 0,
     need = ranks + processes * workers_per_process * WORKER_FLOOR_BYTES
     if need <= room:
         return
-    said = (f"{processes} process{'es' if processes > 1 else ''} on this machine"
-            + (f" with {workers_per_process:,} loader workers each" if workers_per_process else "")
-            + f" hold at least {need / 2**30:,.0f} GiB before any data, more than its "
-            f"{have / 2**30:.0f} GiB")
+    one = processes == 1
+    said = (f"{processes} process{'' if one else 'es'} on this machine"
+            + (f" with {workers_per_process:,} loader workers{'' if one else ' each'}"
+               if workers_per_process else "")
+            + f" hold{'s' if one else ''} at least {need / 2**30:,.0f} GiB before any data, "
+            f"more than its {have / 2**30:.0f} GiB")
     if ranks > room:
         most = max(1, int(room // RANK_FLOOR_BYTES))
         raise ConfigError(f"{said}; lower --gpus (even the smallest model's ranks fit {most} "
