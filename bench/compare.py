@@ -286,8 +286,8 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
 
 
 def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
-    if not threshold > 0:
-        raise ConfigError(f"--threshold is a percentage above 0 (got {threshold})")
+    if not 0 < threshold < math.inf:
+        raise ConfigError(f"--threshold is a finite percentage above 0 (got {threshold})")
     rows = compare_tables(load_side(a), load_side(b), threshold)
     print(render(rows, fmt), end="")
     regressed = [r for r in rows if str(r.get("verdict", "")).startswith("REGRESSED")]

@@ -137,6 +137,8 @@ CASES = {
                                       "{empty}/README.md"], "--update-readme"),
     "compare: bad threshold": (["compare", "{empty}", "{empty}", "--threshold", "0"],
                                "--threshold"),
+    "compare: no threshold at all": (["compare", "{empty}", "{empty}", "--threshold", "inf"],
+                                     "--threshold is a finite percentage"),
     "verify: every strategy refuses": (
         ["verify", "--cpu", "--strategies", "fsdp", "--channels-last"], "drop --channels-last"),
 }
