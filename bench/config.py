@@ -318,14 +318,18 @@ class RunConfig:
             )
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
-        if self.rdzv_endpoint is not None and not re.fullmatch(r"[^:\s]+:\d+",
-                                                                self.rdzv_endpoint):
+        if self.rdzv_endpoint is not None and not (
+                re.fullmatch(r"[^:\s]+:\d+", self.rdzv_endpoint)
+                and 1 <= int(self.rdzv_endpoint.rsplit(":", 1)[1]) <= 65535):
             raise ConfigError(
-                f"--rdzv-endpoint must be HOST:PORT (got {self.rdzv_endpoint!r})"
+                f"--rdzv-endpoint must be HOST:PORT, the port in 1..65535 "
+                f"(got {self.rdzv_endpoint!r})"
             )
-        if self.hosts is not None and not re.fullmatch(r"[^:,\s]+:\d+(,[^:,\s]+:\d+)*",
-                                                       self.hosts):
-            raise ConfigError(f"--hosts must look like host1:4,host2:4 (got {self.hosts!r})")
+        if self.hosts is not None and not (
+                re.fullmatch(r"[^:,\s]+:\d+(,[^:,\s]+:\d+)*", self.hosts)
+                and all(int(h.rsplit(":", 1)[1]) >= 1 for h in self.hosts.split(","))):
+            raise ConfigError(f"--hosts must look like host1:4,host2:4, each with 1 slot or "
+                              f"more (got {self.hosts!r})")
         if self.grad_accum < 1:
             raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
         if not 1 <= self.powersgd_rank <= 64:

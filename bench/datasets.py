@@ -95,7 +95,8 @@ def check_memory(cfg: RunConfig, train: int, test: int, processes: int) -> None:
         per = per_process / 2**30
         fits = max(1, int(train * 0.8 * have / need) // cfg.batch_size * cfg.batch_size)
         raise ConfigError(
-            f"{train + test} images at {cfg.input_size} px take {per:.1f} GiB in each of "
-            f"{processes} process(es), more than this machine's {have / 2**30:.0f} GiB holds; "
+            f"{train + test} images at {cfg.input_size} px take {per:,.1f} GiB in "
+            + ("its one process" if processes == 1 else f"each of its {processes} processes")
+            + f", more than this machine's {have / 2**30:.0f} GiB holds; "
             f"lower --train-limit (e.g. {fits}) or --image-size"
         )

@@ -189,8 +189,9 @@ def writable_folder(folder: Path) -> tuple[Path, list[Path]]:
 def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
     """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent);
     a set this machine's ``processes`` cannot hold in memory is refused."""
-    if cfg.data == "synthetic":
-        train, test = SYNTHETIC_SIZES["train"], SYNTHETIC_SIZES["test"]
+    if cfg.data == "synthetic":  # drawn at any size: a limit is the size (image_set)
+        train = cfg.train_limit or SYNTHETIC_SIZES["train"]
+        test = cfg.test_limit or SYNTHETIC_SIZES["test"]
         kind = "synthetic"
     elif cfg.data == "imagefolder":
         from bench.imagefolder import split_size

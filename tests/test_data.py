@@ -196,3 +196,19 @@ def test_a_missing_file_is_named(tmp_path, cifar_dir):
     (tmp_path / "cifar-100-python" / "test").unlink()
     with pytest.raises(ConfigError, match=r"lacks .*cifar-100-python/test; drop --no-download"):
         prepare_cifar100(tmp_path, download=False)
+
+
+def test_a_synthetic_set_beyond_its_default_size_is_recorded_and_checked_at_that_size():
+    """`--data synthetic --train-limit 60000` drew 60,000 images while the record said
+    50,000 (the default set's size), and 10^11 was no refusal but a MemoryError in the rank."""
+    from bench.config import RunConfig
+    from bench.datasets import image_set
+    from bench.preflight import prepare_data
+
+    cfg = RunConfig("ddp", cpu=True, data="synthetic", train_limit=60_000, test_limit=12_000)
+    _, train, test = prepare_data(cfg)
+    assert (train, test) == (len(image_set(cfg, "train")), len(image_set(cfg, "test")))
+    assert (train, test) == (60_000, 12_000)
+    huge = cfg.derive(train_limit=10**11)
+    with pytest.raises(ConfigError, match="lower --train-limit"):
+        prepare_data(huge)
