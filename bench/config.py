@@ -33,6 +33,11 @@ SYNTHETIC_DIFFICULTY = 1.0  # default: accuracy does not saturate (top-1 capped 
 REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
 
 
+def host_slots(hosts: str) -> list[int]:
+    """The slots of each host of ``--hosts host1:4,host2:4`` (horovodrun's -H)."""
+    return [int(h.rsplit(":", 1)[1]) for h in hosts.split(",")]
+
+
 def default_data_dir() -> Path:
     """Where CIFAR-100 is cached: ``$BENCH_DATA_DIR`` or the user cache directory."""
     if os.environ.get("BENCH_DATA_DIR"):
@@ -327,7 +332,7 @@ class RunConfig:
             )
         if self.hosts is not None and not (
                 re.fullmatch(r"[^:,\s]+:\d+(,[^:,\s]+:\d+)*", self.hosts)
-                and all(int(h.rsplit(":", 1)[1]) >= 1 for h in self.hosts.split(","))):
+                and min(host_slots(self.hosts)) >= 1):
             raise ConfigError(f"--hosts must look like host1:4,host2:4, each with 1 slot or "
                               f"more (got {self.hosts!r})")
         if self.grad_accum < 1:

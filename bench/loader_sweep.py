@@ -90,8 +90,9 @@ def plan_sweep(cfg: RunConfig, worker_counts: list[int] | None, steps: int) -> S
     else:
         counts = worker_counts if worker_counts is not None else default_worker_counts(threads)
         # --workers is per replica, as in bench run (DataParallel: one process, N replicas)
-        per_process = [w * plan.replicas // plan.processes for w in counts]
-        check_processes_fit(plan.local_processes, max(per_process), plan.replicas)
+        per_process = [plan.loader_workers_per_process(w) for w in counts]
+        check_processes_fit(plan.local_processes, max(per_process),
+                            max(1, plan.replicas // plan.processes))
     _, train_size, _ = prepare_data(plan.cfg, plan.local_processes)
     per_process_batch = plan.cfg.check_batch_split(plan.processes)
     return SweepShape(cfg=plan.cfg, strategy=cfg.strategy, device_type=plan.device_type,

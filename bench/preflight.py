@@ -46,7 +46,7 @@ WORKER_FLOOR_BYTES = int(0.08 * 2**30)
 
 
 def check_processes_fit(processes: int, workers_per_process: int = 0,
-                        replicas: int | None = None) -> None:
+                        replicas_per_process: int = 1) -> None:
     """Refuse more ranks, or loader workers, than this machine's memory could hold even for
     the smallest model (64 CPU ranks asked of 24 GiB, or 100,000 workers, swapped it to a halt
     until the kernel killed processes at random)."""
@@ -69,7 +69,7 @@ def check_processes_fit(processes: int, workers_per_process: int = 0,
         raise ConfigError(f"{said}; lower --gpus (even the smallest model's ranks fit {most} "
                           "at most here)")
     per_process = int((room - ranks) // (processes * WORKER_FLOOR_BYTES))
-    per_replica = per_process * processes // (replicas or processes)
+    per_replica = per_process // replicas_per_process
     raise ConfigError(f"{said}; lower --workers (at most {per_replica} per replica fit here)")
 
 

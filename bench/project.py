@@ -169,9 +169,9 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     if gpus_per_node > MAX_GPUS_PER_NODE:
         raise ConfigError(f"--gpus-per-node goes up to {MAX_GPUS_PER_NODE:,}, past the largest "
                           f"NVLink domains built (got {gpus_per_node:,})")
-    if plot is not None and Path(plot).suffix not in (".png", ".svg"):
-        raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
     if plot is not None:
+        if Path(plot).suffix not in (".png", ".svg"):
+            raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
         file_to_write("--plot", plot, "scaling.png")
     records, root = _records(source)
     probes = load_probes(root)

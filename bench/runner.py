@@ -13,7 +13,7 @@ from typing import Any
 
 from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
-from bench.config import RunConfig, Topology
+from bench.config import RunConfig, Topology, host_slots
 from bench.datasets import model_spec
 from bench.errors import (
     EXIT_FAILED,
@@ -110,18 +110,16 @@ class RunPlan:
             cfg = cfg.derive(rdzv_id=default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict()))
         self.cfg = cfg
         # Loader workers are this machine's: per replica here (every node feeds its own).
-        replicas_here = max(1, self.replicas // cfg.nodes)
+        self.replicas_here = max(1, self.replicas // cfg.nodes)
         self.workers_per_replica = (
             cfg.workers if cfg.workers is not None else default_workers(self.device_type,
-                                                                        replicas_here)
+                                                                        self.replicas_here)
         )
-        self.workers_per_process = (self.workers_per_replica * replicas_here
-                                    // self.local_processes)
-        on_one_machine = self.local_processes
-        if cfg.hosts:  # horovodrun starts every host's slots from here; one machine has its own
-            on_one_machine = max(int(h.rsplit(":", 1)[1]) for h in cfg.hosts.split(","))
+        self.workers_per_process = self.loader_workers_per_process(self.workers_per_replica)
+        # horovodrun starts every host's slots from here; one machine holds its own
+        on_one_machine = max(host_slots(cfg.hosts)) if cfg.hosts else self.local_processes
         check_processes_fit(on_one_machine, self.workers_per_process,
-                            replicas_here * on_one_machine // self.local_processes)
+                            max(1, self.replicas_here // self.local_processes))
         self.per_replica_batch = cfg.check_batch_split(self.replicas)
         cfg.check_batch_split(self.processes)
         if cfg.mllog:  # checked before anything is written
@@ -146,6 +144,11 @@ class RunPlan:
         self.record_path = self.runs / f"{self.run_id}.json"
         if cfg.mllog:
             self.cfg = cfg.derive(mllog=check_mllog_path(cfg.mllog, self.run_id))
+
+    def loader_workers_per_process(self, per_replica: int) -> int:
+        """A process's loader workers for ``per_replica`` workers per replica on this
+        machine (DataParallel's one process feeds all its replicas)."""
+        return per_replica * self.replicas_here // self.local_processes
 
     @property
     def precision_label(self) -> str:

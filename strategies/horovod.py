@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.config import Features, HorovodOptions, Topology
+from bench.config import Features, HorovodOptions, Topology, host_slots
 from bench.errors import ConfigError
 from bench.precision import Precision
 from strategies.base import Strategy, SyncOff
@@ -44,7 +44,7 @@ class HorovodStrategy(Strategy):
 
     def num_replicas(self, topology: Topology) -> int:
         if topology.hosts:  # horovodrun -np = all slots of all hosts
-            return sum(int(h.rsplit(":", 1)[1]) for h in topology.hosts.split(","))
+            return sum(host_slots(topology.hosts))
         return topology.gpus
 
     def check(self, topology: Topology, features: Features) -> None:

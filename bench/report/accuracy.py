@@ -42,13 +42,13 @@ def parse_reference(text: str) -> tuple[str, int]:
     """``strategy[:N]`` (N default 1) -> (strategy, N)."""
     name, _, world = text.partition(":")
     try:
-        parsed = name, int(world or 1)
+        world_size = int(world or 1)
     except ValueError:
-        parsed = name, 0
-    if not name or parsed[1] < 1:
+        world_size = 0  # refused below, as N = 0 is
+    if not name or world_size < 1:
         raise ConfigError(f"--reference must be STRATEGY[:N] with N at least 1, e.g. ddp:1 "
                           f"(got {text!r})")
-    return parsed
+    return name, world_size
 
 
 def add_parity(table, reference: str):
