@@ -16,7 +16,8 @@ import torch
 class Fault:
     """``KIND:RANK:STEP``, or several joined by commas, each before global optimizer step
     STEP (counted from 1) of that rank: ``raise`` (it raises), ``hang`` (it stops taking
-    part) or ``stop`` (it sends itself SIGSTOP, as a suspended or debugged process is)."""
+    part), ``stop`` (it sends itself SIGSTOP, as a suspended or debugged process is) or
+    ``oom`` (it allocates 4 EiB on its device: the allocator's own out-of-memory error)."""
 
     events: tuple[tuple[str, int, int], ...]
 
@@ -28,17 +29,20 @@ class Fault:
         events = []
         for part in text.split(","):
             kind, rank, step = part.split(":")
-            if kind not in ("raise", "hang", "stop"):
-                raise ValueError(f"BENCH_FAULT kind must be raise, hang or stop, got {kind!r}")
+            if kind not in ("raise", "hang", "stop", "oom"):
+                raise ValueError(f"BENCH_FAULT kind must be raise, hang, stop or oom, got "
+                                 f"{kind!r}")
             events.append((kind, int(rank), int(step)))
         return cls(tuple(events))
 
-    def maybe_fire(self, rank: int, step: int) -> None:
+    def maybe_fire(self, rank: int, step: int, device: torch.device) -> None:
         for kind, fault_rank, fault_step in self.events:
             if (rank, step) != (fault_rank, fault_step):
                 continue
             if kind == "raise":
                 raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
+            if kind == "oom":
+                torch.empty(1 << 62, dtype=torch.uint8, device=device)
             if kind == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             while kind == "hang":  # never reach the next collective

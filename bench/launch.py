@@ -142,7 +142,9 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch) -> int:
     tail: collections.deque[str] = collections.deque(maxlen=4000)
     echo = threading.Event()
     echo.set()
-    pump = threading.Thread(target=_tee, args=(proc.stderr, tail, echo), daemon=True)
+    quiet_after_failure = launch.scratch if not launch.max_restarts else None
+    pump = threading.Thread(target=_tee, args=(proc.stderr, tail, echo, quiet_after_failure),
+                            daemon=True)
     pump.start()
     try:
         while True:
@@ -172,15 +174,22 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch) -> int:
     return rc
 
 
-def _tee(stream, tail: collections.deque[str], echo: threading.Event) -> None:
+def _tee(stream, tail: collections.deque[str], echo: threading.Event,
+         quiet_after_failure: Scratch | None = None) -> None:
     """Pass the launcher's stderr (and its ranks') on as it comes, not line by line (a
     progress bar redraws its line with carriage returns), while ``echo`` is set; keep the end
-    of it."""
+    of it. Once a rank of ``quiet_after_failure`` has written its error file, nothing more is
+    passed on: its own traceback, its peers' (broken connections, a consequence) and the
+    launcher's report would bury the cause, which bench prints once at the end."""
     while True:
         chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
         if not chunk:
             return
         text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
+        if quiet_after_failure is not None and echo.is_set():
+            with contextlib.suppress(OSError):
+                if quiet_after_failure.has_errors():
+                    echo.clear()
         if echo.is_set():
             sys.stderr.write(text)
             sys.stderr.flush()
@@ -226,10 +235,7 @@ def launch_inline(launch: Launch) -> int:
     """One process: the current one (nn.DataParallel)."""
     try:
         worker.run_rank(launch.spec_path)
-    except Exception:
-        import traceback
-
-        traceback.print_exc()
+    except Exception:  # its error file says what and where; bench prints it at the end
         return 1
     return 0
 
@@ -331,7 +337,7 @@ def _join_spawned(context, launch: Launch, grace: dict) -> int:
         while not context.join(timeout=_POLL_S, **grace):
             launch.check_progress()
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        print(f"ddp-spawn: a rank failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+        # the rank's error file (or the signal, kept here) says what; bench prints it
         if isinstance(exc, mp.ProcessExitedException) and exc.exit_code < 0:
             launch.scratch.signal_death(exc.error_index, -exc.exit_code)
         return 1

@@ -203,9 +203,12 @@ class RunRecord:
         self.write()
         return error
 
-    def fail(self, status: str, error: str | None) -> None:
-        """Close a run that did not finish: ``failed`` or ``interrupted``, and why."""
+    def fail(self, status: str, error: str | None, traceback: str | None = None) -> None:
+        """Close a run that did not finish: ``failed`` or ``interrupted``, and why (with the
+        failing rank's traceback when it raised)."""
         self.data.update(status=status, error=error, finished_at=utc_now())
+        if traceback:
+            self.data["error_traceback"] = traceback
         self.write()
 
     # ---- global rank 0 ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -181,6 +182,19 @@ class Outcome:
     error: str | None
     rc: int
     scratch: Scratch
+    traceback: str | None = None  # the failing rank's, when it raised
+
+
+def _first_traceback(scratch: Scratch) -> str | None:
+    """The traceback of the rank whose error ended the run (not a peer's broken connection
+    that followed), or None when no rank raised (a signal, the watchdog)."""
+    if scratch.root_cause.exists():
+        return None
+    errors = scratch.errors()
+    if not errors:
+        return None
+    _, _, trace = errors[0][1].read_text().partition("\n")
+    return trace.strip()[-20_000:] or None  # its end, where the cause is
 
 
 def _first_error(scratch: Scratch) -> str | None:
@@ -196,6 +210,12 @@ def _first_error(scratch: Scratch) -> str | None:
     if line.startswith("timeout: "):
         return f"timeout: rank {rank}: {line.removeprefix('timeout: ')}"
     return f"rank {rank}: {line}"
+
+
+def _explained(error: str | None) -> bool:
+    """A failure whose line says what to do (out of memory, a timeout): its traceback,
+    kept in the record, would add nothing on the terminal."""
+    return re.sub(r"^rank \S+: ", "", error or "").startswith(("out of memory", "timeout"))
 
 
 def reap_ranks(scratch: Scratch) -> None:
@@ -322,7 +342,7 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
             record.write()
     previous = signal.signal(signal.SIGTERM, raise_interrupted)
-    status, error = "failed", None
+    status, error, trace = "failed", None, None
     try:
         job = launch.Launch(
             spec_path, plan.processes, port, cpu_threads_per_process(plan.local_processes),
@@ -333,6 +353,7 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
         rc = launch.LAUNCHERS[plan.launcher](job)
         if rc != 0:
             error = _first_error(scratch) or f"launcher {plan.launcher} exited with {rc}"
+            trace = _first_traceback(scratch)
     except launch.RunTimeout as exc:
         error, rc = str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -340,7 +361,7 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     finally:
         signal.signal(signal.SIGTERM, previous)
         reap_ranks(scratch)
-    return Outcome(status, error, rc, scratch)
+    return Outcome(status, error, rc, scratch, trace)
 
 
 def close_record(plan: RunPlan, outcome: Outcome) -> int:
@@ -367,11 +388,14 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
         elif rc == 0:
             error = error or "ranks exited without finishing the record"
         if status not in ("ok", "diverged") or final.status not in ("ok", "diverged"):
-            final.fail(status, error)
+            final.fail(status, error, outcome.traceback if status == "failed" else None)
     finally:
         outcome.scratch.remove()
     if status == "ok":
         print_ok(final, plan.cfg.loader, plan.workers_per_replica)
         return EXIT_OK
+    if status == "failed" and outcome.traceback and not _explained(error):
+        print(f"bench: the traceback of {error.split(':', 1)[0]}:\n{outcome.traceback}",
+              file=sys.stderr)
     print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)
     return EXIT_INTERRUPTED if status == "interrupted" else EXIT_FAILED

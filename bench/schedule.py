@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from strategies.base import Strategy
 
+EVAL_MIN_BATCH = 256  # images per process per evaluation batch, at least
+
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
     """Linear warm-up from peak/warmup_steps to peak, then cosine decay to 0, per step."""
@@ -32,3 +34,9 @@ class BatchSplit:
     def of(cls, global_batch: int, grad_accum: int, strategy: Strategy) -> BatchSplit:
         per_process = global_batch // strategy.world_size
         return cls(global_batch // strategy.replicas, per_process, per_process // grad_accum)
+
+    @property
+    def eval_batch(self) -> int:
+        """Images per process per evaluation batch: the training batch, at least
+        EVAL_MIN_BATCH (no gradients kept, so a larger batch fits)."""
+        return max(EVAL_MIN_BATCH, self.per_process)

@@ -121,6 +121,10 @@ class Scratch:
         """(rank, heartbeat file) for every rank that has beaten."""
         return [(p.name.removeprefix("beat-rank"), p) for p in self.root.glob("beat-rank*")]
 
+    def has_errors(self) -> bool:
+        """Whether a rank has written its error file (cheaper than ``errors``)."""
+        return next(self.root.glob("error-rank*.txt"), None) is not None
+
     def errors(self) -> list[tuple[str, Path]]:
         """(rank, error file), oldest first: the first is the failure, the rest followed."""
         files = sorted(self.root.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)

@@ -204,7 +204,7 @@ class Trainer:
             if first:
                 self.beat(f"train epoch {epoch + 1} step {step + 1}")
                 if self.fault:
-                    self.fault.maybe_fire(s.rank, step + 1)
+                    self.fault.maybe_fire(s.rank, step + 1, s.device)
                 lr = lr_at(step, self.total_steps, self.warmup_steps, cfg.peak_lr)
                 for group in optimizer.param_groups:
                     group["lr"] = lr

@@ -17,6 +17,7 @@ if __name__ == "__main__":
     # imports torch takes it down too (a parent already gone: exit at once).
     die_with_parent(os.getppid())
 
+import contextlib
 import gc
 import sys
 import traceback
@@ -29,6 +30,7 @@ from bench.faults import Fault, defect_from_env, inject_defect, slow_communicati
 from bench.loaders import build_loaders
 from bench.mlperf_log import MLPerfLog
 from bench.models import mlperf_model_name
+from bench.out_of_memory import is_out_of_memory, out_of_memory_line
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
 from bench.schedule import BatchSplit
@@ -48,7 +50,7 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     parts = build_model_and_optimizer(cfg, strategy)
     split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
     loaders = build_loaders(cfg, strategy, micro_batch=split.micro,
-                            eval_batch=max(256, split.per_process),
+                            eval_batch=split.eval_batch,
                             workers=spec.workers_per_process, augment=cfg.verify_steps is None)
     defect = defect_from_env()
     if defect:
@@ -110,6 +112,10 @@ def run_rank(spec_path: str | Path) -> None:
     except BaseException as exc:
         rank = os.environ.get("RANK", str(strategy.rank))
         line = _error_line(exc)
+        if is_out_of_memory(exc):
+            with contextlib.suppress(Exception):  # a group never joined has no batch split
+                split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
+                line = out_of_memory_line(exc, cfg, strategy.device, split, heartbeat.phase)
         if "timed out" in line.lower() or "timeout" in line.lower():
             line = f"timeout: {line}"
         if scratch.exists():

@@ -43,6 +43,51 @@ def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
     assert not alive("multiprocessing.spawn"), "a spawned rank outlived its run"
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp"])
+def test_a_raising_rank_prints_its_own_traceback_once_and_keeps_it(strategy, tmp_path):
+    """What the terminal shows of a rank that raised: its traceback once, then one line.
+    Not its peers' (each a broken connection, a consequence), nor torchrun's traceback and
+    report, which came after it and buried it (before: 3 tracebacks, about 80 lines). The
+    record keeps the traceback for a bug report."""
+    rank = "0" if strategy == "dp" else "1"  # dp: one process
+    proc = run_bench("run", "--strategy", strategy, "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--output", str(tmp_path), env={"BENCH_FAULT": f"raise:{rank}:2"})
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert f"bench: the traceback of rank {rank}:\nTraceback" in err, err
+    for noise in ("Connection closed", "ChildFailedError", "Root Cause", "closing signal"):
+        assert noise not in err, err
+    assert err.strip().splitlines()[-1].startswith(
+        f"bench: run failed: rank {rank}: RuntimeError: injected fault (BENCH_FAULT) at step 2")
+    rec = only_record(tmp_path)
+    assert rec["error_traceback"].startswith("Traceback (most recent call last)")
+    assert rec["error_traceback"].endswith("RuntimeError: injected fault (BENCH_FAULT) at step 2")
+
+
+@pytest.mark.parametrize("accum, fix", [("1", "16 images per replica at once: lower "
+                                               "--batch-size, or keep it and add --grad-accum 2 "
+                                               "(8 at once, the same global batch)"),
+                                        ("2", "8 images per replica at once: lower "
+                                              "--batch-size, or keep it and add --grad-accum 4 "
+                                              "(4 at once, the same global batch)")])
+def test_out_of_memory_is_one_line_naming_the_batch_and_the_fix(accum, fix, tmp_path):
+    """A real allocator failure on the rank's device (BENCH_FAULT oom: it asks for 4 EiB) is
+    one line: how many images the replica held at once, and --grad-accum that keeps the
+    global batch (16 per replica splits into 2 or 4 micro-batches, not 3). No traceback on
+    the terminal; the record keeps it."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--grad-accum", accum, "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "oom:1:2"})
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    rec = only_record(tmp_path)
+    assert rec["error"] == (f"rank 1: out of memory on cpu: tried to allocate 4.00 EiB; {fix} "
+                            "[in train epoch 1 step 2]")
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"bench: run failed: {rec['error']}")
+    assert "can't allocate memory" in rec["error_traceback"]
+
+
 def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
     rec, elapsed = _failing_run(tmp_path, "ddp", 2, "hang:1:3", "--timeout", "5")
     # Rank 0 waited in the gradient all-reduce that rank 1 never joined.

@@ -96,6 +96,22 @@ def test_too_many_gpus_names_cpu(tmp_path):
     assert proc.returncode == 2 and "--cpu" in proc.stderr
 
 
+def test_cuda_out_of_memory_is_one_line_naming_the_batch(tmp_path):
+    """torch's CUDA allocator refusing 4 EiB (BENCH_FAULT oom) on the rank's GPU: the record
+    and the last line say how many images the GPU held at once and the fix, from torch's
+    own message (its figures: what was asked, what was free)."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "1", "--epochs", "1",
+                     "--data", "synthetic", "--train-limit", "512", "--test-limit", "100",
+                     "--output", str(tmp_path), *FAST, env={"BENCH_FAULT": "oom:0:2"})
+    assert proc.returncode == 1, proc.stderr
+    rec = only_record(tmp_path)
+    assert rec["error"].startswith("rank 0: out of memory on cuda:0: tried to allocate "), rec
+    assert " free of " in rec["error"] and "; 32 images per GPU at once: lower --batch-size, " \
+        "or keep it and add --grad-accum 2" in rec["error"], rec["error"]
+    assert "OutOfMemoryError" in rec["error_traceback"]
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_fp16_uses_a_grad_scaler(tmp_path):
     assert_ok(_run(tmp_path / "fp16", "--strategy", "ddp-amp", "--gpus", "1"))  # fp16 default
     rec = only_record(tmp_path / "fp16")
