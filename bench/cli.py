@@ -72,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds after which one run is stopped and recorded as failed")
     verify = sub.add_parser(
         "verify", help="check that every strategy trains exactly like one plain process",
-        description="Any other option is a `bench run` option (default --data synthetic).",
+        description="Any other option is a `bench run` option (default --data synthetic), "
+                    "so a run's command line can be checked as it is; those of its length "
+                    "and output (--epochs, --train-limit, --warmup-epochs, --tf32, --output, "
+                    "--tag, --mllog, the probes) have no effect: it trains --steps steps "
+                    "(fp32 in float64, TF32 off) and writes nothing.",
     )
     verify.add_argument("--strategies", default=None, help="comma-separated (default: all)")
     verify.add_argument("--gpus", type=int, default=2, help="world size (default 2)")
@@ -88,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
         "loader", help="the input pipeline alone at each loader-worker count: how many "
                        "--workers feed faster than the model trains",
         description="Any other option is a `bench run` option (default --strategy ddp): the "
-                    "loader is built as that run would build it.",
+                    "loader is built as that run would build it, so a run's command line can "
+                    "be given as it is; options of training and output (--epochs, --output, "
+                    "--tag, --mllog, the probes) have no effect and nothing is written.",
     )
     loader.add_argument("--workers", default=None,
                         help="comma-separated loader workers per GPU/replica (default 0, then "

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import strategies
+from bench import terminal
 from bench.cluster import slurm_task
 from bench.config import GPU_LOADER_WORKERS, RunConfig, StrategyOptions
 from bench.data import SYNTHETIC_SIZES, prepare_cifar100
@@ -27,11 +28,13 @@ def resolve_device(cfg: RunConfig) -> str:
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if visible == 0:
         raise ConfigError(
-            f"no CUDA GPU is visible here; add --cpu to run {cfg.gpus} CPU process(es) instead"
+            "no CUDA GPU is visible here; add --cpu to run "
+            f"{terminal.count(cfg.gpus, 'CPU process', 'CPU processes')} instead"
         )
     if cfg.gpus > visible and cfg.backend != "gloo" and not (cfg.use_slurm and slurm_task()):
         raise ConfigError(
-            f"--gpus {cfg.gpus} but only {visible} CUDA GPU(s) are visible; use --gpus "
+            f"--gpus {cfg.gpus} but only {terminal.count(visible, 'CUDA GPU')} "
+            f"{'is' if visible == 1 else 'are'} visible; use --gpus "
             f"{visible} or fewer, --cpu, or --backend gloo to let ranks share a GPU "
             "(a correctness check: its timings are not comparable)"
         )

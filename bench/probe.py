@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench import terminal
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.models import DEFAULT_MODEL, ModelSpec, check_model, check_model_builds, short_name
 
@@ -124,8 +125,10 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
         raise ConfigError("--backend nccl needs CUDA GPUs; drop it with --cpu (gloo)")
     backend = backend or ("nccl" if device == "cuda" else "gloo")
     if device == "cuda" and backend == "nccl" and gpus > torch.cuda.device_count():
-        raise ConfigError(f"--gpus {gpus} but only {torch.cuda.device_count()} GPU(s) are "
-                          "visible (NCCL refuses two ranks on one GPU)")
+        visible = torch.cuda.device_count()
+        raise ConfigError(f"--gpus {gpus} but only {terminal.count(visible, 'GPU')} "
+                          f"{'is' if visible == 1 else 'are'} visible (NCCL refuses two ranks "
+                          "on one GPU)")
     if not max_mib > 0:
         raise ConfigError(f"--max-size must be positive (got {max_mib})")
     check_processes_fit(gpus)

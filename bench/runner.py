@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import launch
+from bench import launch, terminal
 from bench.cluster import default_rdzv_id, slurm_task
 from bench.config import RunConfig, Topology, host_slots
 from bench.datasets import model_spec
@@ -329,8 +329,9 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     port = plan.port or launch.free_port()
     where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
     print(
-        f"bench: {cfg.strategy} on {plan.replicas} {plan.device_type} replica(s), "
-        f"{plan.processes} process(es) here{where}, launcher {plan.launcher}\n"
+        f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
+        f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
+        f"launcher {plan.launcher}\n"
         f"bench: record {plan.record_path}",
         flush=True,
     )

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import terminal
 from bench.config import RunConfig
 from bench.errors import (
     EXIT_FAILED,
@@ -94,6 +95,14 @@ def _records_by_tag(output: str) -> dict[str, list[tuple[Path, dict]]]:
     return found
 
 
+def _with_reason(status: str, output: str, combo: Combo) -> str:
+    """``status: why``, the why from the combination's record (its run has just ended), for
+    the sweep's closing list; a run that never wrote a record stays a bare status."""
+    ended = [r for _, r in _records_by_tag(output).get(combo.tag, [])
+             if r.get("status") == status and r.get("error")]
+    return f"{status}: {ended[-1]['error']}" if ended else status
+
+
 def _supersede(paths: list[Path]) -> None:
     """Move a combination's earlier failed/interrupted records aside (kept, not reported)."""
     for path in paths:
@@ -150,7 +159,8 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
         signal.signal(signal.SIGTERM, previous)
     bad = [(c, s) for c, s in outcomes if not s.startswith("ok")]
     print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
-          "".join(f"\n  {c.label()}: {s}" for c, s in bad))
+          "".join("\n" + terminal.fill(f"{c.label()}: {s}", initial_indent="  ",
+                                        subsequent_indent="      ") for c, s in bad))
     return EXIT_OK if not bad else EXIT_FAILED
 
 
@@ -178,7 +188,8 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
     started = time.monotonic()
     try:
         rc = proc.wait(timeout=run_timeout)
-        return {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
+        status = {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
+        return status if status == "ok" else _with_reason(status, base.output, combo)
     except subprocess.TimeoutExpired:
         _stop(proc)
         seconds = time.monotonic() - started

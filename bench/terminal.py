@@ -23,3 +23,8 @@ def wrap(text: str, width: int = WIDTH, initial_indent: str = "",
 def fill(text: str, width: int = WIDTH, initial_indent: str = "",
          subsequent_indent: str = "") -> str:
     return "\n".join(wrap(text, width, initial_indent, subsequent_indent))
+
+
+def count(n: int, singular: str, plural: str | None = None) -> str:
+    """``1 process``, ``2 processes``: a number and its noun in the right form."""
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 import strategies
+from bench import terminal
 from bench.config import RunConfig
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.faults import DEFECT_ENV
@@ -177,6 +178,11 @@ def _defect_env(defect: str | None):
         del os.environ[DEFECT_ENV]
 
 
+def _ranks(base: RunConfig) -> str:
+    return (terminal.count(base.gpus, "CPU process", "CPU processes") if base.cpu
+            else terminal.count(base.gpus, "GPU"))
+
+
 def _verify_base(base: RunConfig, steps: int) -> RunConfig:
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1 (got {steps})")
@@ -201,7 +207,7 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
     if not plans:
         raise next(iter(refused.values()))
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
-          f"width {base.width}, {base.gpus} {'CPU process(es)' if base.cpu else 'GPU(s)'}, "
+          f"width {base.width}, {_ranks(base)}, "
           "no augmentation\nreference: one plain process with the strategy's BatchNorm "
           "grouping; fp32 strategies run in float64\n" + HEADER, flush=True)
     checker = Checker(base, steps)
@@ -251,8 +257,7 @@ def run_self_test(base: RunConfig, name: str, steps: int,
         raise ConfigError("--self-test needs at least 2 replicas (--gpus 2): most defects "
                           "are invisible to one")
     print(f"bench verify --self-test: {name}, {steps} steps, global batch {base.batch_size}, "
-          f"lr {base.lr}, width {base.width}, {base.gpus} "
-          f"{'CPU process(es)' if base.cpu else 'GPU(s)'}", flush=True)
+          f"lr {base.lr}, width {base.width}, {_ranks(base)}", flush=True)
     print(f"{'variant':<16} {'loss diff':>10} {'tolerance':>10} {'param diff':>10} "
           f"{'tolerance':>10}  result")
     checker = Checker(base, steps)

@@ -77,6 +77,21 @@ def test_sweep_run_timeout_records_failure_and_goes_on(tmp_path):
     assert leftover.stdout.strip() == "", leftover.stdout
 
 
+def test_a_sweep_says_why_each_combination_failed(tmp_path):
+    """The closing list gives each failed combination's reason from its record (it said only
+    `failed`, and the reason had scrolled past with that run's output)."""
+    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--epochs", "1",
+                     "--data", "synthetic", "--train-limit", "64", "--test-limit", "8",
+                     "--width", "0.125", "--batch-size", "32", "--no-progress",
+                     "--comm-probe-steps", "0", "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "raise:0:1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = proc.stdout[proc.stdout.index("bench sweep: 0/1 ok"):]
+    assert " ".join(summary.split()[4:]).startswith(
+        "ddp N=1 repeat 1: failed: rank 0: RuntimeError: injected fault (BENCH_FAULT) at step "
+        "1 [in train epoch 1 step 1]"), summary
+
+
 def test_sweep_bad_input_writes_nothing(tmp_path):
     proc = run_bench("sweep", "--strategies", "ddp,nope", "--gpus", "1", "--cpu",
                      "--output", str(tmp_path / "out"))
