@@ -292,6 +292,7 @@ def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
     print(render(rows, fmt), end="")
     regressed = [r for r in rows if str(r.get("verdict", "")).startswith("REGRESSED")]
     matched = [r for r in rows if r.get("verdict") not in ("only in A", "only in B")]
-    print(f"bench compare: {len(matched)} matched row(s), {len(regressed)} regressed "
+    print(f"bench compare: {terminal.count(len(matched), 'matched row')}, "
+          f"{len(regressed)} regressed "
           f"(threshold {threshold:g} % in speed, p < 0.05 in top-1)", file=sys.stderr)
     return EXIT_FAILED if regressed else EXIT_OK

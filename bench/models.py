@@ -107,6 +107,11 @@ def _factory(name: str):
     return factory
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+
+
 def check_model_builds(spec: ModelSpec) -> nn.Module:
     """Build the model once, before anything is written, and pass one image of the run's
     size through it on the CPU: a factory returning no module, or a model that cannot take
@@ -117,9 +122,11 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
     parameter shapes, for callers that need no weights)."""
     import torch
 
+    built = False
     try:
         with torch.random.fork_rng(devices=[]):
             model = spec.build().eval()
+        built = True
         images = torch.zeros(1, 3, spec.image_size, spec.image_size)
         with torch.no_grad():
             logits = model(images)
@@ -127,9 +134,13 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
     except ConfigError:
         raise
     except Exception as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        if not built and not stable(spec.name):  # the user's factory, given the class count
+            raise ConfigError(f"--model {spec.name}: building it with {spec.num_classes} "
+                              f"classes failed ({_first_line(exc)}); it must be a function of "
+                              "the number of classes that returns an nn.Module") from None
+        # a torchvision model made for the image size (ViT) fails as it is built
         raise ConfigError(f"--model {spec.name} cannot take {spec.image_size}x"
-                          f"{spec.image_size} images ({reason}); choose another "
+                          f"{spec.image_size} images ({_first_line(exc)}); choose another "
                           "--image-size") from None
     shape = tuple(getattr(logits, "shape", ()))
     if shape != (1, spec.num_classes):

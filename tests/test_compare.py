@@ -21,7 +21,7 @@ def test_compare_exits_1_on_a_planted_slowdown_and_0_on_identical_folders(tmp_pa
     a = write_runs(tmp_path / "a", base)
     same = run_bench("compare", str(a), str(a))
     assert same.returncode == 0, same.stdout + same.stderr
-    assert "2 matched row(s), 0 regressed" in same.stderr
+    assert "2 matched rows, 0 regressed" in same.stderr
     # ddp 10 % slower (img/s ratio 1/1.1 = 0.909, time to target x1.1); dp untouched
     b = write_runs(tmp_path / "b", [_slower(r, 1.1) if r["strategy"] == "ddp" else r for r in base])
     slow = run_bench("compare", str(a), str(b), "--format", "json")

@@ -56,7 +56,10 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
     (["--model", "user_models:missing"], "has no function missing"),
     (["--model", "torchvision:resnet50", "--width", "0.5"], "--width scales resnet18-cifar"),
     (["--model", "torchvision:vit_b_16", "--image-size", "40"],
-     "cannot take 40x40 images (Input shape indivisible by patch size!)"),
+     "cannot take 40x40 images (AssertionError: Input shape indivisible by patch size!)"),
+    # the factory fails, not the image size (it said `cannot take 32x32 images`)
+    (["--model", "user_models:takes_a_config"], "--model user_models:takes_a_config: building "
+     "it with 100 classes failed (TypeError: 'int' object is not subscriptable)"),
     (["--model", "user_models:ten_logits"], "not logits of shape (1, 100)"),
 ])
 def test_a_model_that_cannot_be_built_is_one_line(args, says, tmp_path):

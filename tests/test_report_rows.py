@@ -10,7 +10,7 @@ import pytest
 from conftest import run_bench
 from report_records import record, repeat, timed
 
-from bench.report import summary_table, to_markdown
+from bench.report import summary_table, to_markdown, to_text
 
 
 def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
@@ -23,6 +23,13 @@ def test_one_epoch_has_no_median_and_dp_cpu_asks_are_kept_apart():
     assert len(table[table["strategy"] == "dp"]) == 2  # not two repeats of one row
     text = to_markdown(table)
     assert "— (1 epoch: warm-up only)" in text and "1 (of 2 asked)" in text
+    # the terminal's columns stay aligned around that cell (its ': ' was taken for a status
+    # reason, and its column sized to '— (1 epoch')
+    lines = to_text(table).splitlines()
+    header = next(line for line in lines if line.startswith("strategy"))
+    row = next(line for line in lines if "warm-up only" in line)
+    at = header.index("img/s")
+    assert row[at - 2:at] == "  " and row[at] == "—", "\n".join([header, row])
 
 
 def test_peak_memory_is_the_timed_epochs_not_the_warm_up_autotuning():

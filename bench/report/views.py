@@ -228,7 +228,11 @@ def to_text(table, width: int = 120) -> str:
         delta = names.index("Δ top-1 (p)")
         if not any("(p" in row[delta] for row in rows):
             names[delta] = "Δ top-1"  # no repeats, no p-values
-        widths = [max(len(x.partition(": ")[0]) for x in col) for col in zip(names, *rows)]
+        # the status column's reason goes on lines of its own; other cells keep their ': '
+        # ('— (1 epoch: warm-up only)')
+        cols = list(zip(names, *rows))
+        widths = [max(len(x) for x in col) for col in cols[:-1]]
+        widths.append(max(len(x.partition(": ")[0]) for x in cols[-1]))
         out += ([""] if out else []) + [heading]
         for cells in [names, *rows]:
             status, _, reason = cells[-1].partition(": ")
