@@ -255,6 +255,12 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
             raise ConfigError(f"bench slurm sets {flag} itself")
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
         raise ConfigError(f"--time must look like HH:MM:SS (got {args.time!r})")
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        raise ConfigError(f"--cpus-per-task must be at least 1 (got {args.cpus_per_task})")
+    for flag, value in (("--job-name", args.job_name), ("--partition", args.partition)):
+        # an #SBATCH line takes one word: a space or a quote would end or garble it
+        if value is not None and not re.fullmatch(r"[\w.,+-]+", value):
+            raise ConfigError(f"{flag} takes letters, digits and . , + - _ (got {value!r})")
     # Validate the run options as the tasks will see them.
     run = _run_options("slurm", ["--strategy", args.strategy, "--gpus", str(args.gpus),
                                  *run_args])

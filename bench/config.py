@@ -33,6 +33,27 @@ SYNTHETIC_DIFFICULTY = 1.0  # default: accuracy does not saturate (top-1 capped 
 REFERENCE_BATCH = 128  # the lr is given for this global batch and scaled linearly from it
 
 
+def check_timeout(seconds: float) -> None:
+    """--timeout: positive seconds, at most a week (bench run and bench probe)."""
+    if not seconds > 0:
+        raise ConfigError(f"--timeout must be positive seconds (got {seconds})")
+    if seconds > 7 * 24 * 3600:
+        raise ConfigError(f"--timeout must be at most a week in seconds (got {seconds})")
+
+
+def check_rendezvous(nodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:
+    """--node-rank within --nodes, and --rdzv-endpoint HOST:PORT with a real port (bench
+    run and bench probe)."""
+    if not 0 <= node_rank < nodes:
+        raise ConfigError(f"--node-rank must lie in 0..{nodes - 1} for --nodes {nodes} "
+                          f"(got {node_rank})")
+    if rdzv_endpoint is not None and not (
+            re.fullmatch(r"[^:\s]+:\d+", rdzv_endpoint)
+            and 1 <= int(rdzv_endpoint.rsplit(":", 1)[1]) <= 65535):
+        raise ConfigError(f"--rdzv-endpoint must be HOST:PORT, the port in 1..65535 "
+                          f"(got {rdzv_endpoint!r})")
+
+
 def host_slots(hosts: str) -> list[int]:
     """The slots of each host of ``--hosts host1:4,host2:4`` (horovodrun's -H)."""
     return [int(h.rsplit(":", 1)[1]) for h in hosts.split(",")]
@@ -252,8 +273,7 @@ class RunConfig:
             raise ConfigError(f"--seed must lie in 0..{2**32 - 1} (got {self.seed})")
         if self.weight_decay < 0:
             raise ConfigError(f"--weight-decay must be 0 or more (got {self.weight_decay})")
-        if self.timeout > 7 * 24 * 3600:
-            raise ConfigError(f"--timeout must be at most a week in seconds (got {self.timeout})")
+        check_timeout(self.timeout)
         if self.gpus < 1:
             raise ConfigError(f"--gpus must be at least 1 (got {self.gpus})")
         if self.epochs < 1:
@@ -316,20 +336,9 @@ class RunConfig:
             raise ConfigError(f"--master-port must lie in 1..65535 (got {self.master_port})")
         if self.nodes < 1:
             raise ConfigError(f"--nodes must be at least 1 (got {self.nodes})")
-        if not 0 <= self.node_rank < self.nodes:
-            raise ConfigError(
-                f"--node-rank must lie in 0..{self.nodes - 1} for --nodes {self.nodes} "
-                f"(got {self.node_rank})"
-            )
+        check_rendezvous(self.nodes, self.node_rank, self.rdzv_endpoint)
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
-        if self.rdzv_endpoint is not None and not (
-                re.fullmatch(r"[^:\s]+:\d+", self.rdzv_endpoint)
-                and 1 <= int(self.rdzv_endpoint.rsplit(":", 1)[1]) <= 65535):
-            raise ConfigError(
-                f"--rdzv-endpoint must be HOST:PORT, the port in 1..65535 "
-                f"(got {self.rdzv_endpoint!r})"
-            )
         if self.hosts is not None and not (
                 re.fullmatch(r"[^:,\s]+:\d+(,[^:,\s]+:\d+)*", self.hosts)
                 and min(host_slots(self.hosts)) >= 1):
@@ -358,8 +367,6 @@ class RunConfig:
                               f"{self.loader_probe_steps})")
         if self.stop_at_target and self.target_top1 is None:
             raise ConfigError("--stop-at-target needs --target-top1 P")
-        if not self.timeout > 0:
-            raise ConfigError(f"--timeout must be positive seconds (got {self.timeout})")
 
     def check_batch_split(self, replicas: int) -> int:
         """Per-replica batch; the global batch must split evenly over the replicas and, with

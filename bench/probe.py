@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import terminal
+from bench.config import check_rendezvous, check_timeout
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.models import DEFAULT_MODEL, ModelSpec, check_model, check_model_builds, short_name
 
@@ -117,6 +118,8 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
         raise ConfigError("an all-reduce needs at least 2 ranks: --gpus 2 (or --nodes 2)")
     if nodes > 1 and not rdzv_endpoint:
         raise ConfigError("--nodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    check_rendezvous(nodes, node_rank, rdzv_endpoint)
+    check_timeout(timeout)
     device = "cpu" if cpu else "cuda"
     if not cpu and not torch.cuda.is_available():
         raise ConfigError("no CUDA GPU is visible here; add --cpu to probe gloo between CPU "

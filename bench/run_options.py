@@ -24,7 +24,8 @@ from bench.errors import ConfigError
 
 
 def parse_list(text: str, flag: str, cast=str) -> list:
-    """A comma-separated option (--gpus 1,2,4): its values, or one line naming the fix."""
+    """A comma-separated option (--gpus 1,2,4): its values, each once in the order given
+    (``ddp,ddp`` ran or measured the same thing twice), or one line naming the fix."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     try:
         values = [cast(x) for x in items]
@@ -32,7 +33,7 @@ def parse_list(text: str, flag: str, cast=str) -> list:
         raise ConfigError(f"{flag} takes a comma-separated list (got {text!r})") from None
     if not values:
         raise ConfigError(f"{flag} needs at least one value")
-    return values
+    return list(dict.fromkeys(values))
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

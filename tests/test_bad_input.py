@@ -125,6 +125,13 @@ CASES = {
                            "{file}/sub"], "choose another --output"),
     "probe into a file": (["probe", "--cpu", "--output", "{file}/sub"],
                           "choose another --output"),
+    # both started torchrun, whose ranks failed with its traceback and report (--max-size 0,
+    # refused later, keeps them unstarted should their check be gone)
+    "probe: negative timeout": (["probe", "--cpu", "--timeout", "-1", "--max-size", "0",
+                                 "--output", "{empty}"], "--timeout must be positive seconds"),
+    "probe: node rank beyond the nodes": (
+        ["probe", "--cpu", "--gpus", "1", "--nodes", "2", "--node-rank", "2", "--rdzv-endpoint",
+         "localhost:29400", "--max-size", "0", "--output", "{empty}"], "--node-rank must lie"),
     "probe of no sizes": (["probe", "--cpu", "--max-size", "0", "--output", "{empty}"],
                           "--max-size must be positive"),
     "more ranks than memory": (["run", "--strategy", "ddp", *BASE, "--gpus", _BEYOND_MEMORY],
@@ -134,6 +141,12 @@ CASES = {
                                       "--train-limit", "16"], "lower --workers"),
     "run's workers beyond memory": (["run", "--strategy", "ddp", *BASE, "--workers",
                                      _WORKERS_BEYOND, "--train-limit", "16"], "lower --workers"),
+    "slurm: no cores per task": (["slurm", "--nodes", "1", "--gpus", "2", "--strategy", "ddp",
+                                  "--cpus-per-task", "0", "--out", "{empty}/job.sbatch"],
+                                 "--cpus-per-task must be at least 1"),
+    "slurm: a job name of two words": (
+        ["slurm", "--nodes", "1", "--gpus", "2", "--strategy", "ddp", "--job-name", "my job",
+         "--out", "{empty}/job.sbatch"], "--job-name takes letters"),
     "slurm script into a folder": (["slurm", "--nodes", "1", "--gpus", "2", "--strategy", "ddp",
                                     "--out", "{here}"], "is a folder; name a file"),
     "project plot in a missing folder": (["project", "{here}", "--plot", "{empty}/x.png"],

@@ -92,6 +92,19 @@ def test_a_sweep_says_why_each_combination_failed(tmp_path):
         "1 [in train epoch 1 step 1]"), summary
 
 
+def test_a_combination_named_twice_runs_once(tmp_path):
+    """`--strategies ddp,ddp --gpus 1,1` planned 4 combinations: 1 run, then 3 'ok record
+    exists, skipped'."""
+    proc = run_bench("sweep", "--strategies", "ddp,ddp", "--gpus", "1,1", "--cpu",
+                     "--epochs", "1", "--data", "synthetic", "--train-limit", "64",
+                     "--test-limit", "8", "--width", "0.125", "--batch-size", "32",
+                     "--no-progress", "--comm-probe-steps", "0", "--output", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[sweep 1/1] ddp N=1 repeat 1" in proc.stdout and "skipped" not in proc.stdout
+    assert proc.stdout.strip().endswith("bench sweep: 1/1 ok")
+    assert len(records(tmp_path)) == 1
+
+
 def test_sweep_bad_input_writes_nothing(tmp_path):
     proc = run_bench("sweep", "--strategies", "ddp,nope", "--gpus", "1", "--cpu",
                      "--output", str(tmp_path / "out"))
