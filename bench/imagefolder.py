@@ -115,7 +115,8 @@ class FolderImages(Dataset):
         path, label = self.samples[index]
         try:
             image = default_loader(path)
-        except OSError as exc:  # a truncated or non-image file: name it
-            raise ConfigError(f"--data imagefolder: cannot decode {path} ({exc}); remove "
-                              "it") from None
+        except OSError as exc:  # a truncated or non-image file: name it (PIL's own message
+            # repeats the path inside a file object's repr)
+            raise ConfigError(f"--data imagefolder: cannot decode {path} "
+                              f"({type(exc).__name__}); remove it") from None
         return self.transform(image), label

@@ -213,9 +213,11 @@ def _first_error(scratch: Scratch) -> str | None:
 
 
 def _explained(error: str | None) -> bool:
-    """A failure whose line says what to do (out of memory, a timeout): its traceback,
-    kept in the record, would add nothing on the terminal."""
-    return re.sub(r"^rank \S+: ", "", error or "").startswith(("out of memory", "timeout"))
+    """A failure whose line says what to do (out of memory, a timeout, bad input found
+    under way: a line without an exception's name): its traceback, kept in the record,
+    would add nothing on the terminal."""
+    what = re.sub(r"^rank \S+: ", "", error or "")
+    return what.startswith(("out of memory", "timeout")) or not re.match(r"\w+:( |$)", what)
 
 
 def reap_ranks(scratch: Scratch) -> None:

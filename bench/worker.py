@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import strategies
+from bench.errors import ConfigError
 from bench.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
 from bench.loaders import build_loaders
 from bench.mlperf_log import MLPerfLog
@@ -86,7 +87,11 @@ def open_mllog(cfg, strategy: Strategy, loaders) -> MLPerfLog:
 
 
 def _error_line(exc: BaseException) -> str:
+    """The exception's first line; bad input found only once the run is under way (an image
+    that does not decode) is its message alone, as bad input is at the start."""
     text = str(exc).strip().splitlines()
+    if isinstance(exc, ConfigError) and text:
+        return text[0]
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -164,6 +165,25 @@ def test_imagefolder_bad_input_is_one_line(kind, args, says, tmp_path):
                      str(tmp_path / "out"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and not (tmp_path / "out" / "runs").exists()
+
+
+def test_images_that_do_not_decode_fail_the_run_in_one_line(tmp_path):
+    """Found only when a rank reads one: the run fails (exit 1, its record says why) with the
+    file and the fix, as bad input is said, and no traceback (before: the rank's traceback,
+    then `rank 0: ConfigError: ...` with PIL's message repeating the path in a repr)."""
+    root = tmp_path / "images"
+    write_imagefolder(root)
+    for image in (root / "train" / "cat").glob("img*"):  # a third of the set: the first
+        image.write_bytes(b"not an image")  # batch holds one
+    proc = run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
+                     str(root), "--batch-size", "8", *TINY, "--output", str(tmp_path / "out"))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    error = only_record(tmp_path / "out")["error"]
+    assert re.fullmatch(rf"rank [01]: --data imagefolder: cannot decode {root}/train/cat/"
+                        r"img\d+\.(jpg|png) \(UnidentifiedImageError\); remove it \[in train "
+                        r"epoch 1 .*\]", error), error
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"bench: run failed: {error}")
 
 
 def test_a_set_the_machine_cannot_hold_is_refused_before_anything_runs(tmp_path):
