@@ -81,7 +81,9 @@ def out_of_memory_line(exc: BaseException, cfg: RunConfig, device: torch.device,
     held = f"{at_once} images per {holder} at once"
     accum = next_grad_accum(split.per_replica, cfg.grad_accum)
     if accum is not None:
-        return (f"{head}; {held}: lower --batch-size, or keep it and add --grad-accum {accum} "
+        more = (f"add --grad-accum {accum}" if cfg.grad_accum == 1
+                else f"raise --grad-accum to {accum}")
+        return (f"{head}; {held}: lower --batch-size, or keep it and {more} "
                 f"({split.per_replica // accum} at once, the same global batch)")
     return (f"{head}; {held}: the model does not fit one image at a time; choose a smaller "
             "--model or --image-size, or --precision bf16")

@@ -69,8 +69,8 @@ def test_a_raising_rank_prints_its_own_traceback_once_and_keeps_it(strategy, tmp
                                                "--batch-size, or keep it and add --grad-accum 2 "
                                                "(8 at once, the same global batch)"),
                                         ("2", "8 images per replica at once: lower "
-                                              "--batch-size, or keep it and add --grad-accum 4 "
-                                              "(4 at once, the same global batch)")])
+                                              "--batch-size, or keep it and raise --grad-accum "
+                                              "to 4 (4 at once, the same global batch)")])
 def test_out_of_memory_is_one_line_naming_the_batch_and_the_fix(accum, fix, tmp_path):
     """A real allocator failure on the rank's device (BENCH_FAULT oom: it asks for 4 EiB) is
     one line: how many images the replica held at once, and --grad-accum that keeps the
