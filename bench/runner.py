@@ -185,31 +185,21 @@ class Outcome:
     traceback: str | None = None  # the failing rank's, when it raised
 
 
-def _first_traceback(scratch: Scratch) -> str | None:
-    """The traceback of the rank whose error ended the run (not a peer's broken connection
-    that followed), or None when no rank raised (a signal, the watchdog)."""
+def _first_failure(scratch: Scratch) -> tuple[str | None, str | None]:
+    """The failure that ended the run and its traceback: a rank killed by a signal (its
+    peers then fail with broken connections; no traceback), else the first error a rank
+    wrote, with the end of its traceback (where the cause is); (None, None) if neither."""
     if scratch.root_cause.exists():
-        return None
+        return scratch.root_cause.read_text().strip(), None
     errors = scratch.errors()
     if not errors:
-        return None
-    _, _, trace = errors[0][1].read_text().partition("\n")
-    return trace.strip()[-20_000:] or None  # its end, where the cause is
-
-
-def _first_error(scratch: Scratch) -> str | None:
-    """The failure that ended the run: a rank killed by a signal (its peers then fail
-    with broken connections), else the first error a rank wrote."""
-    if scratch.root_cause.exists():
-        return scratch.root_cause.read_text().strip()
-    errors = scratch.errors()
-    if not errors:
-        return None
+        return None, None
     rank, path = errors[0]
-    line = path.read_text().splitlines()[0]
+    line, _, trace = path.read_text().partition("\n")
+    trace = trace.strip()[-20_000:] or None
     if line.startswith("timeout: "):
-        return f"timeout: rank {rank}: {line.removeprefix('timeout: ')}"
-    return f"rank {rank}: {line}"
+        return f"timeout: rank {rank}: {line.removeprefix('timeout: ')}", trace
+    return f"rank {rank}: {line}", trace
 
 
 def _explained(error: str | None) -> bool:
@@ -355,8 +345,8 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
         )
         rc = launch.LAUNCHERS[plan.launcher](job)
         if rc != 0:
-            error = _first_error(scratch) or f"launcher {plan.launcher} exited with {rc}"
-            trace = _first_traceback(scratch)
+            error, trace = _first_failure(scratch)
+            error = error or f"launcher {plan.launcher} exited with {rc}"
     except launch.RunTimeout as exc:
         error, rc = str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
