@@ -60,11 +60,11 @@ def test_sweep_resumes_after_sigterm_without_duplicates(cifar_dir, tmp_path):
     assert len({r["tag"] for r in final}) == 4
 
 
-@pytest.mark.serial  # how far a run gets in 8 s: no neighbour's load
+@pytest.mark.serial  # how far a run gets in 5 s: no neighbour's load
 def test_sweep_run_timeout_records_failure_and_goes_on(tmp_path):
     args = ["sweep", "--strategies", "ddp,dp", "--gpus", "2", "--cpu", "--data", "synthetic",
             "--train-limit", "4096", "--epochs", "50", "--width", "0.5", "--no-progress",
-            "--run-timeout", "8", "--output", str(tmp_path)]
+            "--run-timeout", "5", "--output", str(tmp_path)]
     proc = run_bench(*args, timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert re.search(r"\[sweep 2/2, about \d+ s left\] dp N=2", proc.stdout), proc.stdout
