@@ -10,7 +10,6 @@ import collections
 import contextlib
 import inspect
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 from bench import worker
 from bench.agent import run_agent
 from bench.cluster import SlurmTask
+from bench.launcher_output import HorovodLines, horovod_root_cause, tee, torchrun_root_cause
 from bench.lifetime import ForkedChild, die_with_parent, fork_dying_with_me, start_dying_with_me
 from bench.quick_exit import exit_now
 from bench.scratch import Scratch
@@ -128,24 +128,31 @@ def _resume_ranks(scratch: Scratch) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
-def _run_child(cmd: list[str] | AgentCall, launch: Launch) -> int:
+def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = False) -> int:
     """Start the launcher ``cmd`` (a command, or a torch agent to run in a copy of this
-    process) in a session of its own that dies with this process, pass its stderr on, and
-    wait for it while the watchdog looks at the ranks' heartbeats."""
+    process) in a session of its own that dies with this process, pass its stderr on
+    (horovodrun's stdout too, as its ranks wrote it), and wait for it while the watchdog
+    looks at the ranks' heartbeats."""
     env = _child_env(launch.threads)
     if isinstance(cmd, AgentCall) and cmd.forkable():
         proc: subprocess.Popen | ForkedChild = fork_dying_with_me(cmd.run, env)
     else:
         if isinstance(cmd, AgentCall):
             cmd = [*agent(cmd.module), *cmd.args]
-        proc = start_dying_with_me(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE)
+        proc = start_dying_with_me(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE,
+                                   stdout=subprocess.PIPE if horovodrun else None)
     tail: collections.deque[str] = collections.deque(maxlen=4000)
     echo = threading.Event()
     echo.set()
     quiet_after_failure = launch.scratch if not launch.max_restarts else None
-    pump = threading.Thread(target=_tee, args=(proc.stderr, tail, echo, quiet_after_failure),
-                            daemon=True)
-    pump.start()
+    streams = [(proc.stderr, sys.stderr, HorovodLines(False) if horovodrun else None)]
+    if horovodrun:
+        streams.append((proc.stdout, sys.stdout, HorovodLines(True)))
+    pumps = [threading.Thread(target=tee, args=(stream, tail, echo, quiet_after_failure, out,
+                                                rewrite), daemon=True)
+             for stream, out, rewrite in streams]
+    for pump in pumps:
+        pump.start()
     try:
         while True:
             try:
@@ -165,67 +172,21 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch) -> int:
         if proc.poll() is not None:  # nothing of this run may outlive it
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-    pump.join(timeout=5)
-    if not pump.is_alive():
-        proc.stderr.close()
-    killed = _signal_root_cause("".join(tail)) if rc else None
+    for pump, (stream, _, _) in zip(pumps, streams, strict=True):
+        pump.join(timeout=5)
+        if not pump.is_alive():
+            stream.close()
+    root_cause = horovod_root_cause if horovodrun else torchrun_root_cause
+    killed = root_cause("".join(tail)) if rc else None
     if killed is not None:
         launch.scratch.signal_death(*killed)
     return rc
 
 
-def _tee(stream, tail: collections.deque[str], echo: threading.Event,
-         quiet_after_failure: Scratch | None = None) -> None:
-    """Pass the launcher's stderr (and its ranks') on as it comes, not line by line (a
-    progress bar redraws its line with carriage returns), while ``echo`` is set; keep the end
-    of it. Once a rank of ``quiet_after_failure`` has written its error file, nothing more is
-    passed on: its own traceback, its peers' (broken connections, a consequence) and the
-    launcher's report would bury the cause, which bench prints once at the end."""
-    while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-        if not chunk:
-            return
-        text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
-        if quiet_after_failure is not None and echo.is_set():
-            with contextlib.suppress(OSError):
-                if quiet_after_failure.has_errors():
-                    echo.clear()
-        if echo.is_set():
-            sys.stderr.write(text)
-            sys.stderr.flush()
-        tail.append(text)
-
-
-_REPORT = "Root Cause (first observed failure):"
-_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-_AFTER_A_PEER = {signal.SIGABRT, signal.SIGTERM}  # how ranks end once a peer has died
-
-
-def _signal_root_cause(text: str) -> tuple[int, int] | None:
-    """(rank, signal) when torchrun's failure report blames a rank killed by a signal.
-
-    torchrun lists every rank that ended, the peers it stopped (SIGTERM) included, and names
-    the earliest as root cause; failures seen in one poll share a timestamp, so it names the
-    lowest rank. A peer that aborted (SIGABRT) on a broken collective, or that torchrun
-    stopped, can then take the blame of a rank killed by another signal: that one is named.
-    """
-    at = text.rfind(_REPORT)
-    root = _FAILURE.search(text, at) if at >= 0 else None
-    if root is None or int(root.group(2)) >= 0:
-        return None
-    rank, signum = int(root.group(1)), -int(root.group(2))
-    if signum in _AFTER_A_PEER:
-        listed = text.rfind("Failures:", 0, at)
-        for other, code in _FAILURE.findall(text[listed if listed >= 0 else at:]):
-            if int(code) < 0 and -int(code) not in _AFTER_A_PEER:
-                return int(other), -int(code)
-    return rank, signum
-
-
 def _child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
-    if sys.stderr.isatty():  # the ranks' stderr reaches a terminal through _tee
+    if sys.stderr.isatty():  # the ranks' stderr reaches a terminal through tee
         env["BENCH_TTY"] = "1"
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -364,7 +325,7 @@ def launch_horovodrun(launch: Launch) -> int:
         "--gloo-timeout-seconds", str(max(30, int(launch.timeout))),
         sys.executable, "-m", "bench.worker", str(launch.spec_path),
     ]
-    return _run_child(cmd, launch)
+    return _run_child(cmd, launch, horovodrun=True)
 
 
 def launch_slurm_task(launch: Launch) -> int:

@@ -96,6 +96,17 @@ def topology_text() -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def _wait(agent_proc: subprocess.Popen) -> int:
+    """The agent's exit code; Ctrl-C or SIGTERM meanwhile end its session, ranks and all."""
+    try:
+        return agent_proc.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent_proc.pid, signal.SIGKILL)
+        agent_proc.wait()
+        raise
+
+
 def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output: str,
               model: str = DEFAULT_MODEL,
               nodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
@@ -145,30 +156,26 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     # torchrun's files go in a scratch folder: removed below, or by the next run or probe
     # when this one is killed outright
     scratch = Scratch.create(probe_id)
-    cmd = [*agent("torch.distributed.run"), agent_log_dir(scratch.root),
-           f"--nproc-per-node={gpus}"]
-    if nodes > 1:
-        cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-                f"--rdzv-id=probe-{rdzv_endpoint}"]
-    else:
-        cmd += ["--nnodes=1", f"--master-addr={MASTER_ADDR}", f"--master-port={free_port()}"]
-    cmd += ["-m", "bench.probe", "WORKER", backend, str(partial), str(timeout),
-            *map(str, sizes)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // gpus)),
-               BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
-    print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
-          f"{len(sizes)} sizes", flush=True)
-    # The agent dies with bench (kill -9 included: a 2-node probe's agent waits minutes for
-    # its peer), its ranks with it (they arm their death signal: see the end of this file).
-    # In its own session, a Ctrl-C reaches bench alone, which ends it without its traceback.
-    agent_proc = start_dying_with_me(cmd, env=env, start_new_session=True)
-    try:
-        returncode = agent_proc.wait()
-    except BaseException:  # Ctrl-C, SIGTERM: the agent's session, its ranks in it
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(agent_proc.pid, signal.SIGKILL)
-        agent_proc.wait()
-        raise
+    try:  # the folder goes whatever happens from here on
+        cmd = [*agent("torch.distributed.run"), agent_log_dir(scratch.root),
+               f"--nproc-per-node={gpus}"]
+        if nodes > 1:
+            cmd += [f"--nnodes={nodes}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id=probe-{rdzv_endpoint}"]
+        else:
+            cmd += ["--nnodes=1", f"--master-addr={MASTER_ADDR}",
+                    f"--master-port={free_port()}"]
+        cmd += ["-m", "bench.probe", "WORKER", backend, str(partial), str(timeout),
+                *map(str, sizes)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // gpus)),
+                   BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
+        print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
+              f"{len(sizes)} sizes", flush=True)
+        # The agent dies with bench (kill -9 included: a 2-node probe's agent waits minutes
+        # for its peer), its ranks with it (they arm their death signal: see the end of this
+        # file). In its own session, a Ctrl-C reaches bench alone, which ends it.
+        agent_proc = start_dying_with_me(cmd, env=env, start_new_session=True)
+        returncode = _wait(agent_proc)
     finally:
         scratch.remove()
     if returncode == 0 and nodes > 1 and not partial.exists():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from bench.preflight import (
 from bench.record import RunRecord
 from bench.results import new_run_id
 from bench.run_summary import print_ok
-from bench.scratch import Scratch
+from bench.scratch import RankError, Scratch
 from bench.spec import WorkerSpec
 from strategies.base import cpu_threads_per_process
 
@@ -182,32 +181,30 @@ class Outcome:
     error: str | None
     rc: int
     scratch: Scratch
-    traceback: str | None = None  # the failing rank's, when it raised
+    rank_error: RankError | None = None  # what the failing rank said, when it raised
+
+    @property
+    def traceback(self) -> str | None:
+        """The end of the failing rank's traceback (where the cause is), if it raised."""
+        if self.rank_error is None:
+            return None
+        return self.rank_error.traceback.strip()[-20_000:] or None
 
 
-def _first_failure(scratch: Scratch) -> tuple[str | None, str | None]:
-    """The failure that ended the run and its traceback: a rank killed by a signal (its
-    peers then fail with broken connections; no traceback), else the first error a rank
-    wrote, with the end of its traceback (where the cause is); (None, None) if neither."""
+def _first_failure(scratch: Scratch) -> tuple[str | None, RankError | None]:
+    """The failure that ended the run: a rank killed by a signal (its peers then fail with
+    broken connections; nothing of theirs is the cause), else the first error a rank wrote,
+    its line prefixed with the rank; (None, None) if neither."""
     if scratch.root_cause.exists():
         return scratch.root_cause.read_text().strip(), None
     errors = scratch.errors()
     if not errors:
         return None, None
     rank, path = errors[0]
-    line, _, trace = path.read_text().partition("\n")
-    trace = trace.strip()[-20_000:] or None
-    if line.startswith("timeout: "):
-        return f"timeout: rank {rank}: {line.removeprefix('timeout: ')}", trace
-    return f"rank {rank}: {line}", trace
-
-
-def _explained(error: str | None) -> bool:
-    """A failure whose line says what to do (out of memory, a timeout, bad input found
-    under way: a line without an exception's name): its traceback, kept in the record,
-    would add nothing on the terminal."""
-    what = re.sub(r"^rank \S+: ", "", error or "")
-    return what.startswith(("out of memory", "timeout")) or not re.match(r"\w+:( |$)", what)
+    error = RankError.read(path)
+    if error.line.startswith("timeout: "):
+        return f"timeout: rank {rank}: {error.line.removeprefix('timeout: ')}", error
+    return f"rank {rank}: {error.line}", error
 
 
 def reap_ranks(scratch: Scratch) -> None:
@@ -314,11 +311,22 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     """Start the ranks through the plan's launcher and wait; SIGTERM and Ctrl-C end them."""
     cfg = plan.cfg
     scratch = Scratch.create(plan.run_id)
-    spec_path = WorkerSpec(
-        config=cfg, topology=plan.topology, record_path=plan.record_path.resolve(),
-        scratch=scratch, workers_per_process=plan.workers_per_process, record=record.data,
-    ).write()
-    port = plan.port or launch.free_port()
+    try:  # until the launcher's own clean-up below takes over, nothing of it may stay
+        spec_path = WorkerSpec(
+            config=cfg, topology=plan.topology, record_path=plan.record_path.resolve(),
+            scratch=scratch, workers_per_process=plan.workers_per_process,
+            record=record.data,
+        ).write()
+        announce(plan, record)
+    except BaseException:
+        scratch.remove()
+        raise
+    return _launch(plan, scratch, spec_path)
+
+
+def announce(plan: RunPlan, record: RunRecord) -> None:
+    """Say what starts, and where the record goes; note CPU processes beyond the cores."""
+    cfg = plan.cfg
     where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
     print(
         f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
@@ -334,9 +342,16 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
         if plan.writes_record:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
             record.write()
+
+
+def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
+    """Run the launcher to its end; the outcome's scratch goes once the record is closed, or
+    here if something unforeseen escapes (no record will be closed then)."""
+    cfg = plan.cfg
     previous = signal.signal(signal.SIGTERM, raise_interrupted)
-    status, error, trace = "failed", None, None
+    status, error, rank_error, escaped = "failed", None, None, False
     try:
+        port = plan.port or launch.free_port()
         job = launch.Launch(
             spec_path, plan.processes, port, cpu_threads_per_process(plan.local_processes),
             scratch, timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,
@@ -345,16 +360,21 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
         )
         rc = launch.LAUNCHERS[plan.launcher](job)
         if rc != 0:
-            error, trace = _first_failure(scratch)
+            error, rank_error = _first_failure(scratch)
             error = error or f"launcher {plan.launcher} exited with {rc}"
     except launch.RunTimeout as exc:
         error, rc = str(exc), -1
     except (KeyboardInterrupt, Interrupted) as exc:
         status, rc, error = "interrupted", -1, _interruption(exc)
+    except BaseException:
+        escaped = True
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        reap_ranks(scratch)
-    return Outcome(status, error, rc, scratch, trace)
+        reap_ranks(scratch)  # by the pids in the scratch folder: before it goes
+        if escaped:
+            scratch.remove()
+    return Outcome(status, error, rc, scratch, rank_error)
 
 
 def close_record(plan: RunPlan, outcome: Outcome) -> int:
@@ -387,7 +407,7 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
     if status == "ok":
         print_ok(final, plan.cfg.loader, plan.workers_per_replica)
         return EXIT_OK
-    if status == "failed" and outcome.traceback and not _explained(error):
+    if status == "failed" and outcome.traceback and not outcome.rank_error.explained:
         print(f"bench: the traceback of {error.split(':', 1)[0]}:\n{outcome.traceback}",
               file=sys.stderr)
     print(f"bench: run {status}: {error} (record {plan.record_path})", file=sys.stderr)

@@ -4,27 +4,42 @@ them. One place names them, for the worker, the runner and the launchers alike."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# A folder without its launcher file is being created (for microseconds) or removed, or is
+# what a dying torchrun agent made again after its run removed it: gone after this long, if
+# its name is one that ``Scratch.create`` gives (a run id's date, mkdtemp's suffix).
+_UNOWNED_S = 600
+_SCRATCH_NAME = re.compile(r"bench-\d{8}\S*-[a-z0-9_]{8}")
 
 
 def remove_orphans() -> None:
-    """Scratch folders of this user whose launcher (on this host) no longer runs. Folders
-    without a launcher file (older versions, or just being created) are left alone."""
+    """Scratch folders of this user whose launcher (on this host) no longer runs, and those
+    without a launcher file left untouched for ``_UNOWNED_S``."""
     host = socket.gethostname()
     for folder in Path(tempfile.gettempdir()).glob("bench-*"):
         try:
-            if folder.stat().st_uid != os.getuid():
+            info = folder.stat()
+            if info.st_uid != os.getuid():
                 continue
-            pid, owner_host = (folder / "launcher").read_text().split()
-            if owner_host != host or _alive(int(pid)):
-                continue
+            try:
+                pid, owner_host = (folder / "launcher").read_text().split()
+            except FileNotFoundError:
+                if (time.time() - info.st_mtime < _UNOWNED_S
+                        or not _SCRATCH_NAME.fullmatch(folder.name)):
+                    continue
+            else:
+                if owner_host != host or _alive(int(pid)):
+                    continue
         except (OSError, ValueError):
             continue
         shutil.rmtree(folder, ignore_errors=True)
@@ -43,8 +58,8 @@ def _alive(pid: int) -> bool:
 @dataclass(frozen=True)
 class Scratch:
     """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
-    ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.txt`` (first line,
-    then the traceback), ``rank0-here`` (global rank 0 ran on this machine) and
+    ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.json`` (its
+    ``RankError``), ``rank0-here`` (global rank 0 ran on this machine) and
     ``root-cause.txt`` (a rank killed by a signal, as its launcher saw it)."""
 
     root: Path
@@ -104,7 +119,13 @@ class Scratch:
         return self.root / f"beat-rank{rank}"
 
     def error(self, rank: int | str) -> Path:
-        return self.root / f"error-rank{rank}.txt"
+        return self.root / f"error-rank{rank}.json"
+
+    def write_error(self, rank: int | str, error: RankError) -> None:
+        """Write whole or not at all (renamed into place): the launcher reads it."""
+        part = self.root / f"part-error-rank{rank}"
+        part.write_text(json.dumps(asdict(error)))
+        part.replace(self.error(rank))
 
     def pids(self) -> list[Path]:
         return list(self.root.glob("pid-rank*"))
@@ -123,12 +144,28 @@ class Scratch:
 
     def has_errors(self) -> bool:
         """Whether a rank has written its error file (cheaper than ``errors``)."""
-        return next(self.root.glob("error-rank*.txt"), None) is not None
+        return next(self.root.glob("error-rank*.json"), None) is not None
 
     def errors(self) -> list[tuple[str, Path]]:
         """(rank, error file), oldest first: the first is the failure, the rest followed."""
-        files = sorted(self.root.glob("error-rank*.txt"), key=lambda p: p.stat().st_mtime)
+        files = sorted(self.root.glob("error-rank*.json"), key=lambda p: p.stat().st_mtime)
         return [(p.stem.removeprefix("error-rank"), p) for p in files]
+
+
+@dataclass(frozen=True)
+class RankError:
+    """What a failing rank says: its one line (ending with the phase), whether that line
+    already says what to do (out of memory, a timeout, bad input met under way: its
+    traceback, kept in the record, would add nothing on the terminal), and its traceback."""
+
+    line: str
+    explained: bool
+    traceback: str
+
+    @classmethod
+    def read(cls, path: Path) -> RankError:
+        data = json.loads(path.read_text())
+        return cls(str(data["line"]), bool(data["explained"]), str(data["traceback"]))
 
 
 class Heartbeat:

@@ -35,7 +35,7 @@ from bench.out_of_memory import is_out_of_memory, out_of_memory_line
 from bench.parts import build_model_and_optimizer
 from bench.record import RunRecord
 from bench.schedule import BatchSplit
-from bench.scratch import Heartbeat
+from bench.scratch import Heartbeat, RankError
 from bench.spec import WorkerSpec
 from bench.trainer import Trainer
 from strategies.base import Strategy, cpu_threads_per_process
@@ -95,13 +95,34 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
+def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
+                phase: str) -> RankError:
+    """The line that names the failure and its phase, and whether it says what to do."""
+    line, explained = _error_line(exc), isinstance(exc, ConfigError)
+    if is_out_of_memory(exc):
+        explained = True
+        with contextlib.suppress(Exception):  # a group never joined has no batch split
+            cfg = spec.config
+            split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
+            line = out_of_memory_line(exc, cfg, strategy.device, split, phase)
+    if "timed out" in line.lower() or "timeout" in line.lower():
+        line, explained = f"timeout: {line}", True
+    return RankError(f"{line} [in {phase}]", explained, traceback.format_exc())
+
+
+def _launched_rank(default: str) -> str:
+    """This rank's number as its launcher set it (horovodrun: HOROVOD_RANK, not RANK), for
+    its files in the scratch folder."""
+    return os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or default
+
+
 def run_rank(spec_path: str | Path) -> None:
     """Everything one rank does, whatever started it."""
     spec = WorkerSpec.read(spec_path)
     cfg, scratch = spec.config, spec.scratch
     strategy = strategies.get(cfg.strategy, cfg.strategy_options)
     if scratch.exists():
-        scratch.pid(os.environ.get("RANK", "0")).write_text(str(os.getpid()))
+        scratch.pid(_launched_rank("0")).write_text(str(os.getpid()))
     heartbeat = Heartbeat(scratch)
     clean = False
     try:
@@ -115,18 +136,10 @@ def run_rank(spec_path: str | Path) -> None:
         gc.collect()
         clean = True
     except BaseException as exc:
-        rank = os.environ.get("RANK", str(strategy.rank))
-        line = _error_line(exc)
-        if is_out_of_memory(exc):
-            with contextlib.suppress(Exception):  # a group never joined has no batch split
-                split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
-                line = out_of_memory_line(exc, cfg, strategy.device, split, heartbeat.phase)
-        if "timed out" in line.lower() or "timeout" in line.lower():
-            line = f"timeout: {line}"
+        rank = _launched_rank(str(strategy.rank))
         if scratch.exists():
-            scratch.error(rank).write_text(
-                f"{line} [in {heartbeat.phase}]\n" + traceback.format_exc()
-            )
+            with contextlib.suppress(OSError):
+                scratch.write_error(rank, _rank_error(exc, spec, strategy, heartbeat.phase))
         raise
     finally:
         strategy.teardown(clean)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import pytest
 from conftest import FAST, PROBE, assert_comm_probe, assert_ok, only_record, run_bench
@@ -23,7 +24,12 @@ def _run(cifar_dir, out, *extra: str):
 
 
 def test_horovod_two_ranks_two_epochs(cifar_dir, tmp_path):
-    assert_ok(_run(cifar_dir, tmp_path, *PROBE))
+    proc = _run(cifar_dir, tmp_path, *PROBE)
+    assert_ok(proc)
+    # rank 0's lines as it wrote them, without horovodrun's "[0]<stdout>:" before each
+    epochs = [line for line in proc.stdout.splitlines() if re.search(r"\] epoch \d", line)]
+    assert len(epochs) == 2 and all(line.startswith("[horovod] epoch ") for line in epochs), (
+        proc.stdout)
     rec = only_record(tmp_path)
     assert rec["status"] == "ok" and rec["launcher"] == "horovodrun"
     assert rec["world_size"] == 2 and rec["processes"] == 2

@@ -1,0 +1,119 @@
+"""What a launcher and its ranks print: passed on to bench's terminal as it comes, kept (the
+end of it) to find which rank a signal killed, and, for horovodrun, given back as the ranks
+wrote it."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+from bench.scratch import Scratch
+
+Rewrite = Callable[[str], str]
+RootCause = Callable[[str], "tuple[int, int] | None"]
+
+
+def tee(stream, tail: collections.deque[str], echo: threading.Event,
+        quiet_after_failure: Scratch | None = None, out: TextIO | None = None,
+        rewrite: Rewrite | None = None) -> None:
+    """Pass ``stream`` on to ``out`` (stderr by default) as it comes, not line by line (a
+    progress bar redraws its line with carriage returns), while ``echo`` is set, through
+    ``rewrite`` if given; keep the end of it as it came. Once a rank of
+    ``quiet_after_failure`` has written its error file, nothing more is passed on: its own
+    traceback, its peers' (broken connections, a consequence) and the launcher's report would
+    bury the cause, which bench prints once at the end."""
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        if not chunk:
+            text = rewrite("") if rewrite is not None else ""
+        else:
+            text = chunk.decode(errors="replace") if isinstance(chunk, bytes) else chunk
+            tail.append(text)
+            if rewrite is not None:
+                text = rewrite(text)
+        if quiet_after_failure is not None and echo.is_set():
+            with contextlib.suppress(OSError):
+                if quiet_after_failure.has_errors():
+                    echo.clear()
+        if echo.is_set() and text:
+            target = out or sys.stderr
+            target.write(text)
+            target.flush()
+        if not chunk:
+            return
+
+
+_REPORT = "Root Cause (first observed failure):"
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_AFTER_A_PEER = {signal.SIGABRT, signal.SIGTERM}  # how ranks end once a peer has died
+
+
+def torchrun_root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, signal) when torchrun's failure report blames a rank killed by a signal.
+
+    torchrun lists every rank that ended, the peers it stopped (SIGTERM) included, and names
+    the earliest as root cause; failures seen in one poll share a timestamp, so it names the
+    lowest rank. A peer that aborted (SIGABRT) on a broken collective, or that torchrun
+    stopped, can then take the blame of a rank killed by another signal: that one is named.
+    """
+    at = text.rfind(_REPORT)
+    root = _FAILURE.search(text, at) if at >= 0 else None
+    if root is None or int(root.group(2)) >= 0:
+        return None
+    rank, signum = int(root.group(1)), -int(root.group(2))
+    if signum in _AFTER_A_PEER:
+        listed = text.rfind("Failures:", 0, at)
+        for other, code in _FAILURE.findall(text[listed if listed >= 0 else at:]):
+            if int(code) < 0 and -int(code) not in _AFTER_A_PEER:
+                return int(other), -int(code)
+    return rank, signum
+
+
+# horovodrun's own lines, in the order it sees its ranks end (each rank runs under a shell:
+# a signal shows as 128 + its number, or as minus it where the shell gave way to the rank)
+_HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$", re.M)
+_HOROVOD_OWN = re.compile(r"^(?:Process \d+ exit with status code -?\d+|Terminating remaining "
+                          r"workers after failure of Process \d+)\.\n", re.M)
+# what horovodrun puts before every line (and every carriage-return redraw) of a rank's
+_HOROVOD_PREFIX = re.compile(r"(?:^|(?<=[\r\n]))\[\d+\]<std(?:out|err)>:")
+
+
+def horovod_root_cause(text: str) -> tuple[int, int] | None:
+    """(rank, signal) when the first rank horovodrun saw end was killed by a signal (not the
+    SIGTERM it sends the others once one has failed)."""
+    first = _HOROVOD_EXIT.search(text)
+    if first is None:
+        return None
+    code = int(first.group(2))
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    if signum <= 0 or signum == signal.SIGTERM:
+        return None
+    return int(first.group(1)), signum
+
+
+class HorovodLines:
+    """horovodrun's output as its ranks wrote it: without the ``[rank]<stdout>:`` it puts
+    before each of their lines, and without its own lines about ranks' exit codes (bench
+    names the failure in its own line). ``whole_lines``: hold a partial line back until it
+    ends (stdout, where horovodrun's own lines may come in two writes); stderr is passed on
+    as it comes (a progress bar's redraws end in carriage returns)."""
+
+    def __init__(self, whole_lines: bool) -> None:
+        self.whole_lines = whole_lines
+        self.partial = ""
+
+    def __call__(self, text: str) -> str:
+        """What to pass on of ``text``; "" is the end of the stream (what was held comes)."""
+        if self.whole_lines:
+            held, self.partial = self.partial + text, ""
+            if text:
+                cut = held.rfind("\n") + 1
+                held, self.partial = held[:cut], held[cut:]
+            text = held
+        return _HOROVOD_OWN.sub("", _HOROVOD_PREFIX.sub("", text))
