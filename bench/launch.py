@@ -23,7 +23,13 @@ from pathlib import Path
 from bench import worker
 from bench.agent import run_agent
 from bench.cluster import SlurmTask
-from bench.launcher_output import HorovodLines, horovod_root_cause, tee, torchrun_root_cause
+from bench.launcher_output import (
+    HorovodLines,
+    horovod_root_cause,
+    nccl_watchdog_timeout,
+    tee,
+    torchrun_root_cause,
+)
 from bench.lifetime import ForkedChild, die_with_parent, fork_dying_with_me, start_dying_with_me
 from bench.quick_exit import exit_now
 from bench.scratch import Scratch
@@ -176,11 +182,22 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
         pump.join(timeout=5)
         if not pump.is_alive():
             stream.close()
-    root_cause = horovod_root_cause if horovodrun else torchrun_root_cause
-    killed = root_cause("".join(tail)) if rc else None
-    if killed is not None:
-        launch.scratch.signal_death(*killed)
+    if rc:
+        _find_root_cause("".join(tail), launch.scratch, horovodrun)
     return rc
+
+
+def _find_root_cause(output: str, scratch: Scratch, horovodrun: bool) -> None:
+    """What the ranks could not say themselves, from their launcher's output: a collective
+    NCCL's watchdog ended (it aborts the rank; a rank's own error, if any, comes first), else
+    a rank killed by a signal."""
+    timed_out = nccl_watchdog_timeout(output)
+    if timed_out is not None and not scratch.has_errors():
+        scratch.collective_timeout(*timed_out)
+        return
+    killed = (horovod_root_cause if horovodrun else torchrun_root_cause)(output)
+    if killed is not None:
+        scratch.signal_death(*killed)
 
 
 def _child_env(threads: int) -> dict[str, str]:

@@ -75,6 +75,22 @@ def torchrun_root_cause(text: str) -> tuple[int, int] | None:
     return rank, signum
 
 
+# What ProcessGroupNCCL's watchdog logs before it aborts a rank whose collective outlived
+# the group's timeout (WorkNCCL::checkTimeout; "[PG ID 0 PG GUID 0(default_pg) Rank 1] ",
+# "[Rank 1] " in older torch): the rank, the operation and how long it ran.
+_NCCL_TIMEOUT = re.compile(r"Rank (\d+)\] Watchdog caught collective operation timeout: "
+                           r"WorkNCCL\(SeqNum=\d+, OpType=(\w+)[^\n]*?\) ran for (\d+) "
+                           r"milliseconds")
+
+
+def nccl_watchdog_timeout(text: str) -> tuple[int, str, float] | None:
+    """(rank, operation, seconds it ran) of the first collective NCCL's watchdog ended."""
+    found = _NCCL_TIMEOUT.search(text)
+    if found is None:
+        return None
+    return int(found.group(1)), found.group(2), int(found.group(3)) / 1000
+
+
 # horovodrun's own lines, in the order it sees its ranks end (each rank runs under a shell:
 # a signal shows as 128 + its number, or as minus it where the shell gave way to the rank)
 _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$", re.M)

@@ -102,15 +102,25 @@ class Scratch:
     def signal_death(self, rank: int | str, signum: int) -> None:
         """Record that ``rank`` was killed by ``signum``, with the phase it last reported."""
         try:
-            phase = self.beat(rank).read_text().strip() or "start-up"
-        except OSError:
-            phase = "start-up"
-        try:
             name = signal.Signals(signum).name
         except ValueError:
             name = "unknown signal"
         self.root_cause.write_text(
-            f"rank {rank} was killed by signal {signum} ({name}) [in {phase}]\n")
+            f"rank {rank} was killed by signal {signum} ({name}) [in {self.last_phase(rank)}]\n")
+
+    def collective_timeout(self, rank: int | str, operation: str, waited_s: float) -> None:
+        """Record that NCCL's watchdog ended ``rank``'s collective (it aborts the process,
+        which then says nothing itself): a peer stopped taking part."""
+        self.root_cause.write_text(
+            f"timeout: rank {rank}: NCCL's watchdog ended its {operation} after {waited_s:.0f} s "
+            f"(--timeout): a rank stopped taking part [in {self.last_phase(rank)}]\n")
+
+    def last_phase(self, rank: int | str) -> str:
+        """The phase ``rank`` last wrote to its heartbeat file."""
+        try:
+            return self.beat(rank).read_text().strip() or "start-up"
+        except OSError:
+            return "start-up"
 
     def pid(self, rank: int | str) -> Path:
         return self.root / f"pid-rank{rank}"

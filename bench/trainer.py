@@ -186,6 +186,9 @@ class Trainer:
         step = epoch * self.steps_per_epoch
         self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
         s.barrier()
+        # from here the first step, its batch drawn first: a failure or a stall drawing it
+        # is the first step's, not the wait's
+        self.beat(f"train epoch {epoch + 1} step {step + 1}", force=True)
         sync_devices(s)
         start = time.perf_counter()
         if epoch == 0:
@@ -280,6 +283,7 @@ class Trainer:
         s.broadcast_buffers(net)
         net.eval()
         totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
+        self.beat("eval batch 1", force=True)  # drawing it: not "train epoch N (end)"
         sync_devices(s)
         start = time.perf_counter()
         for batch, (images, labels, valid) in enumerate(self.loaders.test):

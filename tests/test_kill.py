@@ -18,6 +18,7 @@ from conftest import ROOT, alive, only_record, run_bench
 
 from bench import launch
 from bench.launcher_output import torchrun_root_cause
+from bench.scratch import RankError, Scratch
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
@@ -148,6 +149,43 @@ def test_a_killed_rank_is_named_when_torchrun_blames_the_peer_that_aborted(tmp_p
     report = proc.stderr[proc.stderr.rfind("Root Cause"):]
     assert "exitcode  : -6" in report, proc.stderr  # torchrun blames the aborted rank 0
     assert torchrun_root_cause(proc.stderr) == (1, signal.SIGKILL)
+
+
+def test_a_collective_ended_by_nccls_watchdog_is_a_timeout_not_a_signal(tmp_path):
+    """On 2 or more GPUs a collective that outlives --timeout is ended by NCCL's watchdog: it
+    logs the collective and aborts the rank (SIGABRT), which says nothing itself. Real
+    torchrun, two ranks: rank 1 logs the watchdog's line as torch's ProcessGroupNCCL writes it
+    (WorkNCCL::checkTimeout, behind its log prefix) and aborts; rank 0 is stopped by torchrun.
+    The run's cause is the timeout, not 'killed by signal 6' (no GPU pair here to run NCCL)."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.stderr.write('[rank1]:[E1125 16:12:38.000000000 ProcessGroupNCCL.cpp:697] '\n"
+        "                     '[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught '\n"
+        "                     'collective operation timeout: WorkNCCL(SeqNum=41, '\n"
+        "                     'OpType=ALLREDUCE, NumelIn=2797380, NumelOut=2797380, '\n"
+        "                     'Timeout(ms)=30000) ran for 30085 milliseconds before timing '\n"
+        "                     'out.\\n')\n"
+        "    sys.stderr.flush()\n"
+        "    os.abort()\n"
+        "time.sleep(60)\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         launch.agent_log_dir(tmp_path), str(script)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "exitcode  : -6" in proc.stderr, proc.stderr
+    scratch = Scratch(tmp_path / "scratch")
+    scratch.root.mkdir()
+    scratch.beat(1).write_text("train epoch 2 step 7")
+    launch._find_root_cause(proc.stderr, scratch, horovodrun=False)
+    assert scratch.root_cause.read_text() == (
+        "timeout: rank 1: NCCL's watchdog ended its ALLREDUCE after 30 s (--timeout): a rank "
+        "stopped taking part [in train epoch 2 step 7]\n")
+    # a rank that raised said more than the watchdog can: its own error comes first
+    scratch.write_error(0, RankError("RuntimeError: boom [in train epoch 2 step 7]", False, ""))
+    launch._find_root_cause(proc.stderr, scratch, horovodrun=False)
+    assert scratch.root_cause.read_text().startswith("rank 1 was killed by signal 6 (SIGABRT)")
 
 
 def _descendants(pid: int) -> set[int]:
