@@ -16,7 +16,10 @@ LINE = re.compile(r"^(\S+)\s+(pass|FAIL|skipped)\s+(\S+)\s+\S+\s+(\S+) \((\S+)\)
 
 
 def test_verify_passes_every_cpu_strategy_with_a_wide_margin():
-    proc = run_bench("verify", *SMALL, timeout=900)
+    # 3 steps (from the second, momentum carries earlier gradients on): a strategy that
+    # matches the reference to rounding does so at every step; the self-test below keeps 6,
+    # where a defect has room to grow past the tolerance
+    proc = run_bench("verify", *SMALL, "--steps", "3", timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = {m.group(1): m.groups()[1:] for m in LINE.finditer(proc.stdout)}
     for name in ("dp", "ddp", "ddp-spawn", "ddp-launch", "ddp-amp", "ddp-zero", "horovod",
