@@ -1,15 +1,42 @@
-"""The line ``bench run`` prints when a run ends ok: its pace, the GPUs' clocks and energy,
-top-1 and the target, and, where the loader set the pace, the ``bench loader`` line that
-finds a worker count that feeds faster."""
+"""What ``bench run`` prints of a run: what starts and where its record goes; and the line
+when it ends ok: its pace, the GPUs' clocks and energy, top-1 and the target, and, where the
+loader set the pace, the ``bench loader`` line that finds a worker count that feeds faster."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import sys
+from typing import TYPE_CHECKING
 
+from bench import terminal
 from bench.errors import ConfigError
 from bench.record import RunRecord
 from bench.report.flags import input_bound
 from bench.run_options import add_run_options
+
+if TYPE_CHECKING:
+    from bench.runner import RunPlan
+
+
+def print_start(plan: RunPlan, record: RunRecord) -> None:
+    """Say what starts, and where the record goes; note CPU processes beyond the cores."""
+    cfg = plan.cfg
+    where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
+    print(
+        f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
+        f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
+        f"launcher {plan.launcher}\n"
+        f"bench: record {plan.record_path}",
+        flush=True,
+    )
+    cores = os.cpu_count() or 1
+    if plan.device_type == "cpu" and plan.local_processes > cores:
+        print(f"bench: note: {plan.local_processes} CPU processes on {cores} cores compete "
+              "for them: this run's times say little about scaling", file=sys.stderr)
+        if plan.writes_record:
+            record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
+            record.write()
 
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:

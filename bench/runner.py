@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import launch, terminal
+from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
 from bench.config import RunConfig, Topology, host_slots
 from bench.datasets import model_spec
@@ -43,7 +43,7 @@ from bench.preflight import (
 )
 from bench.record import RunRecord
 from bench.results import new_run_id
-from bench.run_summary import print_ok
+from bench.run_summary import print_ok, print_start
 from bench.scratch import RankError, Scratch
 from bench.spec import WorkerSpec
 from strategies.base import cpu_threads_per_process
@@ -192,9 +192,10 @@ class Outcome:
 
 
 def _first_failure(scratch: Scratch) -> tuple[str | None, RankError | None]:
-    """The failure that ended the run: a rank killed by a signal (its peers then fail with
-    broken connections; nothing of theirs is the cause), else the first error a rank wrote,
-    its line prefixed with the rank; (None, None) if neither."""
+    """The failure that ended the run: what the launcher's output told of a rank that could
+    not say it (killed by a signal, its collective ended by NCCL's watchdog; its peers then
+    fail with broken connections, a consequence), else the first error a rank wrote, its
+    line prefixed with the rank; (None, None) if neither."""
     if scratch.root_cause.exists():
         return scratch.root_cause.read_text().strip(), None
     errors = scratch.errors()
@@ -317,31 +318,11 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
             scratch=scratch, workers_per_process=plan.workers_per_process,
             record=record.data,
         ).write()
-        announce(plan, record)
+        print_start(plan, record)
     except BaseException:
         scratch.remove()
         raise
     return _launch(plan, scratch, spec_path)
-
-
-def announce(plan: RunPlan, record: RunRecord) -> None:
-    """Say what starts, and where the record goes; note CPU processes beyond the cores."""
-    cfg = plan.cfg
-    where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
-    print(
-        f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
-        f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
-        f"launcher {plan.launcher}\n"
-        f"bench: record {plan.record_path}",
-        flush=True,
-    )
-    cores = os.cpu_count() or 1
-    if plan.device_type == "cpu" and plan.local_processes > cores:
-        print(f"bench: note: {plan.local_processes} CPU processes on {cores} cores compete "
-              "for them: this run's times say little about scaling", file=sys.stderr)
-        if plan.writes_record:
-            record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
-            record.write()
 
 
 def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:

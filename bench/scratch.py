@@ -96,7 +96,8 @@ class Scratch:
 
     @property
     def root_cause(self) -> Path:
-        """Written by a launcher that saw a rank die by a signal (it could not say so)."""
+        """Written by a launcher whose output told how a rank died that could not say so (a
+        signal, NCCL's watchdog)."""
         return self.root / "root-cause.txt"
 
     def signal_death(self, rank: int | str, signum: int) -> None:

@@ -120,6 +120,15 @@ def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
     assert not _gone_within(10, f"bench-{run_id}-")
 
 
+def _two_ranks_under_torchrun(tmp_path: Path, script: Path, *options: str,
+                             args: tuple[str, ...] | list[str] = ()) -> subprocess.CompletedProcess:
+    """Real torchrun (its files in ``tmp_path``) running ``script`` as two ranks."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *options,
+         launch.agent_log_dir(tmp_path), str(script), *args],
+        capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.serial  # both deaths must land in one of torchrun's 2 s polls: no load
 def test_a_killed_rank_is_named_when_torchrun_blames_the_peer_that_aborted(tmp_path):
     """Real torchrun, two ranks: rank 1 is SIGKILLed, rank 0 aborts the moment it is gone
@@ -140,11 +149,8 @@ def test_a_killed_rank_is_named_when_torchrun_blames_the_peer_that_aborted(tmp_p
         "open(f'/proc/{pid}/stat').read().split(')')[-1].split()[0] != 'Z':\n"
         "    time.sleep(0.001)\n"
         "os.abort()\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--monitor-interval", "2", launch.agent_log_dir(tmp_path), str(script),
-         str(tmp_path / "pid-rank1")],
-        capture_output=True, text=True, timeout=120)
+    proc = _two_ranks_under_torchrun(tmp_path, script, "--monitor-interval", "2",
+                                     args=[str(tmp_path / "pid-rank1")])
     assert proc.returncode != 0
     report = proc.stderr[proc.stderr.rfind("Root Cause"):]
     assert "exitcode  : -6" in report, proc.stderr  # torchrun blames the aborted rank 0
@@ -170,10 +176,7 @@ def test_a_collective_ended_by_nccls_watchdog_is_a_timeout_not_a_signal(tmp_path
         "    sys.stderr.flush()\n"
         "    os.abort()\n"
         "time.sleep(60)\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         launch.agent_log_dir(tmp_path), str(script)],
-        capture_output=True, text=True, timeout=120)
+    proc = _two_ranks_under_torchrun(tmp_path, script)
     assert proc.returncode != 0 and "exitcode  : -6" in proc.stderr, proc.stderr
     scratch = Scratch(tmp_path / "scratch")
     scratch.root.mkdir()
