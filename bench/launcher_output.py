@@ -1,6 +1,6 @@
 """What a launcher and its ranks print: passed on to bench's terminal as it comes, kept (the
-end of it) to find which rank a signal killed, and, for horovodrun, given back as the ranks
-wrote it."""
+end of it) to find what a rank could not say itself (the signal that killed it, the
+collective NCCL's watchdog ended), and, for horovodrun, given back as the ranks wrote it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import TextIO
 from bench.scratch import Scratch
 
 Rewrite = Callable[[str], str]
-RootCause = Callable[[str], "tuple[int, int] | None"]
 
 
 def tee(stream, tail: collections.deque[str], echo: threading.Event,

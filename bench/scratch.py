@@ -60,7 +60,7 @@ class Scratch:
     """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
     ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.json`` (its
     ``RankError``), ``rank0-here`` (global rank 0 ran on this machine) and
-    ``root-cause.txt`` (a rank killed by a signal, as its launcher saw it)."""
+    ``root-cause.txt`` (how a rank died that could not say so, from its launcher's output)."""
 
     root: Path
 

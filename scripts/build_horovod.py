@@ -346,15 +346,17 @@ def main() -> None:
         cached = cached_wheels(torch_version, mode, std)
     else:
         log(f"using the cached wheel {cached[-1].relative_to(ROOT)}")
+    wheel, target = cached[-1], args.target.resolve() if args.target else None
     stamp = Path(sys.prefix) / "horovod-installed.txt"  # this interpreter's, not --target's
-    if args.target is None and installed_from(stamp, cached[-1]):
-        log("installed from this wheel and verified before; nothing to do")
-        return
-    stamp.unlink(missing_ok=True)
-    install(cached[-1], house, args.target.resolve() if args.target else None)
-    verify(args.target.resolve() if args.target else None)
-    if args.target is None:
-        stamp.write_text(wheel_id(cached[-1]))
+    if target is None:
+        if installed_from(stamp, wheel):
+            log("installed from this wheel and verified before; nothing to do")
+            return
+        stamp.unlink(missing_ok=True)  # until this install is verified
+    install(wheel, house, target)
+    verify(target)
+    if target is None:
+        stamp.write_text(wheel_id(wheel))
 
 
 def wheel_id(wheel: Path) -> str:
