@@ -25,6 +25,7 @@ from bench.agent import run_agent
 from bench.cluster import SlurmTask
 from bench.launcher_output import (
     HorovodLines,
+    InheritedStderr,
     horovod_root_cause,
     nccl_watchdog_timeout,
     tee,
@@ -183,20 +184,20 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
         if not pump.is_alive():
             stream.close()
     if rc:
-        _find_root_cause("".join(tail), launch.scratch, horovodrun)
+        output = "".join(tail)
+        killed = (horovod_root_cause if horovodrun else torchrun_root_cause)(output)
+        _find_root_cause(output, launch.scratch, killed)
     return rc
 
 
-def _find_root_cause(output: str, scratch: Scratch, horovodrun: bool) -> None:
-    """What the ranks could not say themselves, from their launcher's output: a collective
-    NCCL's watchdog ended (it aborts the rank; a rank's own error, if any, comes first), else
-    a rank killed by a signal."""
+def _find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | None) -> None:
+    """What the ranks could not say themselves: a collective NCCL's watchdog ended, from
+    their output (it aborts the rank; a rank's own error, if any, comes first), else the
+    rank ``killed`` by a signal (rank, signal number), as their launcher saw it."""
     timed_out = nccl_watchdog_timeout(output)
     if timed_out is not None and not scratch.has_errors():
         scratch.collective_timeout(*timed_out)
-        return
-    killed = (horovod_root_cause if horovodrun else torchrun_root_cause)(output)
-    if killed is not None:
+    elif killed is not None:
         scratch.signal_death(*killed)
 
 
@@ -287,28 +288,47 @@ def _spawn_rank(index: int, spec_path: str, nprocs: int, parent: int) -> None:
 
 def launch_spawn(launch: Launch) -> int:
     """``torch.multiprocessing.spawn`` from this process; rank = process index."""
-    import torch.multiprocessing as mp
-
     os.environ.update(MASTER_ADDR=MASTER_ADDR, MASTER_PORT=str(launch.port),
                       OMP_NUM_THREADS=str(launch.threads))
-    context = mp.start_processes(
-        _spawn_rank, args=(str(launch.spec_path), launch.nprocs, os.getpid()),
-        nprocs=launch.nprocs,
-        join=False, start_method="spawn",
-    )
+    return spawn_ranks(_spawn_rank, (str(launch.spec_path), launch.nprocs, os.getpid()), launch)
+
+
+def spawn_ranks(target: Callable[..., None], args: tuple, launch: Launch) -> int:
+    """``launch.nprocs`` processes running ``target(index, *args)``, started by
+    torch.multiprocessing (spawn) with their stderr read here, as torchrun's is: passed on,
+    quiet after a failure, and searched for what NCCL's watchdog ended."""
+    from multiprocessing import resource_tracker
+
+    import torch.multiprocessing as mp
+
+    if sys.stderr.isatty():  # the ranks' stderr reaches a terminal through this process
+        os.environ["BENCH_TTY"] = "1"
+    resource_tracker.ensure_running()  # it outlives the ranks: not with their stderr
+    stderr = InheritedStderr(launch.scratch)
+    with stderr.starting():
+        context = mp.start_processes(target, args=args, nprocs=launch.nprocs, join=False,
+                                     start_method="spawn")
     # A rank that fails makes torch stop the others; by default it waits 30 s before
     # SIGKILL, which a stopped (SIGSTOP) rank always uses up.
     grace = ({"grace_period": _GRACE_S}
              if "grace_period" in inspect.signature(context.join).parameters else {})
+    killed: list[tuple[int, int]] = []
     try:
-        return _join_spawned(context, launch, grace)
-    finally:  # torch keeps a failed rank's traceback file in the temporary directory
-        for name in getattr(context, "error_files", ()):
-            with contextlib.suppress(OSError):
+        rc = _join_spawned(context, launch, grace, stderr.echo, killed)
+    finally:
+        output = stderr.close()
+        for name in getattr(context, "error_files", ()):  # torch keeps a failed rank's
+            with contextlib.suppress(OSError):  # traceback file in the temporary directory
                 os.unlink(name)
+    if rc:
+        _find_root_cause(output, launch.scratch, killed[0] if killed else None)
+    return rc
 
 
-def _join_spawned(context, launch: Launch, grace: dict) -> int:
+def _join_spawned(context, launch: Launch, grace: dict, echo: threading.Event,
+                  killed: list[tuple[int, int]]) -> int:
+    """Wait for the spawned ranks while the watchdog looks at their heartbeats; a rank that
+    a signal ended goes into ``killed`` (rank, signal)."""
     import torch.multiprocessing as mp
 
     try:
@@ -317,9 +337,10 @@ def _join_spawned(context, launch: Launch, grace: dict) -> int:
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # the rank's error file (or the signal, kept here) says what; bench prints it
         if isinstance(exc, mp.ProcessExitedException) and exc.exit_code < 0:
-            launch.scratch.signal_death(exc.error_index, -exc.exit_code)
+            killed.append((exc.error_index, -exc.exit_code))
         return 1
     except BaseException:
+        echo.clear()  # bench says in one line why it stops them
         for process in context.processes:  # stop every rank before leaving
             if process.is_alive():
                 process.terminate()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import re
+import select
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from bench.scratch import Scratch
@@ -46,6 +48,68 @@ def tee(stream, tail: collections.deque[str], echo: threading.Event,
             target.flush()
         if not chunk:
             return
+
+
+class InheritedStderr:
+    """The stderr of ranks this process starts itself (``mp.spawn``), passed on by ``tee``:
+    a started process inherits file descriptor 2 as it is at that moment, so during their
+    start it is a pipe that this process reads. What the ranks write from C++ (NCCL's
+    watchdog, before it aborts one) is then kept too, as a launcher's output is."""
+
+    def __init__(self, quiet_after_failure: Scratch | None) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=4000)
+        self.echo = threading.Event()
+        self.echo.set()
+        self._quiet_after_failure = quiet_after_failure
+        self._done = threading.Event()
+        self._read_fd = -1
+        self._terminal: TextIO | None = None
+        self._pump: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Inside, whatever starts gets the pipe as its stderr (so does this process's own
+        output, passed on like the ranks')."""
+        sys.stderr.flush()
+        self._read_fd, write_fd = os.pipe()
+        self._terminal = terminal = os.fdopen(os.dup(2), "w", errors="replace")
+        self._pump = threading.Thread(
+            target=tee, args=(_UntilDone(self._read_fd, self._done), self.tail, self.echo,
+                              self._quiet_after_failure, terminal), daemon=True)
+        self._pump.start()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(terminal.fileno(), 2)
+
+    def close(self) -> str:
+        """Once the ranks have ended: pass on what is left and return the end of it all."""
+        if self._pump is not None:
+            self._done.set()
+            self._pump.join(timeout=5)
+            if not self._pump.is_alive():
+                os.close(self._read_fd)
+                self._terminal.close()
+        return "".join(self.tail)
+
+
+class _UntilDone:
+    """A pipe's read end whose ``read1`` ends (b"") at its end or, once ``done`` is set,
+    when nothing more is waiting in it: a process the ranks started may outlive them with a
+    copy of its write end (a loader worker being reaped)."""
+
+    def __init__(self, fd: int, done: threading.Event) -> None:
+        self.fd, self.done = fd, done
+
+    def read1(self, size: int) -> bytes:
+        while True:
+            if select.select([self.fd], [], [], 0.1)[0]:
+                return os.read(self.fd, size)
+            if self.done.is_set():
+                return b""
 
 
 _REPORT = "Root Cause (first observed failure):"

@@ -181,14 +181,52 @@ def test_a_collective_ended_by_nccls_watchdog_is_a_timeout_not_a_signal(tmp_path
     scratch = Scratch(tmp_path / "scratch")
     scratch.root.mkdir()
     scratch.beat(1).write_text("train epoch 2 step 7")
-    launch._find_root_cause(proc.stderr, scratch, horovodrun=False)
+    killed = torchrun_root_cause(proc.stderr)
+    launch._find_root_cause(proc.stderr, scratch, killed)
     assert scratch.root_cause.read_text() == (
         "timeout: rank 1: NCCL's watchdog ended its ALLREDUCE after 30 s (--timeout): a rank "
         "stopped taking part [in train epoch 2 step 7]\n")
     # a rank that raised said more than the watchdog can: its own error comes first
     scratch.write_error(0, RankError("RuntimeError: boom [in train epoch 2 step 7]", False, ""))
-    launch._find_root_cause(proc.stderr, scratch, horovodrun=False)
+    killed = torchrun_root_cause(proc.stderr)
+    launch._find_root_cause(proc.stderr, scratch, killed)
     assert scratch.root_cause.read_text().startswith("rank 1 was killed by signal 6 (SIGABRT)")
+
+
+def test_a_collective_nccls_watchdog_ended_is_named_under_mp_spawn(tmp_path):
+    """Ranks bench spawns itself (ddp-spawn) write to stderr it passes on, not to a launcher's:
+    the watchdog's line, written from C++ to file descriptor 2 before the rank aborts, must
+    still reach the terminal and make the cause a timeout, not 'killed by signal 6'. Real
+    mp.spawn, two processes: rank 0 logs the line and aborts, rank 1 waits (the stopped peer)."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from bench import launch\n"
+        "from bench.scratch import Scratch\n"
+        "def rank(index, folder):\n"
+        "    Scratch(Path(folder)).beat(index).write_text('train epoch 3 step 2')\n"
+        "    if index == 0:\n"
+        "        os.write(2, b'[rank0]:[E1125 16:12:38.000000000 ProcessGroupNCCL.cpp:697] '\n"
+        "                    b'[PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught '\n"
+        "                    b'collective operation timeout: WorkNCCL(SeqNum=12, '\n"
+        "                    b'OpType=_ALLGATHER_BASE, NumelIn=10, NumelOut=20, '\n"
+        "                    b'Timeout(ms)=20000) ran for 20012 milliseconds before timing '\n"
+        "                    b'out.\\n')\n"
+        "        os.abort()\n"
+        "    time.sleep(60)\n"
+        "if __name__ == '__main__':\n"
+        "    scratch = Scratch(Path(sys.argv[1]))\n"
+        "    scratch.root.mkdir()\n"
+        "    run = launch.Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
+        "    rc = launch.spawn_ranks(rank, (sys.argv[1],), run)\n"
+        "    print(rc, scratch.root_cause.read_text(), end='')\n")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "scratch")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout == (
+        "1 timeout: rank 0: NCCL's watchdog ended its _ALLGATHER_BASE after 20 s (--timeout): a "
+        "rank stopped taking part [in train epoch 3 step 2]\n"), proc.stderr
+    assert "Watchdog caught collective operation timeout" in proc.stderr  # passed on
 
 
 def _descendants(pid: int) -> set[int]:
