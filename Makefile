@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= results/demo
 # Demo workload: the real ResNet-18 on a small synthetic set: the 1-process baseline, then 2
-# CPU processes per strategy (about 5 min).
+# CPU processes per strategy (5 to 8 min on 2 cores).
 # 1,536 images are too few for the default (hard) synthetic set: the easy one (difficulty 0).
 DEMO_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0 --train-limit 1536 --test-limit 512 \
              --epochs 3 --target-top1 90 --batch-size 64 --no-progress --output $(DEMO)

@@ -73,6 +73,20 @@ def test_runs_with_other_speed_options_are_other_rows_not_repeats():
     assert list(table["speedup"]) == [1.0, 1.0]
 
 
+def test_a_row_without_a_speed_up_says_why_once():
+    """The demo's ddp-spawn N=2 row had '—' for speed-up and efficiency, unexplained (the
+    README said 'against the 1-process ddp baseline'): one line under the table says what
+    a speed-up is measured against, only where a finished row has none."""
+    base = record("m", "ddp", 1, [5.0, 4.0], [0.1, 0.2])
+    two = {**record("n", "ddp", 2, [5.0, 2.0], [0.1, 0.2]), "world_size": 2}
+    spawned = {**record("p", "ddp-spawn", 2, [5.0, 2.0], [0.1, 0.2]), "world_size": 2}
+    note = "(speed-up and eff.: against the same strategy, precision and options at N=1"
+    assert note not in to_text(summary_table([base, two]))
+    text = to_text(summary_table([base, two, spawned]))
+    assert text.count(note) == 1, text
+    assert max(len(line) for line in text.splitlines()) <= 120, text
+
+
 def test_runs_with_more_loader_workers_are_other_rows():
     """An input-bound row measured again with 8 workers is not a repeat of the 4-worker one:
     the count is named where it is not bench run's default (4 per GPU, 0 on CPU)."""

@@ -222,8 +222,12 @@ def to_text(table, width: int = 120) -> str:
             row[-1] += f" ⚠ {record['flags']}"
         blocks.setdefault(record["workload"], []).append(row)
     out = []
+    unscaled = False  # a finished row without a speed-up: say why once, below
     for block, rows in blocks.items():
         names, rows, same = said_once(list(header), rows, _SAID_ONCE)
+        if "speed-up" in names:
+            at = names.index("speed-up")
+            unscaled |= any(row[at] == "—" and row[-1].startswith("ok") for row in rows)
         heading = block + (f" — {', '.join(same)}" if same else "")
         delta = names.index("Δ top-1 (p)")
         if not any("(p" in row[delta] for row in rows):
@@ -247,6 +251,9 @@ def to_text(table, width: int = 120) -> str:
             if reason:  # why a row is not ok (or what it is flagged for), on lines of its own
                 out += terminal.wrap(f"{f'{status}: ' if status else ''}{reason}", width,
                                      initial_indent="    ", subsequent_indent="      ")
+    if unscaled:
+        out += terminal.wrap("(speed-up and eff.: against the same strategy, precision and "
+                             "options at N=1; — where no such run is in the results)", width)
     out.append(f"(key columns; `--format wide`, summary.csv and summary.md have all "
                f"{len(COLUMNS)})")
     return "\n".join(out) + "\n"
