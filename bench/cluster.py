@@ -28,9 +28,11 @@ class SlurmTask:
     step_id: str
 
     def default_port(self) -> int:
-        """Every task derives the same port from the job id."""
+        """Every task derives the same port from the job id, in 20000-32767: below Linux's
+        ephemeral ports (32768-60999), one of which a task that connects before the store
+        listens may be given as its own and connect to itself."""
         digits = re.sub(r"\D", "", self.job_id) or "0"
-        return 20000 + int(digits) % 20000
+        return 20000 + int(digits) % 12768
 
 
 def first_host(nodelist: str) -> str:

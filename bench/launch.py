@@ -11,7 +11,6 @@ import contextlib
 import inspect
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,10 +31,10 @@ from bench.launcher_output import (
     torchrun_root_cause,
 )
 from bench.lifetime import ForkedChild, die_with_parent, fork_dying_with_me, start_dying_with_me
+from bench.ports import MASTER_ADDR
 from bench.quick_exit import exit_now
 from bench.scratch import Scratch
 
-MASTER_ADDR = "127.0.0.1"
 # SIGTERM, then this long, then SIGKILL: ranks act on SIGTERM at once (no handler), and
 # a stopped or hung one never will; torch's own 30 s would only be waited out.
 _GRACE_S = 3.0
@@ -45,23 +44,6 @@ _AFTER_FAILURE_S = 5.0  # a rank failed: this long for its launcher to stop the 
 
 class RunTimeout(Exception):
     """No progress from a rank for longer than the run's timeout."""
-
-
-def free_port() -> int:
-    """A TCP port that is free now on the loopback interface."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((MASTER_ADDR, 0))
-        return sock.getsockname()[1]
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((MASTER_ADDR, port))
-        except OSError:
-            return True
-    return False
 
 
 @dataclass
@@ -305,9 +287,13 @@ def spawn_ranks(target: Callable[..., None], args: tuple, launch: Launch) -> int
         os.environ["BENCH_TTY"] = "1"
     resource_tracker.ensure_running()  # it outlives the ranks: not with their stderr
     stderr = InheritedStderr(launch.scratch)
-    with stderr.starting():
-        context = mp.start_processes(target, args=args, nprocs=launch.nprocs, join=False,
-                                     start_method="spawn")
+    try:
+        with stderr.starting():
+            context = mp.start_processes(target, args=args, nprocs=launch.nprocs, join=False,
+                                         start_method="spawn")
+    except BaseException:  # a Ctrl-C while they start: the ranks die with this process
+        stderr.close()
+        raise
     # A rank that fails makes torch stop the others; by default it waits 30 s before
     # SIGKILL, which a stopped (SIGSTOP) rank always uses up.
     grace = ({"grace_period": _GRACE_S}

@@ -113,8 +113,9 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
               timeout: float = 300.0, max_mib: float = 256.0) -> int:
     import torch
 
-    from bench.launch import MASTER_ADDR, agent, agent_log_dir, free_port
+    from bench.launch import agent, agent_log_dir
     from bench.lifetime import start_dying_with_me
+    from bench.ports import MASTER_ADDR, free_port
     from bench.preflight import check_processes_fit, writable_folder
     from bench.results import capture_env, new_run_id, write_atomic
     from bench.scratch import Scratch

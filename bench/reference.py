@@ -95,7 +95,7 @@ def _compressed_like(cfg: RunConfig, model: nn.Module):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from bench.launch import MASTER_ADDR, free_port
+    from bench.ports import MASTER_ADDR, free_port
     from strategies.ddp import register_comm_hook
 
     dist.init_process_group("gloo", init_method=f"tcp://{MASTER_ADDR}:{free_port()}",

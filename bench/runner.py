@@ -29,6 +29,7 @@ from bench.folders import remove_created
 from bench.mlperf_log import check_mllog_path
 from bench.models import check_model_builds
 from bench.parts import tf32_label
+from bench.ports import free_port, port_in_use
 from bench.preflight import (
     check_launch_options,
     check_output_writable,
@@ -283,7 +284,7 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
     cfg = plan.cfg
     try:
         if (plan.port is not None and plan.launcher not in ("inline", "slurm")
-                and cfg.nodes == 1 and launch.port_in_use(plan.port)):
+                and cfg.nodes == 1 and port_in_use(plan.port)):
             raise ConfigError(
                 f"--master-port {plan.port} is in use; choose another or leave it out"
             )
@@ -332,7 +333,7 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
     previous = signal.signal(signal.SIGTERM, raise_interrupted)
     status, error, rank_error, escaped = "failed", None, None, False
     try:
-        port = plan.port or launch.free_port()
+        port = plan.port or free_port()
         job = launch.Launch(
             spec_path, plan.processes, port, cpu_threads_per_process(plan.local_processes),
             scratch, timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.data import synthetic_split  # noqa: E402
 from bench.device_loader import DeviceLoader  # noqa: E402
-from bench.launch import free_port  # noqa: E402
 from bench.model import resnet18_cifar  # noqa: E402
+from bench.ports import free_port  # noqa: E402
 from strategies.base import cpu_threads_per_process  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.launch import free_port  # noqa: E402
+from bench.ports import free_port  # noqa: E402
 
 WIDTH = "0.25"  # ResNet-18 at a quarter width: 2.8 MB of fp32 gradients
 

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from conftest import FAST, assert_ok, only_record, run_bench
 from ddp_grad_check import knobs_main
 
-from bench.launch import free_port
+from bench.ports import free_port
 
 KNOBS = {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True, "static_graph": True,
          "find_unused_parameters": True, "broadcast_buffers": False}

@@ -386,7 +386,7 @@ def _wait_for_processes(out: Path, kind: str, count: int, never: str) -> None:
 def test_kill_9_of_a_two_node_probe_waiting_for_its_peer_ends_its_agent(tmp_path):
     """Node 0 of a 2-node probe whose peer never comes: torchrun's agent waits in the
     rendezvous (for minutes). It was started as a plain child and outlived bench's kill -9."""
-    from bench.launch import free_port
+    from bench.ports import free_port
 
     out = tmp_path / "out"
     proc = subprocess.Popen(

@@ -152,7 +152,7 @@ def test_powersgd_counts_the_elements_torch_sends():
 
     from conftest import ROOT
 
-    from bench.launch import free_port
+    from bench.ports import free_port
 
     proc = subprocess.run([sys.executable, "-c", POWERSGD_COUNT, str(free_port())], cwd=ROOT,
                           capture_output=True, text=True, timeout=120,

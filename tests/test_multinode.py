@@ -4,6 +4,7 @@ sbatch scripts, horovodrun --hosts."""
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import subprocess
 import sys
@@ -12,12 +13,12 @@ import pytest
 from conftest import ROOT, assert_ok, only_record, records, run_bench
 
 from bench.cluster import first_host, slurm_task
-from bench.launch import free_port
+from bench.ports import ephemeral_ports, free_port, port_in_use
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--epochs", "2", "--data", "synthetic", "--train-limit", "256",
          "--test-limit", "10", "--width", "0.125", "--batch-size", "32", "--no-progress",
-         "--comm-probe-steps", "0"]
+         "--comm-probe-steps", "0", "--timeout", "90"]
 
 
 def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
@@ -28,9 +29,16 @@ def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
 
 
 def _finish(procs: list[subprocess.Popen]) -> None:
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+    """Wait for every process; on failure (or a hang) show what each printed."""
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=150)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "\n(killed by the test after 150 s)")
+    shown = "\n".join(f"--- process {i}:\n{out}" for i, out in enumerate(outs))
+    assert all(p.returncode == 0 for p in procs), shown
 
 
 def test_two_nodes_on_loopback_write_one_record(tmp_path):
@@ -70,6 +78,24 @@ def test_slurm_tasks_train_together(tmp_path):
     assert rec["replicas_identical"] is True
     # one loader worker per replica, as asked (each task had one per task of the job)
     assert (rec["workers_per_replica"], rec["workers_per_process"]) == (1, 1)
+
+
+def test_rendezvous_ports_are_below_the_ephemeral_range():
+    """The slurm pair hung once for 300 s in make test on a port of the kernel's ephemeral
+    range (32768-60999): one a client connecting before its store listens may be given as
+    its own source port, connecting to itself. Ports bench chooses stay below that range,
+    the Slurm default too, and two runs seeded alike do not try the same ports."""
+    low = ephemeral_ports()[0]
+    picked = []
+    for _ in range(2):
+        random.seed(0)
+        picked.append([free_port() for _ in range(10)])
+    assert all(10000 <= port < low and not port_in_use(port) for port in [*picked[0], *picked[1]])
+    assert picked[0] != picked[1]
+    for job in ("1", "4242", "12767", "20999", "987654321", "x"):
+        task = slurm_task({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                           "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "n1"})
+        assert 20000 <= task.default_port() < 32768, job
 
 
 def test_slurm_variables_are_read():
