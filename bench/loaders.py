@@ -93,8 +93,17 @@ def build_loaders(cfg: RunConfig, strategy: Strategy, *, micro_batch: int, eval_
         EvalShard(test_set, eval_indices),
         batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
         persistent_workers=workers > 0, worker_init_fn=dying_with_this_process(),
+        timeout=stuck_worker_timeout(cfg, workers),
     )
     return Loaders(train, test, train.sampler, len(train_set), len(test_set))
+
+
+def stuck_worker_timeout(cfg: RunConfig, workers: int) -> float:
+    """How long a rank waits for a batch from its loader workers: the run's --timeout. A
+    worker that hangs (blocked on a file, or deadlocked in its fork) would otherwise keep its
+    rank waiting for ever, where no collective times out; under a launcher its watchdog
+    ends the run a little later, naming only the phase."""
+    return cfg.timeout if workers > 0 else 0
 
 
 def seed_augmentation(cfg: RunConfig, rank: int) -> int:
@@ -126,7 +135,7 @@ def training_loader(cfg: RunConfig, strategy: Strategy, train_set: Dataset, *,
         sampler=strategy.train_sampler(train_set, cfg.seed), drop_last=True,
         num_workers=workers, pin_memory=strategy.device.type == "cuda",
         persistent_workers=workers > 0, generator=torch.Generator().manual_seed(aug_seed),
-        worker_init_fn=dying_with_this_process(),
+        worker_init_fn=dying_with_this_process(), timeout=stuck_worker_timeout(cfg, workers),
     )
 
 

@@ -5,6 +5,7 @@ loader set the pace, the ``bench loader`` line that finds a worker count that fe
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import sys
 from typing import TYPE_CHECKING
@@ -30,6 +31,11 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         f"bench: record {plan.record_path}",
         flush=True,
     )
+    if plan.workers_per_process and forks_can_deadlock():
+        print(terminal.fill(f"bench: note: Python {platform.python_version()} can deadlock a "
+                            "DataLoader worker as it forks (CPython gh-112275, fixed in 3.11.10 "
+                            "and 3.12): such a run fails after --timeout",
+                            subsequent_indent="  "), file=sys.stderr)
     cores = os.cpu_count() or 1
     if plan.device_type == "cpu" and plan.local_processes > cores:
         print(f"bench: note: {plan.local_processes} CPU processes on {cores} cores compete "
@@ -37,6 +43,15 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         if plan.writes_record:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
             record.write()
+
+
+def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
+    """Whether this CPython's forked child can hang at its start for good: another thread
+    held the runtime's thread-state lock at the fork (gh-112275), as a rank's loader worker
+    once did here, on 3.11.7. Fixed in 3.12 and backported in September 2024 (3.9.20,
+    3.11.10; 3.10.15 assumed from the same backports)."""
+    fixed = {(3, 9): 20, (3, 10): 15, (3, 11): 10}
+    return version[:2] in fixed and version[2] < fixed[version[:2]]
 
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:

@@ -19,6 +19,7 @@ if __name__ == "__main__":
 
 import contextlib
 import gc
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -95,6 +96,9 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
+_LOADER_TIMEOUT = re.compile(r"DataLoader timed out after (\d+(?:\.\d+)?) seconds")
+
+
 def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
                 phase: str) -> RankError:
     """The line that names the failure and its phase, and whether it says what to do."""
@@ -105,6 +109,10 @@ def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
             cfg = spec.config
             split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
             line = out_of_memory_line(exc, cfg, strategy.device, split, phase)
+    stuck = _LOADER_TIMEOUT.search(line) if isinstance(exc, RuntimeError) else None
+    if stuck:
+        waited = float(stuck.group(1))
+        line = f"its DataLoader workers served no batch for {waited:g} s (--timeout): one is stuck"
     if "timed out" in line.lower() or "timeout" in line.lower():
         line, explained = f"timeout: {line}", True
     return RankError(f"{line} [in {phase}]", explained, traceback.format_exc())

@@ -8,6 +8,7 @@ import hashlib
 import math
 import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from conftest import ROOT, assert_ok, only_record, run_bench
 from PIL import Image
 
 from bench.data import ImageSet, resized, synthetic_split
+from bench.run_summary import forks_can_deadlock
 
 USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 TINY = ["--cpu", "--gpus", "2", "--epochs", "1", "--no-progress", "--comm-probe-steps", "0"]
@@ -184,6 +186,34 @@ def test_images_that_do_not_decode_fail_the_run_in_one_line(tmp_path):
                         r"img\d+\.(jpg|png) \(UnidentifiedImageError\); remove it \[in train "
                         r"epoch 1 step 1\]", error), error  # not "waiting for the other ranks"
     assert proc.stderr.strip().splitlines()[-1].startswith(f"bench: run failed: {error}")
+
+
+def test_a_loader_worker_that_never_serves_fails_the_run_after_its_timeout(tmp_path):
+    """A worker can hang for good: blocked on a file (here an evaluation image that is a
+    named pipe nobody writes), or deadlocked at its fork (CPython < 3.11.10, gh-112275: a
+    two-Slurm-task test hung so for 34 minutes). No collective times out there, and nn.
+    DataParallel, like a Slurm task, runs without a launcher's watchdog: the run waited for
+    ever. It now fails after --timeout, naming the loader and the phase."""
+    root = tmp_path / "images"
+    write_imagefolder(root)
+    stuck = sorted((root / "val" / "cat").glob("img*"))[0]
+    stuck.unlink()
+    os.mkfifo(stuck)
+    start = time.monotonic()
+    proc = run_bench("run", "--strategy", "dp", "--data", "imagefolder", "--data-dir",
+                     str(root), "--model", "user_models:tiny_cnn", "--batch-size", "8",
+                     "--workers", "1", "--timeout", "6", *TINY, "--output",
+                     str(tmp_path / "out"), env=USER, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    error = only_record(tmp_path / "out")["error"]
+    assert error == ("timeout: rank 0: its DataLoader workers served no batch for 6 s "
+                     "(--timeout): one is stuck [in eval batch 1]"), error
+    assert time.monotonic() - start < 60
+    # the Pythons whose fork can hang a worker for good say so as the run starts
+    assert ("gh-112275" in proc.stderr) == forks_can_deadlock(), proc.stderr
+    assert [forks_can_deadlock(v) for v in ((3, 11, 7), (3, 11, 10), (3, 10, 14), (3, 9, 20),
+                                            (3, 12, 0), (3, 13, 1))] == [
+        True, False, True, False, False, False]
 
 
 def test_a_set_the_machine_cannot_hold_is_refused_before_anything_runs(tmp_path):

@@ -81,10 +81,10 @@ def test_slurm_tasks_train_together(tmp_path):
 
 
 def test_rendezvous_ports_are_below_the_ephemeral_range():
-    """The slurm pair hung once for 300 s in make test on a port of the kernel's ephemeral
-    range (32768-60999): one a client connecting before its store listens may be given as
-    its own source port, connecting to itself. Ports bench chooses stay below that range,
-    the Slurm default too, and two runs seeded alike do not try the same ports."""
+    """A port of the kernel's ephemeral range (32768-60999) may be given to a client that
+    connects before its store listens as its own source port: it connects to itself. Ports
+    bench chooses stay below that range, the Slurm default too, and two runs seeded alike
+    do not try the same ports."""
     low = ephemeral_ports()[0]
     picked = []
     for _ in range(2):
