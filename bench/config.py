@@ -211,7 +211,7 @@ class RunConfig:
     syncbn: bool = True  # SyncBatchNorm where the strategy and device support it
     output: str = "results"
     master_port: int | None = None
-    timeout: float = 300.0  # seconds a collective may wait before the run fails
+    timeout: float = 300.0  # seconds a collective (or a wait for a loader batch) may take
     progress: bool = True
     tag: str | None = None  # free-form label stored in the record (bench sweep sets it)
     # bench verify: train this many steps without augmentation and

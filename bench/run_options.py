@@ -151,7 +151,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                       help="process-group backend (default nccl on CUDA, gloo on CPU); gloo "
                            "lets several ranks share one GPU, for correctness checks only")
     dist.add_argument("--timeout", type=float, default=300.0,
-                      help="seconds a collective may wait before the run fails")
+                      help="seconds a collective, or a rank waiting for its loader "
+                           "workers' next batch, may wait before the run fails")
 
     ddp = p.add_argument_group("DDP knobs (torch's defaults; recorded as ddp_options)")
     ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
