@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,10 +186,16 @@ def _find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | No
 def _child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
-    if sys.stderr.isatty():  # the ranks' stderr reaches a terminal through tee
-        env["BENCH_TTY"] = "1"
+    _mark_terminal(env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _mark_terminal(env: MutableMapping[str, str]) -> None:
+    """BENCH_TTY=1 where this process's stderr is a terminal: the ranks' stderr reaches it
+    through this process (tee), and their progress bars are drawn there all the same."""
+    if sys.stderr.isatty():
+        env["BENCH_TTY"] = "1"
 
 
 def launch_inline(launch: Launch) -> int:
@@ -283,8 +289,7 @@ def spawn_ranks(target: Callable[..., None], args: tuple, launch: Launch) -> int
 
     import torch.multiprocessing as mp
 
-    if sys.stderr.isatty():  # the ranks' stderr reaches a terminal through this process
-        os.environ["BENCH_TTY"] = "1"
+    _mark_terminal(os.environ)
     resource_tracker.ensure_running()  # it outlives the ranks: not with their stderr
     stderr = InheritedStderr(launch.scratch)
     try:

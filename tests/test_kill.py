@@ -188,7 +188,6 @@ def test_a_collective_ended_by_nccls_watchdog_is_a_timeout_not_a_signal(tmp_path
         "stopped taking part [in train epoch 2 step 7]\n")
     # a rank that raised said more than the watchdog can: its own error comes first
     scratch.write_error(0, RankError("RuntimeError: boom [in train epoch 2 step 7]", False, ""))
-    killed = torchrun_root_cause(proc.stderr)
     launch._find_root_cause(proc.stderr, scratch, killed)
     assert scratch.root_cause.read_text().startswith("rank 1 was killed by signal 6 (SIGABRT)")
 
