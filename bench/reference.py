@@ -100,12 +100,20 @@ def _compressed_like(cfg: RunConfig, model: nn.Module):
 
     dist.init_process_group("gloo", init_method=f"tcp://{MASTER_ADDR}:{free_port()}",
                             rank=0, world_size=1)
+    # The hook's callbacks run on the group's gloo threads and hold the group: the thread
+    # that drops the last reference runs its destructor, which joins every gloo thread, and
+    # one joining itself aborts the process ('Resource deadlock avoided', seen once under
+    # load). Kept here, the group is never freed by one of its own threads.
+    _RETIRED_GROUPS.append(dist.group.WORLD)
     try:
         wrapped = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb)
         register_comm_hook(wrapped, cfg.strategy_options.ddp, "gloo")
         yield wrapped
     finally:
         dist.destroy_process_group()
+
+
+_RETIRED_GROUPS: list = []  # one idle 1-rank gloo group per hooked reference (see above)
 
 
 def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Module, optimizer,
