@@ -169,6 +169,11 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
         output = "".join(tail)
         killed = (horovod_root_cause if horovodrun else torchrun_root_cause)(output)
         _find_root_cause(output, launch.scratch, killed)
+        if not (launch.scratch.has_errors() or launch.scratch.root_cause.exists()):
+            for _, out, rewrite in streams:  # no cause found: what was held back may say it
+                if isinstance(rewrite, HorovodLines) and rewrite.withheld():
+                    out.write(rewrite.withheld())
+                    out.flush()
     return rc
 
 

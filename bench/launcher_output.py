@@ -161,6 +161,13 @@ _HOROVOD_OWN = re.compile(r"^(?:Process \d+ exit with status code -?\d+|Terminat
                           r"workers after failure of Process \d+)\.\n", re.M)
 # what horovodrun puts before every line (and every carriage-return redraw) of a rank's
 _HOROVOD_PREFIX = re.compile(r"(?:^|(?<=[\r\n]))\[\d+\]<std(?:out|err)>:")
+# What is printed only because a rank died: the signal as the shell that ran it reports it,
+# and the broken connection the peers' Horovod background loop then reports. bench names the
+# dead rank in its own line; these are shown only where bench finds no cause (withheld()).
+_PEER_GONE = re.compile(
+    r"^\[\d+\]<stderr>:(?:Killed|Terminated|Aborted|Segmentation fault)(?: \(core dumped\))?\n"
+    r"|^[^\n]*Horovod background loop uncaught exception: [^\n]*(?:Connection reset by peer"
+    r"|Connection closed by peer|Broken pipe)[^\n]*\n", re.M)
 
 
 def horovod_root_cause(text: str) -> tuple[int, int] | None:
@@ -186,6 +193,7 @@ class HorovodLines:
     def __init__(self, whole_lines: bool) -> None:
         self.whole_lines = whole_lines
         self.partial = ""
+        self.peer_gone: list[str] = []
 
     def __call__(self, text: str) -> str:
         """What to pass on of ``text``; "" is the end of the stream (what was held comes)."""
@@ -195,4 +203,10 @@ class HorovodLines:
                 cut = held.rfind("\n") + 1
                 held, self.partial = held[:cut], held[cut:]
             text = held
+        self.peer_gone += _PEER_GONE.findall(text)
+        text = _PEER_GONE.sub("", text)
         return _HOROVOD_OWN.sub("", _HOROVOD_PREFIX.sub("", text))
+
+    def withheld(self) -> str:
+        """The lines kept back as a dead rank's consequences, as the ranks wrote them."""
+        return _HOROVOD_PREFIX.sub("", "".join(self.peer_gone))

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, alive, only_record, run_bench
 
 from bench import launch
-from bench.launcher_output import torchrun_root_cause
+from bench.launcher_output import HorovodLines, torchrun_root_cause
 from bench.scratch import RankError, Scratch
 from strategies.horovod import HorovodStrategy
 
@@ -117,7 +117,22 @@ def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
     assert rec["status"] == "failed"
     assert rec["error"].startswith("rank 1 was killed by signal 9 (SIGKILL) [in "), rec["error"]
     assert "epoch" in rec["error"]  # the phase it last reported
+    # bench's line alone: not the shell's "Killed", nor the peers' broken connections
+    assert [line for line in err.splitlines() if not line.startswith("bench: ")] == [], err
     assert not _gone_within(10, f"bench-{run_id}-")
+
+
+def test_what_only_follows_a_ranks_death_is_held_back_under_horovodrun():
+    """horovodrun's stderr as it came when rank 1 was SIGKILLed (its shell's report, the
+    peer's broken connection), between lines a rank wrote itself: those pass, in order."""
+    lines = HorovodLines(False)
+    loop = ("[2026-11-25 22:16:16.703247: E horovod/common/operations.cc:697] [0]: Horovod "
+            "background loop uncaught exception: [gloo/transport/tcp/pair.cc:598] Connection "
+            "closed by peer [127.0.0.1]:16795\n")
+    shown = lines("[0]<stderr>:step 3\n[0]<stderr>:" + loop + "[1]<stderr>:Killed\n"
+                  "[1]<stderr>:Killed 3 stale workers\n") + lines("")
+    assert shown == "step 3\nKilled 3 stale workers\n"
+    assert lines.withheld() == loop + "Killed\n"
 
 
 def _two_ranks_under_torchrun(tmp_path: Path, script: Path, *options: str,
