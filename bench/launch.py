@@ -62,6 +62,10 @@ class Launch:
     max_restarts: int = 0
     hosts: str | None = None  # horovodrun -H
     slurm: SlurmTask | None = None  # when this process is one srun task
+    # An inline rank (this process's own thread) that stopped beating: ends the run from the
+    # watchdog's thread (nothing can unblock the rank), given the watchdog's line, or None
+    # where the rank wrote its own error and then did not end.
+    on_stuck: Callable[[str | None], None] | None = None
 
     def check_progress(self) -> None:
         """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
@@ -204,12 +208,38 @@ def _mark_terminal(env: MutableMapping[str, str]) -> None:
 
 
 def launch_inline(launch: Launch) -> int:
-    """One process: the current one (nn.DataParallel)."""
+    """One process: the current one (nn.DataParallel, a Slurm task). A thread watches its
+    heartbeat as a launcher watches its ranks'; the rank may be stuck where no exception can
+    reach it (a C call that never returns), so ``launch.on_stuck`` ends the run from there."""
+    done = threading.Event()
+    if launch.on_stuck is not None:
+        threading.Thread(target=_watch_inline, args=(launch, done), daemon=True,
+                         name="bench-watchdog").start()
     try:
         worker.run_rank(launch.spec_path)
     except Exception:  # its error file says what and where; bench prints it at the end
         return 1
+    finally:
+        done.set()
     return 0
+
+
+def _watch_inline(launch: Launch, done: threading.Event) -> None:
+    """A rank that wrote its error is failing on its own (its loader's clean-up may take
+    seconds more): it gets the watchdog's limit again, from its error, to end."""
+    assert launch.on_stuck is not None
+    while not done.wait(_POLL_S):
+        try:
+            errors = launch.scratch.errors()
+            if errors:
+                if time.time() - errors[0][1].stat().st_mtime > launch.timeout:
+                    launch.on_stuck(None)
+                continue
+            launch.check_progress()
+        except RunTimeout as exc:
+            launch.on_stuck(str(exc))
+        except OSError:  # a file went away while it was read
+            continue
 
 
 def agent(module: str) -> list[str]:

@@ -4,12 +4,13 @@ ranks through the strategy's launcher, and close the record whatever happened.""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
@@ -26,6 +27,7 @@ from bench.errors import (
 )
 from bench.flops import cached_train_flops_per_image
 from bench.folders import remove_created
+from bench.lifetime import kill_children
 from bench.mlperf_log import check_mllog_path
 from bench.models import check_model_builds
 from bench.parts import tf32_label
@@ -339,6 +341,7 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
             scratch, timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,
             rdzv_endpoint=cfg.rdzv_endpoint if cfg.nodes > 1 else None, rdzv_id=cfg.rdzv_id,
             max_restarts=cfg.max_restarts, hosts=cfg.hosts, slurm=plan.slurm,
+            on_stuck=functools.partial(_end_stuck, plan, scratch),
         )
         rc = launch.LAUNCHERS[plan.launcher](job)
         if rc != 0:
@@ -357,6 +360,25 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
         if escaped:
             scratch.remove()
     return Outcome(status, error, rc, scratch, rank_error)
+
+
+def _end_stuck(plan: RunPlan, scratch: Scratch, error: str | None) -> NoReturn:
+    """The watchdog's end of a run whose rank runs in this process and stopped beating
+    (``error``: its line), or failed and did not end (None: the rank's own error): the
+    record closed, the loader workers and the scratch folder gone, one line, exit 1 (from
+    the watchdog's thread: the rank's cannot be reached)."""
+    if error is None:
+        with contextlib.suppress(OSError, ValueError):
+            error = _first_failure(scratch)[0]
+        error = error or "the rank failed and did not end"
+    with contextlib.suppress(OSError, ValueError):
+        if plan.writes_record:
+            RunRecord.load(plan.record_path).fail("failed", error)
+    kill_children()
+    scratch.remove()
+    print(f"bench: run failed: {error} (record {plan.record_path})", file=sys.stderr,
+          flush=True)
+    os._exit(EXIT_FAILED)
 
 
 def close_record(plan: RunPlan, outcome: Outcome) -> int:

@@ -115,10 +115,14 @@ def test_a_failed_rank_ends_the_run_while_another_is_stopped(tmp_path):
     assert not alive(rec["run_id"])
 
 
-def test_watchdog_ends_a_rank_that_stops_without_a_collective(tmp_path):
-    rec, _ = _failing_run(tmp_path, "ddp", 1, "hang:0:3", "--timeout", "2")
+@pytest.mark.parametrize("strategy", ["ddp", "dp"])
+def test_watchdog_ends_a_rank_that_stops_without_a_collective(strategy, tmp_path):
+    """dp's rank is bench's own process, stuck where no exception may reach it: a thread
+    watches its heartbeat, closes the record and ends the process, loader worker included."""
+    rec, _ = _failing_run(tmp_path, strategy, 1, "hang:0:3", "--timeout", "2", "--workers", "1")
     assert rec["error"].startswith("timeout: rank 0 made no progress"), rec["error"]
-    assert not alive(rec["run_id"])
+    assert rec["status"] == "failed" and rec["finished_at"]
+    assert not alive(rec["run_id"]) and not alive(str(tmp_path))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp"])
@@ -127,12 +131,7 @@ def test_sigterm_keeps_finished_epochs_and_says_so_in_one_line(strategy, tmp_pat
            "--epochs", "200", *SMALL, "--output", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        runs = list((tmp_path / "runs").glob("*.json")) if (tmp_path / "runs").exists() else []
-        if runs and len(json.loads(runs[0].read_text()).get("per_epoch", [])) >= 1:
-            break
-        time.sleep(0.2)
+    _first_epoch(tmp_path)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
@@ -143,6 +142,35 @@ def test_sigterm_keeps_finished_epochs_and_says_so_in_one_line(strategy, tmp_pat
     assert rec["status"] == "interrupted" and rec["error"] == "SIGTERM"
     assert 1 <= len(rec["per_epoch"]) < 200
     assert not alive(rec["run_id"])
+
+
+def _first_epoch(output: Path) -> None:
+    """Wait until the run writing into ``output`` has recorded an epoch."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        runs = list((output / "runs").glob("*.json")) if (output / "runs").exists() else []
+        if runs and len(json.loads(runs[0].read_text()).get("per_epoch", [])) >= 1:
+            return
+        time.sleep(0.2)
+
+
+def test_sigterm_to_the_whole_group_is_one_line_with_loader_workers(tmp_path):
+    """timeout(1) and scancel signal every process of a run: the loader worker leaves the
+    SIGTERM to its rank (dp's is bench itself), not killed under it with torch's traceback
+    ('DataLoader worker ... is killed by signal: Terminated')."""
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", "dp", "--gpus", "1",
+           "--epochs", "200", "--workers", "1", *SMALL, "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    _first_epoch(tmp_path)
+    proc.send_signal(signal.SIGTERM)  # as timeout(1) does: the command, then its group
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "killed by signal" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("bench: run interrupted: SIGTERM (record ")
+    assert only_record(tmp_path)["status"] == "interrupted"
+    assert not alive(str(tmp_path))
 
 
 def test_two_runs_at_once_do_not_collide(tmp_path):
