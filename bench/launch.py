@@ -83,15 +83,15 @@ class Launch:
                     f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
                 )
 
-    def failed_long_ago(self) -> bool:
-        """A rank failed more than a few seconds ago and no restart can follow: a launcher
+    def failed_long_ago(self, after_s: float = _AFTER_FAILURE_S) -> bool:
+        """A rank failed more than ``after_s`` ago and no restart can follow: a launcher
         still running then waits on a rank that cannot stop (torchrun gives a SIGTERMed rank
         30 s; a stopped one never acts on it)."""
         if self.max_restarts:
             return False
         try:
             errors = self.scratch.errors()
-            return bool(errors) and time.time() - errors[0][1].stat().st_mtime > _AFTER_FAILURE_S
+            return bool(errors) and time.time() - errors[0][1].stat().st_mtime > after_s
         except OSError:  # a file went away while it was read
             return False
 
@@ -175,8 +175,9 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
         _find_root_cause(output, launch.scratch, killed)
         if not (launch.scratch.has_errors() or launch.scratch.root_cause.exists()):
             for _, out, rewrite in streams:  # no cause found: what was held back may say it
-                if isinstance(rewrite, HorovodLines) and rewrite.withheld():
-                    out.write(rewrite.withheld())
+                withheld = rewrite.withheld() if isinstance(rewrite, HorovodLines) else ""
+                if withheld:
+                    out.write(withheld)
                     out.flush()
     return rc
 
@@ -229,17 +230,14 @@ def _watch_inline(launch: Launch, done: threading.Event) -> None:
     seconds more): it gets the watchdog's limit again, from its error, to end."""
     assert launch.on_stuck is not None
     while not done.wait(_POLL_S):
+        if launch.scratch.has_errors():
+            if launch.failed_long_ago(launch.timeout):
+                launch.on_stuck(None)
+            continue
         try:
-            errors = launch.scratch.errors()
-            if errors:
-                if time.time() - errors[0][1].stat().st_mtime > launch.timeout:
-                    launch.on_stuck(None)
-                continue
             launch.check_progress()
         except RunTimeout as exc:
             launch.on_stuck(str(exc))
-        except OSError:  # a file went away while it was read
-            continue
 
 
 def agent(module: str) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import glob
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO, NoReturn
 
 _PR_SET_PDEATHSIG = 1
@@ -39,20 +41,11 @@ def die_with_parent(parent: int | None = None) -> None:
 def kill_children() -> None:
     """SIGKILL this process's children (its loader workers) before it exits on its own
     terms: one stuck in a fork never armed its death signal."""
-    for task in _listdir("/proc/self/task"):
+    for listed in glob.glob("/proc/self/task/*/children"):  # none where /proc is not
         with contextlib.suppress(OSError, ValueError):
-            with open(f"/proc/self/task/{task}/children") as listed:
-                pids = listed.read().split()
-            for pid in pids:
+            for pid in Path(listed).read_text().split():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(int(pid), signal.SIGKILL)
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:  # not Linux
-        return []
 
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
