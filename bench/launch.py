@@ -25,6 +25,7 @@ from bench.cluster import SlurmTask
 from bench.launcher_output import (
     HorovodLines,
     InheritedStderr,
+    TorchrunLines,
     horovod_root_cause,
     nccl_watchdog_timeout,
     tee,
@@ -138,7 +139,9 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
     echo = threading.Event()
     echo.set()
     quiet_after_failure = launch.scratch if not launch.max_restarts else None
-    streams = [(proc.stderr, sys.stderr, HorovodLines(False) if horovodrun else None)]
+    # With restarts allowed, a rank's death is not the run's end: its output flows on
+    held = None if launch.max_restarts else TorchrunLines()
+    streams = [(proc.stderr, sys.stderr, HorovodLines(False) if horovodrun else held)]
     if horovodrun:
         streams.append((proc.stdout, sys.stdout, HorovodLines(True)))
     pumps = [threading.Thread(target=tee, args=(stream, tail, echo, quiet_after_failure, out,
@@ -175,7 +178,7 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
         _find_root_cause(output, launch.scratch, killed)
         if not (launch.scratch.has_errors() or launch.scratch.root_cause.exists()):
             for _, out, rewrite in streams:  # no cause found: what was held back may say it
-                withheld = rewrite.withheld() if isinstance(rewrite, HorovodLines) else ""
+                withheld = rewrite.withheld() if rewrite is not None else ""
                 if withheld:
                     out.write(withheld)
                     out.flush()

@@ -154,6 +154,38 @@ def nccl_watchdog_timeout(text: str) -> tuple[int, str, float] | None:
     return int(found.group(1)), found.group(2), int(found.group(3)) / 1000
 
 
+# What torchrun's (and torch.distributed.launch's) agent logs once a rank has ended: the
+# SIGTERM it sends the others, the rank's exit code, then its ChildFailedError traceback and
+# report. Like the peers' broken connections, a consequence of the death bench names itself.
+_AGENT_AFTER_A_DEATH = re.compile(
+    r"^[^\n]*torch/distributed/elastic/[^\n]*\] (?:Sending process \d+ closing signal"
+    r"|failed \(exitcode: -?\d+\))", re.M)
+
+
+class TorchrunLines:
+    """torchrun's stderr, passed on until its agent logs that a rank has ended, then held
+    back: what follows (its report, the peers' tracebacks of a broken connection) only buries
+    the cause. A rank that can say why it failed writes its error file first, and bench goes
+    quiet then (``tee``); a rank killed by a signal cannot, and torchrun may stop its peers
+    before any of them does. Shown only where bench finds no cause (``withheld``)."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def __call__(self, text: str) -> str:
+        if self.held:
+            self.held.append(text)
+            return ""
+        found = _AGENT_AFTER_A_DEATH.search(text)
+        if found is None:
+            return text
+        self.held.append(text[found.start():])
+        return text[:found.start()]
+
+    def withheld(self) -> str:
+        return "".join(self.held)
+
+
 # horovodrun's own lines, in the order it sees its ranks end (each rank runs under a shell:
 # a signal shows as 128 + its number, or as minus it where the shell gave way to the rank)
 _HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.$", re.M)

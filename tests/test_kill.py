@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, alive, only_record, run_bench
 
 from bench import launch
-from bench.launcher_output import HorovodLines, torchrun_root_cause
+from bench.launcher_output import HorovodLines, TorchrunLines, torchrun_root_cause
 from bench.scratch import RankError, Scratch
 from strategies.horovod import HorovodStrategy
 
@@ -142,6 +142,39 @@ def _two_ranks_under_torchrun(tmp_path: Path, script: Path, *options: str,
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *options,
          launch.agent_log_dir(tmp_path), str(script), *args],
         capture_output=True, text=True, timeout=120)
+
+
+def test_what_torchrun_logs_after_a_ranks_death_is_held_back(tmp_path):
+    """Real torchrun, two ranks: rank 1 is SIGKILLed while rank 0 waits outside any
+    collective, so torchrun SIGTERMs rank 0 before it could write an error file (what make
+    test met once under load: torchrun's 'closing signal' lines and ChildFailedError report
+    came before bench's line). What the ranks wrote before passes, in order, whether the
+    output comes in one piece or line by line; what the agent logs from the death on is held
+    back whole, for bench to show where it finds no cause."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "ready = sys.argv[1]\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    print('rank 0 waiting', file=sys.stderr, flush=True)\n"
+        "    open(ready, 'w').close()\n"
+        "    time.sleep(60)\n"
+        "while not os.path.exists(ready):\n"
+        "    time.sleep(0.01)\n"
+        "print('rank 1 going', file=sys.stderr, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = _two_ranks_under_torchrun(tmp_path, script, args=[str(tmp_path / "ready")])
+    assert proc.returncode != 0 and "ChildFailedError" in proc.stderr, proc.stderr
+    whole = TorchrunLines()
+    shown = whole(proc.stderr) + whole("")
+    pieces = TorchrunLines()
+    assert "".join(pieces(line) for line in proc.stderr.splitlines(keepends=True)) == shown
+    assert [line for line in shown.splitlines() if line.startswith("rank ")] == [
+        "rank 0 waiting", "rank 1 going"], shown
+    assert "signal" not in shown and "exitcode" not in shown, shown
+    assert shown + whole.withheld() == proc.stderr == shown + pieces.withheld()
+    assert "ChildFailedError" in whole.withheld()
+    assert torchrun_root_cause(proc.stderr) == (1, signal.SIGKILL)
 
 
 @pytest.mark.serial  # both deaths must land in one of torchrun's 2 s polls: no load
