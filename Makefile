@@ -23,7 +23,8 @@ PARITY_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0.5 --train-limit 1
                --repeats 5 --no-progress --output results
 TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 
-.PHONY: install demo table parity test test-fast lint horovod apex gpu-deps gpu-wheels clean
+.PHONY: install demo table parity test test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
+        gpu-ready clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,19 +71,39 @@ gpu-deps: $(STAMP)
 	    -o $(abspath $(GPU_DEPS))/apex-25.05.tar.gz HEAD && rm -rf $(GPU_DEPS)/apex-clone; fi
 	$(BIN)/python scripts/carry_size.py $(GPU_DEPS)
 
-# Optional, before a lease: the GPU check's build phase, run here with the GPU machine's
-# Python and torch, fills $(GPU_DEPS)/built so that its build items there install cached
-# wheels instead of compiling (Horovod ~200 s, apex ~140 s of the lease), stripped of debug
-# sections so that the folder fits a call's 64 MiB (carry_size.py checks). GPU_PYTHON_BIN: an
-# interpreter with that Python and torch (e.g. a venv with torch==2.11.0); nvcc on PATH (they
-# cross-compile for sm_90; Horovod in GPU mode though no GPU is here). The wheels are used
-# only where torch, Python (and, for apex, nvcc) match.
-gpu-wheels:
-	@[ -n "$(GPU_PYTHON_BIN)" ] || { echo "set GPU_PYTHON_BIN=/path/to/python (the GPU machine's Python and torch)"; exit 2; }
+# Before a lease: the GPU check's build phase, run here with the GPU machine's Python and
+# torch, fills $(GPU_DEPS)/built so that its build items there install cached wheels instead
+# of compiling (Horovod ~200 s, apex ~140 s of a 15-minute lease), stripped of debug sections
+# so that the folder fits a call's 64 MiB (carry_size.py checks). GPU_PYTHON_BIN: an
+# interpreter with that Python and torch; by default $(GPU_VENV), which `make gpu-venv` makes
+# from a Python $(GPU_PYTHON) found here (on PATH or pyenv's) and the registry's torch. nvcc on
+# PATH: they cross-compile for sm_90 (Horovod in GPU mode though no GPU is here). The wheels
+# are used only where torch, Python (and, for apex, nvcc) match.
+GPU_VENV ?= .cache/gpu-venv
+GPU_TORCH ?= torch==2.11.0
+GPU_PYTHON_BIN ?= $(GPU_VENV)/bin/python
+$(GPU_VENV)/.installed:
+	@py=; for c in python$(GPU_PYTHON) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(GPU_PYTHON).*/bin/python$(GPU_PYTHON) 2>/dev/null | sort -V -r); do \
+	  $$c -c pass > /dev/null 2>&1 && { py=$$c; break; }; done; \
+	[ -n "$$py" ] || { echo "make gpu-venv: no Python $(GPU_PYTHON) here (the GPU machine's): install one, or set GPU_PYTHON_BIN to an interpreter with $(GPU_TORCH)"; exit 2; }; \
+	echo "$$py -m venv $(GPU_VENV)"; $$py -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet $(GPU_TORCH)
+	touch $@
+
+gpu-venv: $(GPU_VENV)/.installed
+
+gpu-wheels: $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PYTHON_BIN)),$(GPU_VENV)/.installed)
 	rm -rf build/gpu-wheels
-	HOROVOD_BUILD_MODE=gpu PYTHON=$(GPU_PYTHON_BIN) scripts/gpu_check.sh --cpu --deps $(GPU_DEPS) \
-	  --phase build build/gpu-wheels
+	HOROVOD_BUILD_MODE=gpu PYTHON=$(abspath $(GPU_PYTHON_BIN)) scripts/gpu_check.sh --cpu \
+	  --deps $(GPU_DEPS) --phase build build/gpu-wheels
 	$(BIN)/python scripts/carry_size.py $(GPU_DEPS)
+
+# Everything a 15-minute lease needs, made here (~10 min on 2 cores): the sources, the GPU
+# machine's torch, both wheels; then the lease's plan. Carry $(GPU_DEPS) and run
+# `python3 scripts/gpu_lease.py --deps $(GPU_DEPS) /tmp/check $$OUT` (docs/gpus.md).
+gpu-ready: gpu-deps
+	$(MAKE) --no-print-directory gpu-wheels
+	$(BIN)/python scripts/gpu_lease.py --plan --deps $(GPU_DEPS)
 
 table: $(STAMP)
 	rm -rf $(TABLE_NEW)

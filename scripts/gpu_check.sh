@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Check every CUDA path of parallel-bench on a bare GPU machine, in phases that each fit one
-# command of a 30-minute, 10-minutes-a-command GPU lease (torch preinstalled, no network,
-# nothing installed from the project: it runs the checkout).
+# command of a GPU lease (10 minutes a command; torch preinstalled, no network, nothing
+# installed from the project: it runs the checkout). scripts/gpu_lease.py runs the items that
+# matter most in one call of a 15-minute lease.
 #
 #   scripts/gpu_check.sh --plan [--phase P]               items and estimated seconds (H100)
 #   scripts/gpu_check.sh [--deps DIR] --phase P OUTDIR    run phase P: build | core | options |
@@ -13,7 +14,8 @@
 #                  (`make gpu-deps`); the build phase builds both into OUTDIR/site, later phases
 #                  import it; built wheels are kept in DIR/built (carry it back to skip builds)
 #   --budget S     start no item whose recorded or estimated seconds would pass S seconds
-#                  since this command started (it is listed as "deferred"; run it again)
+#                  since this command started (it is listed as "deferred"; run it again), and
+#                  end one still running CHECK_GRACE seconds (default 30) after S
 #   --again        rerun items that passed before in this OUTDIR (default: skip them)
 #   --items REGEX  only the items whose names match (e.g. to rerun what failed, or to run
 #                  parts of a phase side by side); the summary is summary-PHASE-REGEX.txt
@@ -46,6 +48,8 @@ case $phase in build|core|options|variants|table|calibrate|all|next) ;;
      exit 2 ;;
 esac
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; exit 2; }
+grace=${CHECK_GRACE:-30}
+[[ $grace =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: CHECK_GRACE takes whole seconds (got $grace)" >&2; exit 2; }
 table_workers=${TABLE_WORKERS:-}
 [[ $table_workers =~ ^([0-9]+|auto)?$ ]] ||
   { echo "gpu_check.sh: TABLE_WORKERS is a worker count or auto (got $table_workers)" >&2; exit 2; }
@@ -109,7 +113,8 @@ fi
 passed=0 failed=0 skipped=0 deferred=0 earlier=0 planned=0
 say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi; }
 
-# Phase `next`: what the first check (one H100, 2026-11-23) left, in one lease (~24 min with the start): the
+# Phase `next`: what the first check (one H100, 2026-11-23) left, for a 30-minute lease (~24 min
+# with the start; scripts/gpu_lease.py picks from it what fits 15 minutes): the
 # builds a fresh machine needs, every item that never passed on a GPU (Horovod, the variants,
 # the deferred fastest path and throughput, the GPU tests cut by the item limit, now with the
 # GPU clock checks), a profiler trace again (the variants' report then shows its Holistic
@@ -145,10 +150,15 @@ item() {
     say "defer $name (~${cost}s would pass the ${budget}s budget at ${SECONDS}s)"
     deferred=$((deferred + 1)); return 0
   fi
-  local start=$SECONDS rc limit=$((4 * cost + 120))  # a hung item ends; it cannot eat the lease
+  # A hung item ends; it cannot eat the lease: at 4x its cost, or CHECK_GRACE seconds (30)
+  # after the budget, whichever comes first.
+  local start=$SECONDS rc limit=$((4 * cost + 120)) why=
+  if [ "$budget" -gt 0 ] && [ $((budget + grace - SECONDS)) -lt $limit ]; then
+    limit=$((budget + grace - SECONDS)) why=" (${grace}s past the ${budget}s budget)"
+  fi
   timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
   rc=$? secs=$((SECONDS - start))
-  [ $rc -eq 124 ] && echo "gpu_check.sh: killed after ${limit}s" >> "$out/$name.log"
+  [ $rc -eq 124 ] && echo "gpu_check.sh: killed after ${limit}s$why" >> "$out/$name.log"
   echo "$secs" > "$out/state/$name.secs"
   if [ $rc -eq 0 ]; then
     say "pass  $name (${secs}s)"; passed=$((passed + 1)); echo "$secs" > "$out/state/$name.pass"
@@ -156,7 +166,9 @@ item() {
     say "skip  $name (${secs}s): $(grep -m1 'unavailable here' "$out/$name.log" | cut -c1-150)"
     skipped=$((skipped + 1))
   else
-    say "FAIL  $name (exit $rc, ${secs}s, log $out/$name.log)"; failed=$((failed + 1))
+    local how="exit $rc"
+    [ $rc -eq 124 ] && how="killed after ${limit}s$why"
+    say "FAIL  $name ($how, ${secs}s, log $out/$name.log)"; failed=$((failed + 1))
     tail -n 5 "$out/$name.log" | sed 's/^/      | /' | tee -a "$summary"
   fi
 }
@@ -193,7 +205,15 @@ if [ -n "$deps" ] || [ $plan = 1 ]; then
 fi
 
 # --- core: the GPU tests, every strategy at N=1, 2 ranks (sharing one GPU), verify ----------
-[ $mode = gpu ] && item core pytest_gpu 360 "$py" -m pytest -v -rfEs -p no:cacheprovider -m gpu tests
+# With pytest-xdist (the GPU machine's image has it) the GPU tests run 4 at a time: each is one
+# small launch-bound run, and 15 of them one after another take 6 minutes of a lease.
+if "$py" -c "import xdist" > /dev/null 2>&1; then
+  side_by_side=(-n "${PYTEST_GPU_WORKERS:-4}") pytest_estimate=150
+else
+  side_by_side=() pytest_estimate=360
+fi
+[ $mode = gpu ] && item core pytest_gpu $pytest_estimate "$py" -m pytest -v -rfEs -p no:cacheprovider \
+  "${side_by_side[@]}" -m gpu tests
 for s in $("$py" -c "import strategies; print(' '.join(strategies.names()))"); do
   item core "n1_$s" 25 "${small_run[@]}" --strategy "$s" --gpus 1
 done

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh's choices that a GPU lease depends on, checked with its CPU mode:
-a mistake there costs minutes of a 30-minute lease."""
+a mistake there costs minutes of a 15-minute lease."""
 
 from __future__ import annotations
 
