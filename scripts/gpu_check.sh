@@ -60,28 +60,50 @@ else
 fi
 cd "$(dirname "$0")/.." || exit 2
 
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# What the check needs to know of an interpreter, in one start (torch takes ~2 s to import):
+# its GPUs, the header line, the strategies' names, whether pytest-xdist imports.
+facts() {
+  "$1" - <<'PY'
+import importlib.util
+import torch
+from bench import __version__
+try:
+    import strategies
+    names = " ".join(strategies.names())
+except Exception:  # an interpreter that only builds (make gpu-wheels) needs none
+    names = ""
+name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+print("fact", torch.cuda.device_count())
+print("fact", f"bench {__version__} (torch {torch.__version__}, CUDA {torch.version.cuda}), "
+      f"torch {torch.__version__} cuda {torch.version.cuda} {name}")
+print("fact", names)
+print("fact", int(importlib.util.find_spec("xdist") is not None))
+PY
+}
 pick_python() {
   local candidate why
   for candidate in .venv/bin/python /opt/torch/.venv/bin/python3 python3; do
     command -v "$candidate" > /dev/null 2>&1 || continue
-    if why=$("$candidate" -c "import torch" 2>&1); then echo "$candidate"; return 0; fi
+    if why=$(facts "$candidate" 2>&1); then echo "$candidate"; echo "$why"; return 0; fi
     echo "gpu_check.sh: $candidate cannot import torch: $(echo "$why" | tail -1)" >&2
   done
   return 1
 }
 if [ -n "${PYTHON:-}" ]; then
   py=$PYTHON
-  why=$("$py" -c "import torch" 2>&1) || {
-    echo "gpu_check.sh: PYTHON=$py cannot import torch: $(echo "$why" | tail -1)" >&2; exit 2; }
+  about=$(facts "$py" 2>&1) || {
+    echo "gpu_check.sh: PYTHON=$py cannot import torch: $(echo "$about" | tail -1)" >&2; exit 2; }
 else
-  py=$(pick_python) || { echo "gpu_check.sh: no interpreter here imports torch" >&2; exit 2; }
+  about=$(pick_python) || { echo "gpu_check.sh: no interpreter here imports torch" >&2; exit 2; }
+  py=$(echo "$about" | head -1) about=$(echo "$about" | tail -n +2)
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+about=$(echo "$about" | sed -n 's/^fact //p')  # not what torch printed as it imported
+gpus=$(echo "$about" | sed -n 1p) header=$(echo "$about" | sed -n 2p)
+strategy_names=$(echo "$about" | sed -n 3p) xdist=$(echo "$about" | sed -n 4p)
 
 if [ $mode = gpu ] && [ $plan = 0 ]; then
-  probe=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>&1)
-  gpus=$(echo "$probe" | tail -1)
-  [[ $gpus =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: torch.cuda failed: $probe" >&2; exit 2; }
+  [[ $gpus =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: torch.cuda failed: $about" >&2; exit 2; }
   [ "$gpus" -ge 1 ] || { echo "no CUDA GPU visible; use --cpu" >&2; exit 2; }
 else
   gpus=1
@@ -181,9 +203,7 @@ full_runs() {  # the table's runs, at the worker count decided for them
 }
 
 if [ $plan = 0 ]; then
-  say "parallel-bench check ($mode, phase $phase) $(date -u +%FT%TZ): $("$py" -m bench \
---version 2>&1), $("$py" -c 'import torch; print("torch", torch.__version__, "cuda",
-torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>&1)"
+  say "parallel-bench check ($mode, phase $phase) $(date -u +%FT%TZ): $header"
 else
   say "parallel-bench check plan ($mode): seconds per item on one H100, as measured 2026-11-23 (items run
 side by side took longer; build_horovod and the variants phase are estimates: they have not run there yet)"
@@ -207,14 +227,14 @@ fi
 # --- core: the GPU tests, every strategy at N=1, 2 ranks (sharing one GPU), verify ----------
 # With pytest-xdist (the GPU machine's image has it) the GPU tests run 4 at a time: each is one
 # small launch-bound run, and 15 of them one after another take 6 minutes of a lease.
-if "$py" -c "import xdist" > /dev/null 2>&1; then
+if [ "$xdist" = 1 ]; then
   side_by_side=(-n "${PYTEST_GPU_WORKERS:-4}") pytest_estimate=150
 else
   side_by_side=() pytest_estimate=360
 fi
 [ $mode = gpu ] && item core pytest_gpu $pytest_estimate "$py" -m pytest -v -rfEs -p no:cacheprovider \
   "${side_by_side[@]}" -m gpu tests
-for s in $("$py" -c "import strategies; print(' '.join(strategies.names()))"); do
+for s in $strategy_names; do
   item core "n1_$s" 25 "${small_run[@]}" --strategy "$s" --gpus 1
 done
 # Sharing one GPU (gloo) leaves out fsdp (refused: its gloo collectives on CUDA tensors

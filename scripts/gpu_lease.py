@@ -222,13 +222,13 @@ def run_stage(title: str, groups: list[Group], args, deadline: float, side_by_si
         logs.append((f"{title}: {group.name}", log))
         proc = run_check(group, args, round(deadline - time.monotonic()), log)
         if side_by_side:
-            pending.append((group, log, proc))
+            pending.append((log, proc))
         else:
             proc.wait()
-            print_lines(group, log)
-    for group, log, proc in pending:
+            print_lines(log)
+    for log, proc in pending:
         proc.wait()
-        print_lines(group, log)
+        print_lines(log)
 
 
 def item_lines(log: Path) -> list[str]:
@@ -240,7 +240,7 @@ def item_lines(log: Path) -> list[str]:
     return [line for line in log.read_text(errors="replace").splitlines() if keep.match(line)]
 
 
-def print_lines(group: Group, log: Path) -> None:
+def print_lines(log: Path) -> None:
     for line in item_lines(log):
         print(f"  {line}", flush=True)
 
