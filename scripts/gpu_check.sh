@@ -73,8 +73,12 @@ try:
     names = " ".join(strategies.names())
 except Exception:  # an interpreter that only builds (make gpu-wheels) needs none
     names = ""
-name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-print("fact", torch.cuda.device_count())
+try:  # a broken driver is said as such, not as torch failing to import
+    gpus = torch.cuda.device_count()
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+except Exception as e:
+    gpus, name = f"{type(e).__name__}: {e}".replace("\n", " "), ""
+print("fact", gpus)
 print("fact", f"bench {__version__} (torch {torch.__version__}, CUDA {torch.version.cuda}), "
       f"torch {torch.__version__} cuda {torch.version.cuda} {name}")
 print("fact", names)
@@ -103,7 +107,7 @@ gpus=$(echo "$about" | sed -n 1p) header=$(echo "$about" | sed -n 2p)
 strategy_names=$(echo "$about" | sed -n 3p) xdist=$(echo "$about" | sed -n 4p)
 
 if [ $mode = gpu ] && [ $plan = 0 ]; then
-  [[ $gpus =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: torch.cuda failed: $about" >&2; exit 2; }
+  [[ $gpus =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: torch.cuda failed: $gpus" >&2; exit 2; }
   [ "$gpus" -ge 1 ] || { echo "no CUDA GPU visible; use --cpu" >&2; exit 2; }
 else
   gpus=1
