@@ -112,6 +112,12 @@ class Plan:
         factor = SIDE_BY_SIDE if side_by_side else 1.0
         return round(factor * sum(self.cost[i] for i in group.items))
 
+    def reserve(self) -> int:
+        """What the checks leave before the budget's end: the reports' and the first timed
+        group's time."""
+        return (sum(self.seconds(g) for g in self.timed[:1])
+                + (self.seconds(self.after) if self.after else 0))
+
 
 def make_plan(cost: dict[str, int], lane_count: int, only: str | None) -> Plan:
     def keep(names, script_order: bool = False) -> tuple[str, ...]:
@@ -143,9 +149,7 @@ def expected_deferrals(plan: Plan, budget: int, build: int) -> tuple[set[str], i
                 t += factor * plan.cost[item]
         return t
 
-    reserve = sum(plan.seconds(g) for g in plan.timed[:1])
-    reserve += plan.seconds(plan.after) if plan.after else 0
-    deadline = max(build, budget - reserve)
+    deadline = max(build, budget - plan.reserve())
     factor = SIDE_BY_SIDE if len(plan.checks) > 1 else 1.0
     t = max([run(g.items, build, deadline, factor) for g in plan.checks], default=build)
     for group in ([plan.after] if plan.after else []) + plan.timed:
@@ -335,18 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     end = begun + args.budget
     machine = machine_note(args.cpu)
     logs: list[tuple[str, Path]] = []
-    # the checks leave the first timed group and the reports their time
-    reserve = sum(plan.seconds(g) for g in plan.timed[:1])
-    reserve += plan.seconds(plan.after) if plan.after else 0
     stages = [("build", plan.build, lambda: end, True),
-              ("checks", plan.checks, lambda: max(time.monotonic(), end - reserve), True),
+              ("checks", plan.checks, lambda: max(time.monotonic(), end - plan.reserve()), True),
               ("checks", [plan.after] if plan.after else [], lambda: end, False),
               ("timed", plan.timed, lambda: end, False)]
     try:
         for title, groups, deadline, side_by_side in stages:
+            if logs:  # what the stages before did, packed: a call killed at its limit returns it
+                pack(args.workdir, args.back, lease_summary(logs, begun, args.budget), machine)
             run_stage(title, groups, args, deadline(), side_by_side, logs)
-            # packed after each stage too: a call killed at its limit still returns files
-            pack(args.workdir, args.back, lease_summary(logs, begun, args.budget), machine)
     finally:
         took = time.monotonic() - begun
         notes = pack(args.workdir, args.back, lease_summary(logs, begun, args.budget), machine)
