@@ -17,7 +17,9 @@ class Fault:
     """``KIND:RANK:STEP``, or several joined by commas, each before global optimizer step
     STEP (counted from 1) of that rank: ``raise`` (it raises), ``hang`` (it stops taking
     part), ``stop`` (it sends itself SIGSTOP, as a suspended or debugged process is) or
-    ``oom`` (it allocates 4 EiB on its device: the allocator's own out-of-memory error)."""
+    ``oom`` (it asks its device for 1,024 times what it holds: the allocator's own
+    out-of-memory error, with its figures; CUDA's allocator refuses a request over 1 EB
+    before trying, with a message that has none)."""
 
     events: tuple[tuple[str, int, int], ...]
 
@@ -42,11 +44,19 @@ class Fault:
             if kind == "raise":
                 raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
             if kind == "oom":
-                torch.empty(1 << 62, dtype=torch.uint8, device=device)
+                torch.empty(_beyond(device), dtype=torch.uint8, device=device)
             if kind == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
             while kind == "hang":  # never reach the next collective
                 time.sleep(60)
+
+
+def _beyond(device: torch.device) -> int:
+    """Bytes no allocator of ``device`` can give: 1,024 times the GPU's memory (140 TiB on an
+    H200, under the 1 EB that CUDA's caching allocator refuses unasked), 4 EiB on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory << 10
+    return 1 << 62
 
 
 DEFECT_ENV = "BENCH_INJECT_DEFECT"

@@ -19,6 +19,8 @@ _SIZE = r"[\d.]+ (?:[KMGTPE]iB|bytes)"  # c10's format_size: 512 bytes, 2.00 GiB
 _CUDA_TRIED = re.compile(rf"Tried to allocate ({_SIZE})")
 _CUDA_FREE = re.compile(rf"total capacity of ({_SIZE}) of which ({_SIZE}) is free")
 _CPU_TRIED = re.compile(r"tried to allocate (\d+) bytes")
+# CUDA's caching allocator refuses a request over 1 EB before asking the driver
+_CUDA_OVER_LIMIT = "Tried to allocate more than 1EB memory"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -43,6 +45,8 @@ def _what_failed(message: str) -> str:
         free = _CUDA_FREE.search(message)
         where = f" ({free.group(2)} free of {free.group(1)})" if free else ""
         return f"tried to allocate {tried.group(1)}{where}"
+    if _CUDA_OVER_LIMIT in message:
+        return "tried to allocate more than 1 EB (the CUDA allocator's limit)"
     tried = _CPU_TRIED.search(message)
     if tried:
         return f"tried to allocate {_size(int(tried.group(1)))}"

@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.project import run_options, series_key, workload_of
 from bench.projection import Network, Workload, project
-from bench.report.table import median_step_s, workload
+from bench.report.table import median_step_s, workload_and_device
 
 
 def curve_gpus(asked: list[int]) -> list[int]:
@@ -39,7 +39,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
     panels: dict[str, list[tuple[dict, Workload]]] = {}
     for rec, work in chosen:
         if work.strategy != "dp":  # one process: nothing to project
-            panels.setdefault(f"{workload(rec)} — {rec.get('device')}", []).append((rec, work))
+            panels.setdefault(workload_and_device(rec), []).append((rec, work))
     if not panels:
         return
     measured: dict[tuple, list[tuple[int, float]]] = {}  # series_key -> (N, efficiency)

@@ -229,11 +229,11 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
     assert rows["fsdp"].endswith("86%    ok ⚠ GPU clock -14 %, GPU power limit lowered"), rows
     assert rows["ddp-amp"].endswith("97%    ok ⚠ GPU hw thermal"), rows
     said = " ".join(proc.stderr.split())  # warnings are wrapped at 120 columns
-    assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): its GPUs ran at 86 % of "
+    assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18 on GPU): its GPUs ran at 86 % of "
             "their maximum SM clock, 14 points below the best row") in said
-    assert "ddp-amp N=1 (synthetic 50000 img, batch 512, resnet18): the GPU lowered its " \
+    assert "ddp-amp N=1 (synthetic 50000 img, batch 512, resnet18 on GPU): the GPU lowered its " \
            "clocks for hw thermal during timed epochs" in said
-    assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18): a GPU ran under a power "
+    assert ("fsdp N=1 (synthetic 50000 img, batch 512, resnet18 on GPU): a GPU ran under a power "
             "limit of 500 W, below its default 700 W") in said
     assert said.count("power limit") == 1
     table = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")

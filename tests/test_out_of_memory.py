@@ -83,3 +83,12 @@ def test_the_cpu_allocators_failure_is_out_of_memory_and_sized():
 ])
 def test_what_counts_as_out_of_memory(exc, expected):
     assert is_out_of_memory(exc) is expected
+
+
+def test_a_request_over_the_cuda_allocators_limit_is_said_as_such():
+    """c10's caching allocator refuses over 1 EB before asking the driver, without figures."""
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
+    line = out_of_memory_line(oom, _cfg(batch_size=64), CUDA0, BatchSplit(64, 64, 64),
+                              "train epoch 1 step 2")
+    assert line.startswith("out of memory on cuda:0: tried to allocate more than 1 EB (the "
+                           "CUDA allocator's limit); 64 images per GPU at once")

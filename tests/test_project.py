@@ -137,7 +137,7 @@ def test_a_run_measured_at_its_input_pipelines_pace_projects_an_input_bottleneck
 
     from conftest import ROOT
 
-    (source,) = [p for p in (ROOT / "results" / "runs").glob("*-ddp-1cuda-*.json")]
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
     rec = json.loads(source.read_text())
     for feed, expected in ((19_800.0, "input pipeline (as measured)"), (94_000.0, "compute")):
         folder = tmp_path / str(int(feed)) / "runs"
@@ -260,7 +260,7 @@ def test_powersgd_projected_from_several_ranks_says_its_compression_work_is_left
 
     from conftest import ROOT
 
-    (source,) = [p for p in (ROOT / "results" / "runs").glob("*-ddp-1cuda-*.json")]
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
     rec = json.loads(source.read_text())
     powersgd = {"ddp_options": {**rec["ddp_options"], "comm_hook": "powersgd"},
                 "compressed_gradient_elements": 100_000}

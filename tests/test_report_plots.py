@@ -58,3 +58,24 @@ def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():
     figure = figures_per_workload([plain, accum])["synthetic 1000 img, batch 100, resnet18"]
     ticks = [t.get_text() for t in figure["where_time_goes"].axes[0].get_xticklabels()]
     assert ticks == ["ddp\nN=2\ncpu fp32", "ddp\nN=2\ncpu fp32\naccum 4"], ticks
+
+
+def test_rows_that_differ_in_speed_options_are_lines_and_points_of_their_own():
+    """The H200's workload drew plain bf16 and the fastest path (gpu loader, channels_last,
+    compile, fused SGD) at N=1 as one scaling line, and named three time-vs-accuracy points
+    alike, `ddp-amp N=1 cuda bf16`."""
+    from bench.report import figures_per_workload
+
+    def run(run_id, world, epoch_s, **options):
+        return {**record(run_id, "ddp", world, [3.0, epoch_s], [0.1, 0.5]), **options}
+
+    records = [run("a", 1, 2.0), run("b", 2, 1.0), run("c", 1, 0.5, loader="gpu"),
+               run("d", 1, 0.4, loader="gpu", compile=True)]
+    figures = figures_per_workload(records)["synthetic 1000 img, batch 100, resnet18"]
+    lines = {line.get_label(): list(line.get_xdata())
+             for line in figures["scaling"].axes[0].lines if line.get_label()[0] != "_"}
+    assert lines == {"ddp fp32": [1, 2], "ddp fp32 (gpu-data)": [1],
+                     "ddp fp32 (gpu-data,compile)": [1]}, lines
+    labels = figures["time_vs_accuracy"].axes[0].get_legend_handles_labels()[1]
+    assert sorted(labels) == ["ddp N=1 fp32", "ddp N=1 fp32 gpu-data",
+                              "ddp N=1 fp32 gpu-data,compile", "ddp N=2 fp32"], labels

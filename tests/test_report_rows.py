@@ -73,6 +73,51 @@ def test_runs_with_other_speed_options_are_other_rows_not_repeats():
     assert list(table["speedup"]) == [1.0, 1.0]
 
 
+def test_runs_on_other_gpu_models_are_other_blocks_not_repeats():
+    """Seen on the second GPU check: an H200's fsdp epoch (2.43 s) and an H100's (3.23 s)
+    were one row of "2 runs" with a median between them, and the H200's rows took the
+    H100's ddp as their reference. Each GPU model is a block of its own, with its own
+    reference and baseline, and its heading names the GPU."""
+    def on(gpu, run_id, strategy, world, times):
+        return {**record(run_id, strategy, world, times, [0.1, 0.2]), "device": "cuda",
+                "env": {"gpus": [f"NVIDIA {gpu}"] * 2, "driver": "1", "cuda": "13.0"}}
+
+    records = [on("H100 80GB HBM3", "a", "ddp", 1, [5.0, 4.0]),
+               on("H100 80GB HBM3", "b", "fsdp", 1, [5.0, 3.0]),
+               on("H200", "c", "ddp", 1, [5.0, 2.0]), on("H200", "d", "fsdp", 1, [5.0, 2.5]),
+               on("H200", "e", "ddp", 2, [5.0, 1.0])]
+    table = summary_table(records)
+    assert list(table["runs"]) == [1] * 5
+    fsdp = table[table["strategy"] == "fsdp"].set_index("workload")["epoch_time_s"]
+    assert dict(fsdp) == {"synthetic 1000 img, batch 100, resnet18 on H100 80GB HBM3": 3.0,
+                          "synthetic 1000 img, batch 100, resnet18 on H200": 2.5}
+    assert table[table["world_size"] == 2]["speedup"].item() == pytest.approx(2.0)  # H200's
+    headings = [line for line in to_text(table).splitlines() if line.startswith("synthetic")]
+    assert [h.partition(" — ")[0] for h in headings] == [
+        "synthetic 1000 img, batch 100, resnet18 on H100 80GB HBM3",
+        "synthetic 1000 img, batch 100, resnet18 on H200"]
+    assert not any("cuda" in h for h in headings)  # the GPU's name says it
+
+
+def test_a_row_of_another_length_is_not_compared_for_accuracy():
+    """The H200's fastest path ran 6 epochs beside 4-epoch rows: its top-1 was +0.47 over
+    the reference, two more epochs' worth. A row of another length gets no Δ top-1 (and
+    says its length); its speed stays comparable; repeats of other lengths are other rows."""
+    def run(run_id, epochs, final):
+        return {**record(run_id, "ddp", 1, [5.0] + [2.0] * (epochs - 1),
+                         [0.1] * (epochs - 1) + [final]), "epochs": epochs}
+
+    table = summary_table([run("a", 4, 0.69), run("b", 6, 0.70), run("c", 4, 0.68),
+                           {**run("d", 4, 0.67), "strategy": "fsdp"}])
+    assert list(table["runs"]) == [2, 1, 1]
+    by_epochs = table[table["strategy"] == "ddp"].set_index("epochs")
+    assert math.isnan(by_epochs.loc[6, "delta_top1"]) and by_epochs.loc[6, "epoch_time_s"] == 2.0
+    text = to_text(table)
+    assert "— (6 epochs)" in text and "ref" in text
+    fsdp = table[table["strategy"] == "fsdp"]
+    assert fsdp["delta_top1"].item() == pytest.approx(100 * 0.67 - 100 * (0.69 + 0.68) / 2)
+
+
 def test_a_row_without_a_speed_up_says_why_once():
     """The demo's ddp-spawn N=2 row had '—' for speed-up and efficiency, unexplained (the
     README said 'against the 1-process ddp baseline'): one line under the table says what

@@ -55,7 +55,9 @@ def add_parity(table, reference: str):
     """Δ final top-1 (mean) against the reference row of the same workload and device, and
     Welch's p-value over the repeats. The reference row is the strategy at N replicas on its
     own GPUs, fp32 where it exists (else tf32, else the first precision), and without speed
-    or compression options where such a row exists (a PowerSGD row is no reference)."""
+    or compression options where such a row exists (a PowerSGD row is no reference). A row
+    that trained for another number of epochs than its reference is not compared: its
+    accuracy is another schedule's (``other_epochs``: its count)."""
     name, world = parse_reference(reference)
     refs: dict[tuple, Any] = {}
     for r in table.itertuples():
@@ -64,15 +66,18 @@ def add_parity(table, reference: str):
         rank = ({"fp32": 0, "tf32": 1}.get(r.precision, 2), r.options != "—")
         key = (r.workload, r.device)
         if key not in refs or rank < refs[key][0]:
-            refs[key] = (rank, r.Index, r.finals)
-    deltas, pvalues, is_ref = [], [], []
+            refs[key] = (rank, r.Index, r.finals, r.epochs)
+    deltas, pvalues, is_ref, other_epochs = [], [], [], []
     for r in table.itertuples():
         found = refs.get((r.workload, r.device))
-        if found is None or r.status != "ok":
+        longer = found is not None and r.status == "ok" and r.epochs != found[3]
+        other_epochs.append(r.epochs if longer else None)
+        if found is None or r.status != "ok" or longer:
             deltas.append(math.nan), pvalues.append(math.nan), is_ref.append(False)
             continue
         diff, p = welch(r.finals, found[2])
         deltas.append(diff), pvalues.append(p), is_ref.append(r.Index == found[1])
     table["delta_top1"], table["p_value"], table["is_reference"] = deltas, pvalues, is_ref
+    table["other_epochs"] = other_epochs
     table["differs"] = [p < 0.05 for p in pvalues]
     return table

@@ -84,10 +84,10 @@ def make_figures(records: list[dict[str, Any]],
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ceiling_label = f"loader alone (drawn within {CEILING_SHOWN:g}× of training)"
-    for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
+    for key, grp in ok.groupby(_SERIES):
         grp = grp.sort_values("world_size")
         (line,) = ax.plot(grp["world_size"], grp["images_per_s"], "o-",
-                          label=f"{strategy} ({device}, {precision})")
+                          label=_series_label(*key))
         near = grp[grp["loader_alone"] <= CEILING_SHOWN * grp["images_per_s"]]
         if len(near):  # the input pipeline's ceiling, where it was close to limiting
             ax.plot(near["world_size"], near["loader_alone"], "_", markersize=16, mew=2,
@@ -139,10 +139,11 @@ def make_figures(records: list[dict[str, Any]],
     # legend rather than by text beside the points, which overlaps when rows are close.
     fig, ax = plt.subplots(figsize=(7, 4))
     markers = "osD^v<>phX*"
+    lengths = len(set(ok["epochs"])) > 1 if len(ok) else False  # then say each point's
     for i, r in enumerate(ok.itertuples()):
         ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
         ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],
-                    capsize=3, label=_row_label(r))
+                    capsize=3, label=_row_label(r) + (f", {r.epochs:g} epochs" if lengths else ""))
     ax.set_xlabel("total training time (s, median over runs)")
     ax.set_ylabel("final top-1 (%, mean ± 95 % CI)")
     ax.set_title("Time vs accuracy")
@@ -160,10 +161,19 @@ def make_figures(records: list[dict[str, Any]],
 
 
 def _row_label(r) -> str:
-    shared = ", shared GPU" if r.gpu_shared else ""
-    accum = f", accum {r.grad_accum}" if r.grad_accum != 1 else ""
-    flag = f" {_FLAG}" if r.flags else ""
-    return f"{r.strategy} N={r.world_size} {r.device} {r.precision}{accum}{shared}{flag}"
+    return row_label(r) + (" shared GPU" if r.gpu_shared else "")
+
+
+# A line over N: the rows that differ only in N (one way of working, its options included:
+# the fastest path at N=1 is not a point of plain bf16's line).
+_SERIES = ["strategy", "precision", "options", "grad_accum", "gpu_shared"]
+
+
+def _series_label(strategy: str, precision: str, options: str, grad_accum: int,
+                  gpu_shared: bool) -> str:
+    extra = [] if options == "—" else [short_options(options)]
+    extra += [f"accum {grad_accum}"] * (grad_accum > 1) + ["shared GPU"] * gpu_shared
+    return f"{strategy} {precision}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _time_to_target_figure(ok):
@@ -221,11 +231,11 @@ def _efficiency_figure(ok):
     fig, ax = plt.subplots(figsize=(6, 4))
     worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
     ax.plot(worlds, [100] * len(worlds), ":", color="grey", label="ideal (100 %)")
-    for (strategy, device, precision), grp in ok.groupby(["strategy", "device", "precision"]):
+    for key, grp in ok.groupby(_SERIES):
         grp = grp[grp["efficiency"].notna()].sort_values("world_size")
         if len(grp):
             ax.plot(grp["world_size"], 100 * grp["efficiency"], "o-",
-                    label=f"{strategy} ({device}, {precision})")
+                    label=_series_label(*key))
             _ring_flagged(ax, list(grp.itertuples()), grp["world_size"],
                           100 * grp["efficiency"])
     ax.set_xlabel("world size N")

@@ -23,8 +23,9 @@ from bench.stats import mean_ci
 # comparable with anything.
 # options keeps runs with other speed options (GPU loader, channels_last, compile, fused SGD)
 # apart: the same strategy doing the work another way is another row, never a repeat.
+# epochs keeps runs of another length apart: their accuracy is another schedule's.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
-              "options", "grad_accum", "gpu_shared"]
+              "options", "grad_accum", "gpu_shared", "epochs"]
 
 # Loader workers per replica that a row's options do not name: bench run's defaults where the
 # machine has the cores (bench.preflight.default_workers). Any other count is another row.
@@ -87,8 +88,19 @@ def median_step_s(rec: dict[str, Any]) -> float:
     return _median([_number(e.get("step_time_p50_s")) for e in epochs[1:] or epochs])
 
 
+def gpu_model(rec: dict[str, Any]) -> str | None:
+    """The GPU model a CUDA run was measured on ('H200', 'H100 80GB HBM3'; 'GPU' for a
+    record that does not say), from its record's env; None on CPU."""
+    if rec.get("device") != "cuda":
+        return None
+    names = dict.fromkeys((rec.get("env") or {}).get("gpus") or [])
+    return " + ".join(name.removeprefix("NVIDIA ") for name in names) or "GPU"
+
+
 def workload(rec: dict[str, Any]) -> str:
-    """What was trained: only runs of the same workload are compared with each other."""
+    """What was trained, and on which GPU model: only runs of the same workload are
+    compared with each other (an H100's epoch is neither a repeat of an H200's nor its
+    baseline)."""
     width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
     model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
     model = model if width == 1.0 else f"{model} x{width:g}"
@@ -101,7 +113,14 @@ def workload(rec: dict[str, Any]) -> str:
         data += f" {config['synthetic_classes']} classes"
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
-    return f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
+    gpu = gpu_model(rec)
+    return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
+            + (f" on {gpu}" if gpu else ""))
+
+
+def workload_and_device(rec: dict[str, Any]) -> str:
+    """The workload and where it ran, once: a GPU workload already names its GPU."""
+    return workload(rec) + ("" if gpu_model(rec) else f" — {rec.get('device')}")
 
 
 def speed_options(rec: dict[str, Any]) -> str:
@@ -185,6 +204,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "processes": rec.get("processes"),
                 "precision": rec.get("precision"),
                 "grad_accum": rec.get("grad_accum", 1),
+                "epochs": rec.get("epochs") or (rec.get("config") or {}).get("epochs") or 0,
                 "options": speed_options(rec),
                 "norm": rec.get("norm"),
                 "same_start": same_start(rec),

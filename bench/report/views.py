@@ -36,6 +36,9 @@ _SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "",
                   " (no CUDA graphs)": "-nograph"}
 
 
+_UNSAID = frozenset({"cuda"})
+
+
 def short_options(text: str) -> str:
     """A row's speed options in few characters (terminal rows, plot labels)."""
     for long, short in _SHORT_OPTIONS.items():
@@ -46,6 +49,8 @@ def short_options(text: str) -> str:
 def _parity_cell(r: dict) -> str:
     if r.get("is_reference"):
         return "ref"
+    if r.get("other_epochs") == r.get("other_epochs") and r.get("other_epochs"):  # not NaN
+        return f"— ({r['other_epochs']:g} epochs)"  # another schedule: not compared
     delta, p = r.get("delta_top1", math.nan), r.get("p_value", math.nan)
     if delta is None or math.isnan(delta):
         return "—"
@@ -200,6 +205,19 @@ def said_once(names: list[str], rows: list[list[str]], labels: dict[str, str],
     return names, rows, same
 
 
+def _heading(block: str, same: list[str], width: int) -> list[str]:
+    """A block's heading, its workload and what all its rows share, broken between the
+    shared items (never inside 'GPU clock 100%') where it passes ``width``."""
+    lines = [block + (" —" if same else "")]
+    for i, part in enumerate(same):
+        part += "," if i < len(same) - 1 else ""
+        if len(lines[-1]) + 1 + len(part) > width:
+            lines.append("  " + part)
+        else:
+            lines[-1] += " " + part
+    return lines
+
+
 def to_text(table, width: int = 120) -> str:
     """The key columns, one block per workload, each line at most ``width`` characters."""
     header = [h for _, h in TERMINAL_COLUMNS]
@@ -224,11 +242,11 @@ def to_text(table, width: int = 120) -> str:
     out = []
     unscaled = False  # a finished row without a speed-up: say why once, below
     for block, rows in blocks.items():
-        names, rows, same = said_once(list(header), rows, _SAID_ONCE)
+        # a GPU block's workload names the GPU ('... on H200'): 'cuda' goes without saying
+        names, rows, same = said_once(list(header), rows, _SAID_ONCE, unsaid=_UNSAID)
         if "speed-up" in names:
             at = names.index("speed-up")
             unscaled |= any(row[at] == "—" and row[-1].startswith("ok") for row in rows)
-        heading = block + (f" — {', '.join(same)}" if same else "")
         delta = names.index("Δ top-1 (p)")
         if not any("(p" in row[delta] for row in rows):
             names[delta] = "Δ top-1"  # no repeats, no p-values
@@ -237,7 +255,7 @@ def to_text(table, width: int = 120) -> str:
         cols = list(zip(names, *rows))
         widths = [max(len(x) for x in col) for col in cols[:-1]]
         widths.append(max(len(x.partition(": ")[0]) for x in cols[-1]))
-        out += ([""] if out else []) + [heading]
+        out += ([""] if out else []) + _heading(block, same, width)
         for cells in [names, *rows]:
             status, _, reason = cells[-1].partition(": ")
             text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
@@ -280,7 +298,7 @@ _README_SAID_ONCE = {"device": "", "N": "N =", "procs": "procs", "precision": ""
                      "GPU clock": "GPU clock", "GPU util (%)": "GPU util %", "img/J": "img/J"}
 # Said once, these go without saying: the default accumulation, and where every row is at
 # N=1 (its own baseline) the speed-up and efficiency that follow from it.
-_README_UNSAID = frozenset({"accum 1"})
+_README_UNSAID = frozenset({"accum 1"}) | _UNSAID
 _README_UNSAID_AT_1 = frozenset({"speed-up 1.00×", "scaling eff. 100 %"})
 
 
