@@ -1,6 +1,7 @@
 """``bench compare A B``: did B (a new driver, torch, machine) get slower or less accurate
-than A? Rows are matched by workload, strategy, device, N, precision, speed options and
-accumulation; the exit code is 1 when a row regressed beyond the threshold in speed or
+than A? Rows are matched by workload, strategy, device, N, precision, speed options,
+accumulation and epochs, on the same GPU model or, for a new machine, on the one other
+model each side ran; the exit code is 1 when a row regressed beyond the threshold in speed or
 significantly in accuracy, so the command can gate a CI job."""
 
 from __future__ import annotations
@@ -70,16 +71,39 @@ def _or_none(value: Any, digits: int) -> float | None:
         value) else None
 
 
+def _pairs(table_a, table_b) -> list[tuple[tuple, dict | None, dict | None]]:
+    """(key, A's row, B's row) for every configuration: rows of the same workload on the
+    same GPU model first; then a row that only A has and one that only B has of the same
+    configuration on another GPU model (a new machine: 'resnet18 on H100 → H200'), where
+    each side has one such row."""
+    def key(r: dict, gpu: bool = True) -> tuple:
+        return tuple(r["workload_alone" if k == "workload" and not gpu else k]
+                     for k in GROUP_KEYS)
+
+    rows_a = {key(r): r for r in table_a.to_dict("records")}
+    rows_b = {key(r): r for r in table_b.to_dict("records")}
+    alone: dict[tuple, tuple[list, list]] = {}
+    for rows, side in ((rows_a, 0), (rows_b, 1)):
+        other = rows_b if side == 0 else rows_a
+        for k, r in rows.items():
+            if k not in other and r.get("gpu_model"):
+                alone.setdefault(key(r, gpu=False), ([], []))[side].append(k)
+    pairs = {k: (rows_a.get(k), rows_b.get(k)) for k in set(rows_a) | set(rows_b)}
+    for (ka, *more_a), (kb, *more_b) in (v for v in alone.values() if all(v)):
+        if more_a or more_b:
+            continue  # several GPU models on a side: which pairs with which is not clear
+        ra, rb = pairs.pop(ka)[0], pairs.pop(kb)[1]
+        moved = f"{ra['workload_alone']} on {ra['gpu_model']} → {rb['gpu_model']}"
+        pairs[(moved, *ka[1:])] = (ra, rb)
+    return [(k, *pairs[k]) for k in sorted(
+        pairs, key=lambda k: (report_order(dict(zip(GROUP_KEYS, k))), str(k)))]
+
+
 def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
                    threshold: float) -> list[dict[str, Any]]:
     """One row per configuration in both A and B (and one per configuration in only one)."""
-    table_a, table_b = summary_table(a), summary_table(b)
-    rows_a = {tuple(r[k] for k in GROUP_KEYS): r for r in table_a.to_dict("records")}
-    rows_b = {tuple(r[k] for k in GROUP_KEYS): r for r in table_b.to_dict("records")}
     out = []
-    for key in sorted(set(rows_a) | set(rows_b),
-                      key=lambda k: (report_order(dict(zip(GROUP_KEYS, k))), str(k))):
-        ra, rb = rows_a.get(key), rows_b.get(key)
+    for key, ra, rb in _pairs(summary_table(a), summary_table(b)):
         row = dict(zip(GROUP_KEYS, key))
         if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):
             row["verdict"] = "only in A" if rb is None else "only in B" if ra is None else (

@@ -196,3 +196,26 @@ def test_json_and_csv_carry_numbers_with_ranges_and_ci_apart(tmp_path):
     # B's three runs all missed where A's three reached it: beyond the runs' range
     assert ddp["verdict"] == ("REGRESSED: time to target: B did not converge (3/3 missed 45 %), "
                               "outside both sides' run-to-run range"), ddp["verdict"]
+
+
+def test_a_new_gpu_model_is_compared_with_the_old_one(tmp_path):
+    """`bench compare` answers "did a new machine get slower": a workload names its GPU
+    model, so the H100's rows and the H200's matched nothing ('only in A', 'only in B').
+    The same configuration on one other GPU model on each side is one row, H100 → H200;
+    where a side holds several models, rows stay apart."""
+    def on(gpu, recs):
+        return [{**r, "device": "cuda", "env": {"gpus": [f"NVIDIA {gpu}"]}} for r in recs]
+
+    base = [repeat(f"a{i}", "ddp", 2, 50, 10.0 + i / 10) for i in range(3)]
+    a = write_runs(tmp_path / "a", on("H100 80GB HBM3", base))
+    b = write_runs(tmp_path / "b", on("H200", [_slower(r, 1.2) for r in base]))
+    proc = run_bench("compare", str(a), str(b), "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["workload"] == "synthetic 1000 img, batch 100, resnet18 on H100 80GB HBM3 → H200"
+    assert row["verdict"].startswith("REGRESSED: img/s -16.7 %"), row
+    both = write_runs(tmp_path / "both", [*on("H100 80GB HBM3", base),
+                                          *on("A100", [{**r, "run_id": f"x{i}"}
+                                                       for i, r in enumerate(base)])])
+    rows = json.loads(run_bench("compare", str(both), str(b), "--format", "json").stdout)
+    assert sorted(r["verdict"] for r in rows) == ["only in A", "only in A", "only in B"]

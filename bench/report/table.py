@@ -97,9 +97,9 @@ def gpu_model(rec: dict[str, Any]) -> str | None:
     return " + ".join(name.removeprefix("NVIDIA ") for name in names) or "GPU"
 
 
-def workload(rec: dict[str, Any]) -> str:
-    """What was trained, and on which GPU model: only runs of the same workload are
-    compared with each other (an H100's epoch is neither a repeat of an H200's nor its
+def workload(rec: dict[str, Any], gpu: bool = True) -> str:
+    """What was trained, and (``gpu``) on which GPU model: only runs of the same workload
+    are compared with each other (an H100's epoch is neither a repeat of an H200's nor its
     baseline)."""
     width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
     model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
@@ -113,9 +113,9 @@ def workload(rec: dict[str, Any]) -> str:
         data += f" {config['synthetic_classes']} classes"
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
-    gpu = gpu_model(rec)
+    model_gpu = gpu_model(rec) if gpu else None
     return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
-            + (f" on {gpu}" if gpu else ""))
+            + (f" on {model_gpu}" if model_gpu else ""))
 
 
 def workload_and_device(rec: dict[str, Any]) -> str:
@@ -213,6 +213,8 @@ def run_rows(records: list[dict[str, Any]]):
                 "dataset": rec.get("dataset"),
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
+                "workload_alone": workload(rec, gpu=False),  # bench compare across GPUs
+                "gpu_model": gpu_model(rec),
                 "epochs_done": len(epochs),
                 "epoch_time_s": _number(figures.get("median_epoch_time_s")),
                 "images_per_s": _number(figures.get("median_images_per_s")),
@@ -303,6 +305,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
+            workload_alone=use["workload_alone"].iloc[-1],
+            gpu_model=use["gpu_model"].iloc[-1],
             width=use["width"].iloc[-1],
         )
         out.append(row)
