@@ -277,7 +277,7 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
     for name, cells in blocks.items():
         filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
         names, rows, same = said_once(filled, [[c[k] for k in filled] for c in cells],
-                                      _SAID_ONCE)
+                                      _SAID_ONCE, unsaid=frozenset({"cuda"}))  # 'on H200'
         out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
         # the verdict's word in the row (its last column), its reasons below
         table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]
