@@ -105,14 +105,15 @@ def trace_rows(records: list[dict[str, Any]], results: Path) -> list[dict[str, A
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The terminal view: one line per run and device."""
+    run = max([len("run"), *(len(str(r["run_id"])) for r in rows)])
     lines = ["GPU time in profiler traces (HTA temporal breakdown, rank 0's profiled steps):",
-             f"  {'run':<40} {'strategy':<11} {'N':>2} {'window ms':>9} "
-             + " ".join(f"{k:>13}" for k in KINDS)]
+             f"  {'run':<{run}}  {'strategy':<10} {'N':>3} {'window ms':>9}  "
+             + "  ".join(f"{k:>{max(len(k), 6)}}" for k in KINDS)]
     for r in rows:
         if "note" in r:
-            lines.append(f"  {r['run_id']:<40} {r['note']}")
+            lines.append(f"  {r['run_id']:<{run}}  {r['note']}")
             continue
-        lines.append(f"  {r['run_id']:<40} {r['strategy']:<11} {r['world_size']:>2} "
-                     f"{r['window_ms']:>9.1f} "
-                     + " ".join(f"{r[k + '_pct']:>12.1f}%" for k in KINDS))
+        lines.append(f"  {r['run_id']:<{run}}  {r['strategy']:<10} {r['world_size']:>3} "
+                     f"{r['window_ms']:>9.1f}  "
+                     + "  ".join(f"{r[k + '_pct']:>{max(len(k), 6) - 1}.1f}%" for k in KINDS))
     return "\n".join(lines) + "\n"

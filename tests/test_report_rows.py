@@ -57,6 +57,10 @@ def test_runs_on_shared_gpus_stay_apart_and_are_marked_not_comparable():
     assert math.isnan(rows.loc[True, "speedup"])  # no speed-up from a shared GPU
     lines = [line for line in to_markdown(table).splitlines() if "not comparable" in line]
     assert len(lines) == 1 and "| 1.00 (ranks shared GPUs: not comparable) |" in lines[0]
+    # on a terminal the flag line says it: the cell stays short, the status in 120 columns
+    # (the H200's variants block cut its util, img/J and status columns off)
+    (line,) = [line for line in to_text(table).splitlines() if "(shared)" in line]
+    assert line.split()[:2] == ["ddp", "2"] and line.endswith("ok ⚠ shared GPUs"), line
 
 
 def test_runs_with_other_speed_options_are_other_rows_not_repeats():
@@ -215,3 +219,21 @@ def test_sweep_table_scores_time_to_target_and_tests_accuracy_parity():
     assert "| -2.00 (p 0.081) |" in text and "| -4.00 (p 0.0039) ≠ |" in text
     proc = run_bench("report", "--results", "/nonexistent", "--reference", "ddp:x")
     assert proc.returncode == 2 and "--reference" in proc.stderr
+
+
+def test_a_block_too_wide_leaves_out_its_least_needed_columns_not_the_status():
+    """A terminal line cut at its width lost its last columns: the status among them (the
+    H200's variants block, at 126 characters). A block too wide leaves out img/J, util,
+    the clock and the run count first; never the status, nor a ✗ in *same start*."""
+    records = [record("a", "ddp", 1, [5.0, 4.0], [0.1, 0.2]),
+               record("b", "ddp", 2, [5.0, 2.0], [0.1, 0.25]),
+               {**record("c", "ddp", 2, [5.0, 2.2], [0.1, 0.2]),
+                "initial_param_fingerprint": "not the seed's"},
+               {**record("d", "fsdp", 2, [5.0, 2.2], [0.1, 0.2]), "status": "failed",
+                "error": "boom"}]
+    lines = to_text(summary_table(records), width=90).splitlines()
+    assert max(map(len, lines)) <= 90, "\n".join(lines)
+    head = lines[1].split()
+    assert "runs" not in head and head[-2:] == ["start", "status"], lines[1]
+    assert [line.split()[-2:] for line in lines[2:4]] == [["—", "ok"], ["✗", "ok"]], lines
+    assert lines[4].split()[-1] == "failed", lines

@@ -275,14 +275,18 @@ def test_report_prints_the_gpu_breakdown_of_a_real_h100_trace(tmp_path):
     (tmp_path / "traces").mkdir()
     shutil.copy(ROOT / "tests" / "data" / "h100-ddp-profile-kernels.trace.json.gz",
                 tmp_path / "traces" / "t.trace.json.gz")
-    rec = {"run_id": "h100-ddp", "status": "ok", "strategy": "ddp", "world_size": 1,
+    run_id = "20261126T053559Z-ddp-1cuda-976d6a"  # a real run id: its lines in 120 columns
+    rec = {"run_id": run_id, "status": "ok", "strategy": "ddp", "world_size": 1,
            "device": "cuda", "precision": "tf32", "profile_steps": 5,
            "profile_trace": "/elsewhere/traces/t.trace.json.gz", "per_epoch": [],
            "started_at": "2026-11-23T03:07:04Z"}
-    (runs / "h100-ddp.json").write_text(json.dumps(rec))
+    (runs / f"{run_id}.json").write_text(json.dumps(rec))
     proc = run_bench("report", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("h100-ddp"))
+    lines = proc.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.strip().startswith(run_id))
+    assert max(len(x) for x in lines[at - 2:at + 1]) <= 120, "\n".join(lines[at - 2:at + 1])
+    line = lines[at]
     shares = [float(x.rstrip("%")) for x in line.split()[-4:]]
     assert sum(shares) == pytest.approx(100, abs=0.2) and shares[1] == 0  # N=1: no NCCL
     assert shares[0] > 5 and shares[3] > 50  # a tiny model: the GPU mostly waits

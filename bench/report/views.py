@@ -218,6 +218,32 @@ def _heading(block: str, same: list[str], width: int) -> list[str]:
     return lines
 
 
+# What a block too wide for the terminal leaves out first (`--format wide` has them all):
+# never the status, which a cut line would lose, nor *same start*, which a ✗ makes the news.
+_SPARED_LAST = ("img/J", "util", "clock", "runs")
+
+
+def _fit(names: list[str], rows: list[list[str]], width: int
+         ) -> tuple[list[str], list[list[str]], list[int]]:
+    """The block's columns and their widths, the least needed left out while a row would
+    pass ``width`` (a status's reason goes on a line of its own: only its word counts)."""
+    def widths_of(names, rows):
+        cols = list(zip(names, *rows))
+        return ([max(len(x) for x in col) for col in cols[:-1]]
+                + [max(len(x.partition(": ")[0].partition(" ⚠ ")[0]) + 2 for x in cols[-1])])
+
+    widths = widths_of(names, rows)
+    for name in _SPARED_LAST:
+        if sum(widths) + 2 * (len(widths) - 1) <= width:
+            break
+        if name in names:
+            i = names.index(name)
+            names = names[:i] + names[i + 1:]
+            rows = [row[:i] + row[i + 1:] for row in rows]
+            widths = widths_of(names, rows)
+    return names, rows, widths
+
+
 def to_text(table, width: int = 120) -> str:
     """The key columns, one block per workload, each line at most ``width`` characters."""
     header = [h for _, h in TERMINAL_COLUMNS]
@@ -231,6 +257,8 @@ def to_text(table, width: int = 120) -> str:
         row[4] = ", ".join(options) or "—"
         row[4] = short_options(row[4])
         row[2] = row[2].replace(" (of ", " (")
+        # the flag line below says 'shared GPUs'; the cell keeps the table in 120 columns
+        row[6] = row[6].replace(" (ranks shared GPUs: not comparable)", " (shared)")
         row[10] = row[10].replace(" ± ", "±")
         row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
         row[9] = row[9].replace(" %", "%")
@@ -252,9 +280,7 @@ def to_text(table, width: int = 120) -> str:
             names[delta] = "Δ top-1"  # no repeats, no p-values
         # the status column's reason goes on lines of its own; other cells keep their ': '
         # ('— (1 epoch: warm-up only)')
-        cols = list(zip(names, *rows))
-        widths = [max(len(x) for x in col) for col in cols[:-1]]
-        widths.append(max(len(x.partition(": ")[0]) for x in cols[-1]))
+        names, rows, widths = _fit(names, rows, width)
         out += ([""] if out else []) + _heading(block, same, width)
         for cells in [names, *rows]:
             status, _, reason = cells[-1].partition(": ")
