@@ -16,7 +16,7 @@ from bench import terminal
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
-from bench.report.views import said_once, short_options
+from bench.report.views import SAID_BY_WORKLOAD, said_once, short_options
 from bench.results import load_records, read_record
 from bench.stats import welch
 
@@ -277,7 +277,7 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
     for name, cells in blocks.items():
         filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
         names, rows, same = said_once(filled, [[c[k] for k in filled] for c in cells],
-                                      _SAID_ONCE, unsaid=frozenset({"cuda"}))  # 'on H200'
+                                      _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
         # the verdict's word in the row (its last column), its reasons below
         table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]

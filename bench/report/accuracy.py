@@ -57,7 +57,7 @@ def add_parity(table, reference: str):
     own GPUs, fp32 where it exists (else tf32, else the first precision), and without speed
     or compression options where such a row exists (a PowerSGD row is no reference). A row
     that trained for another number of epochs than its reference is not compared: its
-    accuracy is another schedule's (``other_epochs``: its count)."""
+    accuracy is another schedule's (``other_epochs``: its count, else 0)."""
     name, world = parse_reference(reference)
     refs: dict[tuple, Any] = {}
     for r in table.itertuples():
@@ -71,7 +71,7 @@ def add_parity(table, reference: str):
     for r in table.itertuples():
         found = refs.get((r.workload, r.device))
         longer = found is not None and r.status == "ok" and r.epochs != found[3]
-        other_epochs.append(r.epochs if longer else None)
+        other_epochs.append(r.epochs if longer else 0)
         if found is None or r.status != "ok" or longer:
             deltas.append(math.nan), pvalues.append(math.nan), is_ref.append(False)
             continue

@@ -139,7 +139,7 @@ def make_figures(records: list[dict[str, Any]],
     # legend rather than by text beside the points, which overlaps when rows are close.
     fig, ax = plt.subplots(figsize=(7, 4))
     markers = "osD^v<>phX*"
-    lengths = len(set(ok["epochs"])) > 1 if len(ok) else False  # then say each point's
+    lengths = ok["epochs"].nunique() > 1  # then each point says its own
     for i, r in enumerate(ok.itertuples()):
         ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
         ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],

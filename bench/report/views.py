@@ -36,7 +36,8 @@ _SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "",
                   " (no CUDA graphs)": "-nograph"}
 
 
-_UNSAID = frozenset({"cuda"})
+# A GPU block's workload names its GPU ('... on H200'): 'cuda' goes without saying.
+SAID_BY_WORKLOAD = frozenset({"cuda"})
 
 
 def short_options(text: str) -> str:
@@ -49,7 +50,7 @@ def short_options(text: str) -> str:
 def _parity_cell(r: dict) -> str:
     if r.get("is_reference"):
         return "ref"
-    if r.get("other_epochs") == r.get("other_epochs") and r.get("other_epochs"):  # not NaN
+    if r.get("other_epochs"):
         return f"— ({r['other_epochs']:g} epochs)"  # another schedule: not compared
     delta, p = r.get("delta_top1", math.nan), r.get("p_value", math.nan)
     if delta is None or math.isnan(delta):
@@ -270,8 +271,7 @@ def to_text(table, width: int = 120) -> str:
     out = []
     unscaled = False  # a finished row without a speed-up: say why once, below
     for block, rows in blocks.items():
-        # a GPU block's workload names the GPU ('... on H200'): 'cuda' goes without saying
-        names, rows, same = said_once(list(header), rows, _SAID_ONCE, unsaid=_UNSAID)
+        names, rows, same = said_once(list(header), rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         if "speed-up" in names:
             at = names.index("speed-up")
             unscaled |= any(row[at] == "—" and row[-1].startswith("ok") for row in rows)
@@ -324,7 +324,7 @@ _README_SAID_ONCE = {"device": "", "N": "N =", "procs": "procs", "precision": ""
                      "GPU clock": "GPU clock", "GPU util (%)": "GPU util %", "img/J": "img/J"}
 # Said once, these go without saying: the default accumulation, and where every row is at
 # N=1 (its own baseline) the speed-up and efficiency that follow from it.
-_README_UNSAID = frozenset({"accum 1"}) | _UNSAID
+_README_UNSAID = frozenset({"accum 1"}) | SAID_BY_WORKLOAD
 _README_UNSAID_AT_1 = frozenset({"speed-up 1.00×", "scaling eff. 100 %"})
 
 
