@@ -324,7 +324,7 @@ _README_SAID_ONCE = {"device": "", "N": "N =", "procs": "procs", "precision": ""
                      "GPU clock": "GPU clock", "GPU util (%)": "GPU util %", "img/J": "img/J"}
 # Said once, these go without saying: the default accumulation, and where every row is at
 # N=1 (its own baseline) the speed-up and efficiency that follow from it.
-_README_UNSAID = frozenset({"accum 1"}) | SAID_BY_WORKLOAD
+_README_UNSAID = frozenset({"accum 1", *SAID_BY_WORKLOAD})
 _README_UNSAID_AT_1 = frozenset({"speed-up 1.00×", "scaling eff. 100 %"})
 
 
