@@ -1,17 +1,17 @@
 """The summary table: one row per workload x strategy x N x precision x options, from
 run records (speed as medians over repeats, accuracy as means with a CI and a Welch test,
-time to target scored like MLPerf). No torch import on this path but the same-start check."""
+time to target scored like MLPerf). No torch import, and no code a record names: reading
+records never runs anything."""
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from typing import Any
 
 from bench.config import GPU_LOADER_WORKERS, STRATEGY_ORDER
 from bench.gpu_clocks import ABNORMAL
-from bench.models import DEFAULT_MODEL, ModelSpec, short_name
+from bench.models import DEFAULT_MODEL, short_name
 from bench.provenance import current_status
 from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
@@ -154,24 +154,16 @@ def speed_options(rec: dict[str, Any]) -> str:
     return ", ".join(chosen) or "—"
 
 
-@functools.cache
-def _reference_start(seed: int, spec: ModelSpec) -> str:
-    from bench.model import initial_params_sha1
-
-    return initial_params_sha1(seed, spec)
-
-
 def same_start(rec: dict[str, Any]) -> bool | None:
-    """Whether the run started from the weights its seed and width define (rank 0's
-    parameters before step 1, every rank alike); None for records without the fingerprint.
-    The reference is the record's own (drawn by the torch that ran); records from before
-    bench kept it are checked against one drawn here, which needs torch."""
+    """Whether the run started from the weights its seed and model define (rank 0's
+    parameters before step 1, every rank alike); None (unknown) for a record without the
+    fingerprint or without its reference. The reference is data the run wrote (drawn by the
+    torch that ran), never drawn here: drawing it would build the model the record names,
+    and a record naming ``os:system`` would make reading it run a command."""
     sha1 = rec.get("initial_param_fingerprint")
-    if not sha1:
-        return None
     reference = rec.get("initial_reference_fingerprint")
-    if not reference:
-        reference = _reference_start(int(rec.get("seed", 0)), ModelSpec.from_record(rec))
+    if not sha1 or not reference:
+        return None
     return rec.get("initial_replicas_identical") is not False and sha1 == reference
 
 
