@@ -18,6 +18,7 @@ from bench.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    STOP_SIGNALS,
     BenchError,
     ConfigError,
     Interrupted,
@@ -322,8 +323,9 @@ def cmd_verify(args: argparse.Namespace, run_args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not under a test harness's own
-        signal.signal(signal.SIGTERM, raise_interrupted)  # like Ctrl-C: exit 130
+    for signum in STOP_SIGNALS:  # like Ctrl-C: exit 130 (not under a harness's own handler,
+        if signal.getsignal(signum) is signal.SIG_DFL:  # nor where nohup ignores SIGHUP)
+            signal.signal(signum, raise_interrupted)
     try:
         return _dispatch(argv)
     except (KeyboardInterrupt, Interrupted):
@@ -338,7 +340,9 @@ def entry() -> NoReturn:
     """The ``bench`` command and ``python -m bench``: ``main``, then an exit that skips the
     interpreter's teardown (bench.quick_exit; ~0.8 s once torch is imported)."""
     from bench.quick_exit import exit_now
+    from bench.streams import guard_standard_streams
 
+    guard_standard_streams()
     exit_now(main())
 
 

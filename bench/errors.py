@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
+from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run started and failed
 EXIT_BAD_INPUT = 2  # bad option, missing data, ...: nothing was written
 EXIT_UNAVAILABLE = 3  # the strategy cannot run here; an `unavailable` record was written
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM; finished epochs kept, status `interrupted`
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; finished epochs kept, status `interrupted`
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception
@@ -18,9 +20,55 @@ class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Ex
     process by SIGINT even after bench caught it and returned 130."""
 
 
+# The signals that mean "stop and close what you own", besides Ctrl-C (KeyboardInterrupt):
+# SIGTERM (kill, timeout, scancel) and SIGHUP (the terminal closed, the ssh connection
+# dropped). Every command treats them alike: the run stops its ranks, closes its record as
+# `interrupted`, removes its scratch folder and its sweep's claim, and exits 130.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def raise_interrupted(signum: int, frame) -> None:
-    """A signal handler (SIGTERM) that ends what runs like Ctrl-C, with the signal's name."""
+    """A signal handler (SIGTERM, SIGHUP) that ends what runs like Ctrl-C, with the signal's
+    name. After a hang-up the terminal is gone: a write to it would fail (EIO) in the middle
+    of closing the record, so the standard streams that were that terminal go to /dev/null
+    (a file or a pipe keeps what bench says)."""
+    if signum == signal.SIGHUP:
+        _leave_the_terminal()
     raise Interrupted(signal.Signals(signum).name)
+
+
+def _leave_the_terminal() -> None:
+    devnull = None
+    try:
+        for fd in (1, 2):
+            try:
+                if not os.isatty(fd):
+                    continue
+                if devnull is None:
+                    devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, fd)
+            except OSError:
+                continue
+    finally:
+        if devnull is not None:
+            os.close(devnull)
+
+
+def catch_stop_signals() -> dict[int, Any]:
+    """Make every stop signal raise ``Interrupted`` here; returns the handlers it replaced,
+    for ``restore_signals``. A signal the process was told to ignore (``nohup`` ignores
+    SIGHUP) stays ignored."""
+    previous = {}
+    for signum in STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, raise_interrupted)
+    return previous
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 class BenchError(Exception):

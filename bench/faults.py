@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -30,11 +32,14 @@ class Fault:
             return None
         events = []
         for part in text.split(","):
-            kind, rank, step = part.split(":")
-            if kind not in ("raise", "hang", "stop", "oom"):
-                raise ValueError(f"BENCH_FAULT kind must be raise, hang, stop or oom, got "
-                                 f"{kind!r}")
-            events.append((kind, int(rank), int(step)))
+            fields = part.strip().split(":")
+            kind = fields[0]
+            if (len(fields) != 3 or kind not in ("raise", "hang", "stop", "oom")
+                    or not all(f.isdigit() for f in fields[1:])):
+                raise ConfigError(f"BENCH_FAULT={text!r}: each fault is KIND:RANK:STEP with KIND "
+                                  "raise, hang, stop or oom and RANK, STEP whole numbers (a "
+                                  "test hook: unset it for a real run)")
+            events.append((kind, int(fields[1]), int(fields[2])))
         return cls(tuple(events))
 
     def maybe_fire(self, rank: int, step: int, device: torch.device) -> None:
@@ -80,7 +85,8 @@ def defect_from_env() -> str | None:
     if not name:
         return None
     if name not in DEFECTS:
-        raise ValueError(f"{DEFECT_ENV} must be one of {', '.join(DEFECTS)}, got {name!r}")
+        raise ConfigError(f"{DEFECT_ENV}={name!r}: one of {', '.join(DEFECTS)} (a test hook: "
+                          "unset it for a real run)")
     return name
 
 

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, NoReturn
 
+from bench.errors import STOP_SIGNALS
+
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
 
@@ -48,7 +50,7 @@ def kill_children() -> None:
                     os.kill(int(pid), signal.SIGKILL)
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_STOP_SIGNALS = {signal.SIGINT, *STOP_SIGNALS}
 
 
 def start_dying_with_me(cmd: list[str], **popen_kwargs) -> subprocess.Popen:

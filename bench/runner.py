@@ -23,8 +23,10 @@ from bench.errors import (
     EXIT_UNAVAILABLE,
     ConfigError,
     Interrupted,
-    raise_interrupted,
+    catch_stop_signals,
+    restore_signals,
 )
+from bench.faults import Fault, defect_from_env
 from bench.flops import cached_train_flops_per_image
 from bench.folders import remove_created
 from bench.lifetime import kill_children
@@ -77,6 +79,8 @@ class RunPlan:
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
+        Fault.from_env()  # the test hooks' variables are read by every rank: checked here
+        defect_from_env()
         self.spec = model_spec(cfg)  # the data's classes and the run's image size
         check_model_builds(self.spec)
         self.strategy = resolve_strategy(cfg)
@@ -230,7 +234,7 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     anything is written."""
     plan = RunPlan(cfg)
     record: RunRecord | None = None
-    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    previous = catch_stop_signals()
     try:
         record = open_record(plan, argv)
         if record.status == "unavailable":
@@ -248,7 +252,7 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     except OSError as exc:  # a full disk, a quota, a file-size limit while bench writes
         return _cannot_write(plan, record, exc)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
     try:
         return close_record(plan, outcome)
     except OSError as exc:
@@ -332,7 +336,7 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
     """Run the launcher to its end; the outcome's scratch goes once the record is closed, or
     here if something unforeseen escapes (no record will be closed then)."""
     cfg = plan.cfg
-    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    previous = catch_stop_signals()
     status, error, rank_error, escaped = "failed", None, None, False
     try:
         port = plan.port or free_port()
@@ -355,7 +359,7 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
         escaped = True
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
         reap_ranks(scratch)  # by the pids in the scratch folder: before it goes
         if escaped:
             scratch.remove()

@@ -24,7 +24,8 @@ from bench.errors import (
     EXIT_OK,
     ConfigError,
     Interrupted,
-    raise_interrupted,
+    catch_stop_signals,
+    restore_signals,
 )
 from bench.lifetime import start_dying_with_me
 from bench.preflight import check_output_writable
@@ -131,7 +132,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     check_output_writable(base.output)  # its runs' records and the sweep's claims go there
     outcomes: list[tuple[Combo, str]] = []
     took: list[float] = []  # seconds of the runs this sweep ran (not skipped)
-    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    previous = catch_stop_signals()
     try:
         for i, combo in enumerate(combos, start=1):
             eta = (f", about {_duration(statistics.fmean(took) * (len(combos) - i + 1))} "
@@ -156,7 +157,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
     bad = [(c, s) for c, s in outcomes if not s.startswith("ok")]
     print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
           "".join("\n" + terminal.fill(f"{c.label()}: {s}", initial_indent="  ",

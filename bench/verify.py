@@ -32,7 +32,7 @@ import torch
 import strategies
 from bench import terminal
 from bench.config import RunConfig
-from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from bench.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError, Interrupted
 from bench.faults import DEFECT_ENV
 from bench.reference import compare, layout_of, reference
 from bench.runner import RunPlan, execute
@@ -136,6 +136,8 @@ class Checker:
                                    verify_float64=fp32)
             with _defect_env(defect), contextlib.redirect_stdout(io.StringIO()):
                 code = execute(cfg, ["bench", "verify", name])
+            if code == EXIT_INTERRUPTED:  # the user stopped verify, not the strategy failing
+                raise Interrupted(f"{name}'s run was interrupted")
             if code != 0 or not (work / "losses.json").exists():
                 return Outcome(name, "FAIL", detail=f"run exited with {code}")
             meta = json.loads((work / "losses.json").read_text())

@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from bench.streams import guard_standard_streams
+
+    guard_standard_streams()  # a rank's lines must not end it (an ASCII-only encoding)
     main()
     from bench.quick_exit import exit_now
 

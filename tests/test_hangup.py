@@ -1,0 +1,155 @@
+"""One set of stop signals for every command: SIGTERM and SIGHUP (a closed terminal, a
+dropped ssh connection) end `bench run`, `bench sweep` and `bench verify` as Ctrl-C does —
+ranks stopped, the record `interrupted`, the scratch folder and the sweep's claim gone, exit
+130 — and a compound command stops at once rather than going on to its next part."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, alive, only_record
+
+SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
+         "--width", "0.125", "--batch-size", "32", "--no-progress", "--epochs", "500",
+         "--comm-probe-steps", "0"]
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    """The run's temporary folder is the test's own: what it leaves there is visible."""
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}
+
+
+def _left_in(tmp: Path) -> list[str]:
+    """What bench left in its temporary folder (torch's compile cache is torch's)."""
+    return sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor"))
+
+
+def _recorded_epoch(output: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in (output / "runs").glob("*.json") if (output / "runs").is_dir() else []:
+            try:
+                if json.loads(path.read_text()).get("per_epoch"):
+                    return
+            except ValueError:
+                pass
+        time.sleep(0.2)
+    raise AssertionError(f"no epoch recorded under {output}")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "dp"])
+def test_sighup_closes_the_run_as_sigterm_does(strategy, tmp_path):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2", *SMALL,
+         "--output", str(out)], cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    _recorded_epoch(out)
+    proc.send_signal(signal.SIGHUP)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, text[-2000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert text.strip().splitlines()[-1].startswith("bench: run interrupted: SIGHUP (record ")
+    rec = only_record(out)
+    assert rec["status"] == "interrupted" and rec["error"] == "SIGHUP"
+    assert rec["per_epoch"] and rec["finished_at"]
+    assert _left_in(tmp) == []
+    assert not alive(rec["run_id"]) and not alive(str(out))
+
+
+def test_a_closed_terminal_closes_the_run(tmp_path):
+    """The real thing: bench's controlling terminal goes away (its pty's master closes).
+    The kernel sends SIGHUP, and every later write to the terminal fails with EIO."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    master, slave = os.openpty()
+
+    def take_terminal() -> None:  # after setsid (start_new_session): the pty is ours
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "2", *SMALL,
+         "--output", str(out)], cwd=ROOT, env=_env(tmp), stdin=slave, stdout=slave,
+        stderr=slave, start_new_session=True, preexec_fn=take_terminal)
+    os.close(slave)
+    try:
+        _recorded_epoch(out)
+        os.set_blocking(master, False)
+        try:
+            while os.read(master, 65536):  # what it wrote so far
+                pass
+        except (BlockingIOError, OSError):
+            pass
+    finally:
+        os.close(master)  # the terminal closes
+    rc = proc.wait(timeout=60)
+    rec = only_record(out)
+    assert rc == 130 and rec["status"] == "interrupted", (rc, rec["status"], rec.get("error"))
+    assert rec["error"] == "SIGHUP"
+    assert _left_in(tmp) == []
+    assert not alive(rec["run_id"]) and not alive(str(out))
+
+
+def test_nohup_keeps_a_run_going_through_a_hangup(tmp_path):
+    """A SIGHUP the user told bench to ignore (nohup) stays ignored."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = subprocess.Popen(
+        ["nohup", sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "1",
+         *SMALL, "--epochs", "2", "--output", str(out)], cwd=ROOT, env=_env(tmp),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _recorded_epoch(out)
+    proc.send_signal(signal.SIGHUP)
+    text, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, text[-2000:]
+    assert only_record(out)["status"] == "ok"
+
+
+def test_sighup_ends_a_sweep_with_its_claim_and_its_run_closed(tmp_path):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "sweep", "--strategies", "ddp", "--gpus", "1,2",
+         *SMALL, "--output", str(out)], cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    _recorded_epoch(out)
+    proc.send_signal(signal.SIGHUP)
+    text, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, text[-2000:]
+    assert "Traceback" not in text, text[-3000:]
+    rec = only_record(out)  # the second combination never started
+    assert rec["status"] == "interrupted", rec["status"]
+    assert list((out / "runs" / ".claims").iterdir()) == []
+    assert _left_in(tmp) == []
+    assert not alive(str(out))
+
+
+def test_sigterm_stops_verify_instead_of_failing_its_strategy(tmp_path):
+    """verify runs one strategy after another: a SIGTERM during the first is the user
+    stopping verify (exit 130 at once), not that strategy failing and the next one starting."""
+    tmp = tmp_path / "tmp"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench", "verify", "--cpu", "--gpus", "2", "--strategies",
+         "ddp,ddp-spawn", "--steps", "400", "--batch-size", "8"], cwd=ROOT, env=_env(tmp),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob("bench-verify-ddp-*/results/runs/*.json")):
+        assert time.monotonic() < deadline and proc.poll() is None, "verify's run never began"
+        time.sleep(0.2)
+    time.sleep(3)  # its ranks are training
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - signalled < 30
+    assert proc.returncode == 130, text[-2000:]
+    assert "FAIL" not in text, text
+    assert not any(line.startswith("ddp-spawn") for line in text.splitlines()), text
+    assert "Traceback" not in text, text[-3000:]
+    assert _left_in(tmp) == []
