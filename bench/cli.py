@@ -250,6 +250,7 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
 
     from bench.cluster import sbatch_script
     from bench.folders import file_to_write
+    from bench.results import write_text_atomic
 
     for flag in ("--nodes", "--gpus", "--strategy", "--node-rank", "--rdzv-endpoint"):
         if any(a == flag or a.startswith(flag + "=") for a in run_args):
@@ -279,7 +280,7 @@ def cmd_slurm(args: argparse.Namespace, run_args: list[str]) -> int:
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
                           "--submit and copy the script there")
-    file_to_write("--out", args.out, "job.sbatch").write_text(script)
+    write_text_atomic(file_to_write("--out", args.out, "job.sbatch"), script)
     print(f"wrote {args.out}")
     if args.submit:
         return subprocess.run(["sbatch", args.out]).returncode

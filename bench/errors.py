@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from typing import Any
@@ -91,3 +92,32 @@ class UnavailableError(BenchError):
 
 class Diverged(BenchError):
     """The training loss became NaN or infinite: the run stops with status ``diverged``."""
+
+
+# The fix for each reason a write fails.
+_WRITE_FIX = {
+    errno.EROFS: "the file system is read-only: write elsewhere",
+    errno.ENOSPC: "free space or write elsewhere",
+    errno.EDQUOT: "free space or write elsewhere",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or write elsewhere",
+    errno.EACCES: "write elsewhere or fix the folder's permissions",
+    errno.EPERM: "write elsewhere or fix the folder's permissions",
+}
+
+
+class CannotWrite(BenchError, OSError):
+    """A file bench writes could not be written (read-only, full, quota, permissions): one
+    line naming the file, why and the fix. Still an OSError (errno, strerror) for callers
+    that close a run on any failed write."""
+
+    exit_code = EXIT_FAILED
+
+    @classmethod
+    def of(cls, exc: OSError, path: object) -> CannotWrite:
+        if isinstance(exc, CannotWrite):
+            return exc
+        return cls(exc.errno, exc.strerror or str(exc), str(exc.filename or path))
+
+    def __str__(self) -> str:
+        fix = _WRITE_FIX.get(self.errno, "write elsewhere")
+        return f"cannot write {self.filename} ({self.strerror}): {fix}"

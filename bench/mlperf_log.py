@@ -11,9 +11,11 @@ interrupted ends with status ``aborted``. Accuracy is a fraction (0.72), as MLPe
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
+import sys
 from pathlib import Path
 
 from bench.errors import ConfigError
@@ -42,7 +44,7 @@ class MLPerfLog:
         self._logger = logging.getLogger(f"parallel-bench.mllog.{os.getpid()}")
         self._logger.propagate = False
         self._logger.setLevel(logging.INFO)
-        self._handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+        self._handler = _LogFile(path, mode="w", encoding="utf-8")
         self._logger.addHandler(self._handler)
         # call sites as the trainer's lines, relative to the checkout
         self._log = mllog.MLLogger(logger=self._logger, default_stack_offset=2,
@@ -106,6 +108,11 @@ class MLPerfLog:
         self._logger.removeHandler(self._handler)
         self._handler.close()
 
+    @property
+    def failure(self) -> str | None:
+        """Why the log stopped before the run did (None: it is whole), for the record."""
+        return self._handler.failure
+
     def _event(self, kind: str, key: str, epoch: int, value=None) -> None:
         """Called from the method the trainer called: the call site is 3 frames up."""
         if self.stopped:
@@ -114,8 +121,50 @@ class MLPerfLog:
                                  metadata={self.constants.EPOCH_NUM: epoch})
 
 
+class _LogFile(logging.FileHandler):
+    """The log's file, which cannot end the run: the training is what matters. A write that
+    fails (a full disk, a quota) is one warning on the terminal, the log stops there, and
+    the record's notes say so; logging's own handler would print a traceback per event, and
+    its flush at the target or the end raised and failed the run in its evaluation."""
+
+    failure: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failure is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self._failed(sys.exc_info()[1])
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            self._failed(exc)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException | None) -> None:
+        if self.failure is not None:
+            return
+        why = getattr(exc, "strerror", None) or str(exc)
+        self.failure = (f"MLPerf log {self.baseFilename} incomplete: a write failed ({why}); "
+                        "the run went on without it")
+        print(f"bench: warning: {self.failure}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            if self.stream is not None:
+                self.stream.close()  # what it still buffers can never be written
+        self.stream = None
+
+
 class NoLog:
     """Stands in for MLPerfLog when the run has no --mllog (and on every rank but 0)."""
+
+    failure = None
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None

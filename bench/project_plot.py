@@ -10,6 +10,7 @@ from typing import Any
 from bench.project import run_options, series_key, workload_of
 from bench.projection import Network, Workload, project
 from bench.report.table import median_step_s, workload_and_device
+from bench.results import atomic_file
 
 
 def curve_gpus(asked: list[int]) -> list[int]:
@@ -76,6 +77,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
         ax.set_title(f"{name}\nprojected on {net.name} (lines), measured (points)", fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, metadata={"Date": None} if path.suffix == ".svg" else None)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png",
+                    metadata={"Date": None} if path.suffix == ".svg" else None)
     plt.close(fig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -14,9 +15,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.errors import CannotWrite
 from bench.gpu_clocks import clock_share
 
 RECORD_VERSION = 1
@@ -75,21 +78,38 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write text so that a reader sees the old file or the new one, never half of one (a
     full disk leaves the old file, not an empty one)."""
+    with atomic_file(path) as tmp, open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """The one way bench writes a file: a temporary file beside PATH, yielded to be filled
+    (``fig.savefig(tmp)``, ``write_text``), then renamed over PATH and the folder fsynced. A
+    reader, a second writer or a ``kill -9`` meanwhile sees the old file or the new one,
+    never half of one; a failure leaves the old file and no temporary one, and is one
+    ``CannotWrite`` line naming the file, why (read-only, full, quota) and the fix."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}",
+                                    dir=path.parent)
+        tmp = Path(name)
         # mkstemp makes the file 0600; a record is an ordinary file, readable as the umask
         # allows (a group sharing --output across nodes must read it).
         os.fchmod(fd, _FILE_MODE & ~_umask())
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+        os.close(fd)
+        yield tmp
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+    except OSError as exc:
+        raise CannotWrite.of(exc, path) from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     _fsync_folder(path.parent)  # the rename itself survives a crash right after
 
 
@@ -113,6 +133,41 @@ def _fsync_folder(folder: Path) -> None:
         pass  # some filesystems cannot fsync a folder
     finally:
         os.close(fd)
+
+
+# Room kept aside while a run lasts, so that a disk that fills meanwhile can still take the
+# record's closing (a record is kilobytes).
+RESERVE_BYTES = 2**20
+
+
+def reserve_space(runs: Path, run_id: str) -> Path | None:
+    """A hidden file of RESERVE_BYTES beside the run's record, made as the run starts and
+    removed (``release_space``) just before the record is closed: a disk that filled during
+    the run (the record then could not be written, and stayed ``running``) has that room
+    again. None where even the reserve does not fit (the run goes on without one)."""
+    path = runs / f".{run_id}.reserve"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):  # no room, or no fallocate on this system
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return None
+    return path
+
+
+def release_space(path: Path | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+
+
+def stale_reserves(runs: Path, running: set[str]) -> list[Path]:
+    """Reserves left by runs killed outright (``kill -9``): those of runs not in RUNNING."""
+    return [p for p in runs.glob(".*.reserve") if p.name[1:-len(".reserve")] not in running]
 
 
 MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; anything far larger is not one

@@ -46,8 +46,9 @@ from bench.preflight import (
     resolve_strategy,
     shares_gpus,
 )
+from bench.provenance import current_status
 from bench.record import RunRecord
-from bench.results import new_run_id
+from bench.results import new_run_id, read_record, release_space, reserve_space, stale_reserves
 from bench.run_summary import print_ok, print_start
 from bench.scratch import RankError, Scratch
 from bench.spec import WorkerSpec
@@ -76,6 +77,8 @@ def shared_run_id(strategy: str, world: int, device_type: str, run_tag: str) -> 
 class RunPlan:
     """What a validated ``bench run`` will do; built before anything is written. Its
     ``cfg`` is derived from the one given (defaults resolved), never that one changed."""
+
+    reserve: Path | None = None  # room kept for the record's closing (open_record makes it)
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
         cfg.validate()
@@ -275,6 +278,7 @@ def _end_early(plan: RunPlan, record: RunRecord | None, status: str, reason: str
         # written, but the signal came before open_record returned it (preparing the data)
         with contextlib.suppress(OSError, ValueError):
             record = RunRecord.load(plan.record_path)
+    release_space(plan.reserve)  # the room the record's closing needs on a full disk
     if record is not None and plan.writes_record and record.status == "running":
         with contextlib.suppress(OSError):
             record.fail(status, reason)
@@ -312,7 +316,22 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
         record.set_rendezvous({"endpoint": cfg.rdzv_endpoint, "id": cfg.rdzv_id})
     if plan.writes_record:
         record.write()
+        _clear_stale_reserves(plan.runs)
+        plan.reserve = reserve_space(plan.runs, plan.run_id)
     return record
+
+
+def _clear_stale_reserves(runs: Path) -> None:
+    """Remove the space reserves of runs that no longer run (killed outright, their owner
+    gone), so that they never pile up."""
+    running = set()
+    for path in runs.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            rec = read_record(path)
+            if isinstance(rec, dict) and current_status(rec)[0] == "running":
+                running.add(str(rec.get("run_id")))
+    for stale in stale_reserves(runs, running):
+        release_space(stale)
 
 
 def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
@@ -375,6 +394,7 @@ def _end_stuck(plan: RunPlan, scratch: Scratch, error: str | None) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             error = _first_failure(scratch)[0]
         error = error or "the rank failed and did not end"
+    release_space(plan.reserve)
     with contextlib.suppress(OSError, ValueError):
         if plan.writes_record:
             RunRecord.load(plan.record_path).fail("failed", error)
@@ -389,6 +409,7 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
     """Say how the run ended, in the record (unless another machine owns it) and on the
     terminal; returns the exit code."""
     cfg, status, error, rc = plan.cfg, outcome.status, outcome.error, outcome.rc
+    release_space(plan.reserve)  # the room the record's closing needs on a full disk
     try:
         if not plan.writes_record:  # a Slurm task other than rank 0: the record is not ours
             if rc == 0:

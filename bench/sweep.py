@@ -22,6 +22,7 @@ from bench.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    CannotWrite,
     ConfigError,
     Interrupted,
     catch_stop_signals,
@@ -223,8 +224,8 @@ class Claim:
         # into place, which fails if it exists): an empty or unreadable claim is never a
         # claim being written, only debris of a crash, and is cleared like a dead owner's.
         staged = folder / f".{path.name}.{os.getpid()}.tmp"
-        staged.write_text(json.dumps(this_process()))
         try:
+            staged.write_text(json.dumps(this_process()))
             for _ in range(2):
                 try:
                     os.link(staged, path)
@@ -239,6 +240,8 @@ class Claim:
                         continue
                     return None, holder
             return None, None
+        except OSError as exc:  # a full or read-only disk: one line, nothing left behind
+            raise CannotWrite.of(exc, path) from None
         finally:
             staged.unlink(missing_ok=True)
 

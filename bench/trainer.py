@@ -98,6 +98,9 @@ class Trainer:
             raise
         finally:
             self.mllog.close()
+            if self.record is not None and self.mllog.failure:
+                self.record.data["notes"] = [*self.record.data.get("notes", []),
+                                             self.mllog.failure]
             if self.clocks is not None:
                 self.clocks.close()
         finish_run(self)

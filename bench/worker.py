@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import strategies
-from bench.errors import ConfigError
+from bench.errors import CannotWrite, ConfigError
 from bench.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
 from bench.loaders import build_loaders
 from bench.mlperf_log import MLPerfLog
@@ -91,7 +91,7 @@ def _error_line(exc: BaseException) -> str:
     """The exception's first line; bad input found only once the run is under way (an image
     that does not decode) is its message alone, as bad input is at the start."""
     text = str(exc).strip().splitlines()
-    if isinstance(exc, ConfigError) and text:
+    if isinstance(exc, (ConfigError, CannotWrite)) and text:
         return text[0]
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
@@ -102,7 +102,7 @@ _LOADER_TIMEOUT = re.compile(r"DataLoader timed out after (\d+(?:\.\d+)?) second
 def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
                 phase: str) -> RankError:
     """The line that names the failure and its phase, and whether it says what to do."""
-    line, explained = _error_line(exc), isinstance(exc, ConfigError)
+    line, explained = _error_line(exc), isinstance(exc, (ConfigError, CannotWrite))
     if is_out_of_memory(exc):
         explained = True
         with contextlib.suppress(Exception):  # a group never joined has no batch split

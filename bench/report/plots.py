@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table, workload
 from bench.report.views import short_options
+from bench.results import atomic_file
 
 
 def row_label(r) -> str:
@@ -319,8 +320,10 @@ def figures_per_workload(records: list[dict[str, Any]],
 
 def write_plots(records: list[dict[str, Any]], folder: Path,
                 probes: list[dict[str, Any]] | None = None) -> list[Path]:
-    """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Plots
-    written by an earlier report (this folder's PNG/SVG files) are replaced, not mixed in."""
+    """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Each
+    file is written aside and renamed into place (bench.results.atomic_file), then the plots
+    of an earlier report that this one did not draw are removed: a report killed while it
+    draws, or two reports of one folder at once, leave whole files, never cut ones."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -328,21 +331,23 @@ def write_plots(records: list[dict[str, Any]], folder: Path,
 
     matplotlib.rcParams["figure.max_open_warning"] = 0  # closed once written
     matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"  # same figure, same file
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
-                *folder.glob("*/*.svg")]:
-        old.unlink()
     written: list[Path] = []
     for name, figures in figures_per_workload(records, probes).items():
         sub = folder / workload_slug(name)
-        sub.mkdir(exist_ok=True)
         for key, fig in figures.items():
             for ext in ("png", "svg"):
                 path = sub / f"{key}.{ext}"
-                fig.savefig(path, dpi=120, metadata={"Date": None} if ext == "svg" else None)
+                with atomic_file(path) as tmp:
+                    fig.savefig(tmp, dpi=120, format=ext,
+                                metadata={"Date": None} if ext == "svg" else None)
                 written.append(path)
             plt.close(fig)
-    for empty in folder.iterdir():
+    kept = set(written)
+    for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
+                *folder.glob("*/*.svg")]:
+        if old not in kept and not old.name.startswith("."):  # another report's temp file
+            old.unlink(missing_ok=True)
+    for empty in folder.iterdir() if folder.is_dir() else []:
         if empty.is_dir() and not any(empty.iterdir()):
             empty.rmdir()
     return written
