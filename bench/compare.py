@@ -17,7 +17,7 @@ from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
 from bench.report.views import SAID_BY_WORKLOAD, said_once, short_options
-from bench.results import load_records, read_record
+from bench.results import load_record_file, load_records
 from bench.stats import welch
 
 FORMATS = ("text", "markdown", "csv", "json")
@@ -46,12 +46,14 @@ def load_side(path: str) -> list[dict[str, Any]]:
     where = Path(path)
     if where.is_file():
         try:
-            return [read_record(where)]
+            return [load_record_file(where)]
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path} is not a readable run record ({exc})") from None
+            raise ConfigError(f"{path} is not a usable run record ({exc})") from None
     if not where.is_dir():
         raise ConfigError(f"{path} is neither a results folder nor a record file")
-    records, _ = load_records(where)
+    records, warnings = load_records(where)
+    for line in warnings:
+        print(f"bench compare: {line}", file=sys.stderr)
     if not records:
         raise ConfigError(f"{path} holds no run records; point it at a `bench run --output` "
                           "folder or a record file")

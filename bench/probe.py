@@ -25,6 +25,7 @@ from bench import terminal
 from bench.config import check_rendezvous, check_timeout
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.models import DEFAULT_MODEL, ModelSpec, check_model, check_model_builds, short_name
+from bench.results import read_record
 
 KIB, MIB = 1024, 1024 * 1024
 PROBE_SIZES = [KIB * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
@@ -224,17 +225,47 @@ def probe_kind(record: dict[str, Any]) -> tuple:
             record.get("nodes") or 1)
 
 
-def load_probes(results: str | Path) -> list[dict[str, Any]]:
+def load_probes(results: str | Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """The all-reduce probes under ``results/probes``; a file that is no probe, or whose
+    figures cannot be (a size or a time of zero, a bandwidth that is not a positive number),
+    is left out, with a line in ``warnings`` when a list is given."""
     folder = Path(results) / "probes"
     probes = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("kind") == "allreduce-probe":
+            data = read_record(path)
+        except (OSError, ValueError) as exc:
+            problem = f"not readable JSON ({exc})"
+        else:
+            problem = probe_problem(data)
+        if problem is None:
             probes.append(data)
+        elif warnings is not None:
+            warnings.append(f"skipped {path}: {problem}")
     return probes
+
+
+def probe_problem(data: Any) -> str | None:
+    """What makes this JSON unusable as an all-reduce probe, or None."""
+    if not isinstance(data, dict) or data.get("kind") != "allreduce-probe":
+        return "not an all-reduce probe (kind is not allreduce-probe)"
+    world = data.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 2:
+        return f"world_size is {world!r}, not a count of 2 ranks or more"
+    if not isinstance(data.get("device"), str):
+        return "device missing or not a string"
+    results = data.get("results")
+    if not isinstance(results, list) or not results:
+        return "results missing or empty"
+    for i, point in enumerate(results):
+        if not isinstance(point, dict):
+            return f"results[{i}] is not an object"
+        for key in ("bytes", "time_s", "busbw_GBps"):
+            value = point.get(key)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value) or value <= 0):
+                return f"results[{i}].{key} is {value!r}, not a positive number"
+    return None
 
 
 def ideal_allreduce_s(probe: dict[str, Any], size: int) -> float:

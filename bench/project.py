@@ -98,17 +98,19 @@ def resolve_network(name: str | None, intra: float | None, inter: float | None,
 
 
 def _records(source: str) -> tuple[list[dict[str, Any]], Path]:
-    from bench.results import load_records
+    from bench.results import load_record_file, load_records
 
     path = Path(source)
     if path.is_file():
         try:
-            return [json.loads(path.read_text())], path.parent.parent
+            return [load_record_file(path)], path.parent.parent
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{source} is not a run record ({exc})") from None
+            raise ConfigError(f"{source} is not a usable run record ({exc})") from None
     if not path.is_dir():
         raise ConfigError(f"{source} is neither a results folder nor a record file")
-    records, _ = load_records(source)
+    records, warnings = load_records(source)
+    for line in warnings:
+        print(f"bench project: {line}", file=sys.stderr)
     return records, path
 
 
@@ -174,7 +176,10 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
             raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
         file_to_write("--plot", plot, "scaling.png")
     records, root = _records(source)
-    probes = load_probes(root)
+    skipped: list[str] = []
+    probes = load_probes(root, skipped)
+    for line in skipped:
+        print(f"bench project: {line}", file=sys.stderr)
     if validate:
         return _validate(records, probes, root)
     net = resolve_network(network, intra, inter, probes)

@@ -190,6 +190,45 @@ def read_record(path: Path) -> dict[str, Any]:
 
 _NUMBER = (int, float)
 _EPOCH_NUMBERS = ("train_time_s", "images_per_s", "top1", "peak_mem_bytes")
+# Optional fields the readers use, by where they are, with the type each must have when it
+# is there (None is "not recorded"). Checked once, on loading, so that no reader meets a
+# string where it does arithmetic (each used to be a traceback).
+_OPTIONAL = {
+    (): {"started_at": str, "device": str, "precision": str, "gpus_requested": int,
+         "processes": int, "grad_accum": int, "global_batch": int, "train_size": int,
+         "seed": int, "epochs": int, "nodes": int, "config": dict, "model": dict, "env": dict,
+         "target_top1": _NUMBER, "time_to_target_s": _NUMBER, "reached_target": bool,
+         "dataset": str, "norm": str, "loader": str, "workers_per_replica": int,
+         "channels_last": bool, "compile": bool, "compile_mode": str, "cudagraphs": str,
+         "optimizer_impl": str, "gpu_shared": bool, "ddp_options": dict, "owner": dict,
+         "compute_step_s": _NUMBER, "exposed_comm_fraction": _NUMBER,
+         "loader_alone_images_per_s": _NUMBER, "gradient_timeline": dict,
+         "gradient_buckets": list, "train_flops_per_image": _NUMBER,
+         "peak_tflops_per_gpu": _NUMBER, "notes": list, "tag": str, "error": str,
+         "initial_param_fingerprint": str, "initial_reference_fingerprint": str,
+         "initial_replicas_identical": bool, "replicas_identical": bool,
+         "per_rank_batch": int, "lr": _NUMBER, "backend": str},
+    ("model",): {"name": str, "width": _NUMBER, "parameters": int, "num_classes": int,
+                 "image_size": int},
+    ("config",): {"width": _NUMBER, "epochs": int, "synthetic_difficulty": _NUMBER},
+    ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int},
+}
+_EPOCH_OPTIONAL = {"eval_time_s": _NUMBER, "top5": _NUMBER, "train_loss": _NUMBER,
+                   "test_loss": _NUMBER, "input_wait_s": _NUMBER, "mfu": _NUMBER,
+                   "achieved_tflops": _NUMBER, "gpu_clocks": dict, "warmup": bool,
+                   "step_time_p50_s": _NUMBER, "step_time_p90_s": _NUMBER,
+                   "data_order_sha1": str, "test_images": int, "train_images": int}
+
+
+def _kind_name(kind) -> str:
+    return "a number" if kind is _NUMBER else ("a list" if kind is list else kind.__name__)
+
+
+def _wrong_type(value: Any, kind) -> bool:
+    if kind is bool:
+        return not isinstance(value, bool)
+    return not isinstance(value, kind) or isinstance(value, bool) or (
+        isinstance(value, float) and not math.isfinite(value))
 
 
 def record_problem(rec: Any) -> str | None:
@@ -200,31 +239,46 @@ def record_problem(rec: Any) -> str | None:
     for key, kind in (("run_id", str), ("status", str), ("strategy", str),
                       ("world_size", int), ("per_epoch", list)):
         if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
-            return f"{key} missing or not {'a list' if kind is list else kind.__name__}"
-    for key, kind in (("started_at", str), ("device", str), ("precision", str),
-                      ("gpus_requested", int), ("processes", int), ("grad_accum", int),
-                      ("global_batch", int), ("train_size", int), ("seed", int),
-                      ("config", dict), ("model", dict), ("env", dict), ("target_top1", _NUMBER),
-                      ("time_to_target_s", _NUMBER)):
-        value = rec.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            return f"{key} is {type(value).__name__}, not {getattr(kind, '__name__', 'number')}"
+            return f"{key} missing or not {_kind_name(kind)}"
+    if rec["world_size"] < 1:
+        return f"world_size is {rec['world_size']}, not a count of processes"
+    for where, fields in _OPTIONAL.items():
+        holder = rec.get(where[0]) if where else rec
+        if not isinstance(holder, dict):
+            continue  # absent (the type of the holder itself is checked at the top level)
+        for key, kind in fields.items():
+            value = holder.get(key)
+            if value is not None and _wrong_type(value, kind):
+                name = ".".join((*where, key))
+                return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
+    if rec.get("reached_target") and rec.get("time_to_target_s") is None:
+        return "reached_target without time_to_target_s"
     for i, epoch in enumerate(rec["per_epoch"]):
         if not isinstance(epoch, dict):
             return f"per_epoch[{i}] is not an object"
         for key in _EPOCH_NUMBERS:
             value = epoch.get(key)
-            if not isinstance(value, _NUMBER) or isinstance(value, bool):
+            if value is None or _wrong_type(value, _NUMBER):
                 return f"per_epoch[{i}].{key} missing or not a number"
+        for key, kind in _EPOCH_OPTIONAL.items():
+            value = epoch.get(key)
+            if value is not None and _wrong_type(value, kind):
+                return f"per_epoch[{i}].{key} is {type(value).__name__}, not {_kind_name(kind)}"
+        if not 0 <= epoch["top1"] <= 1:
+            return f"per_epoch[{i}].top1 is {epoch['top1']!r}, not a fraction"
+        if epoch["train_time_s"] <= 0 or epoch["images_per_s"] < 0:
+            return f"per_epoch[{i}] has a time or speed of {epoch['train_time_s']!r} s"
     return None
 
 
 def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     """All records under ``results/runs`` (or ``results`` itself), oldest first, and one
-    warning per file that is not a readable record."""
+    warning per file that is not a readable record, and per record whose run id another
+    file already holds (a copy: counting it would count one run twice)."""
     root = Path(results)
     folder = runs_dir(root) if runs_dir(root).is_dir() else root
     records, warnings = [], []
+    seen: dict[str, Path] = {}
     for path in sorted(folder.glob("*.json")):
         try:
             record = read_record(path)
@@ -235,9 +289,24 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
         if problem:
             warnings.append(f"skipped {path}: not a parallel-bench run record ({problem})")
             continue
+        first = seen.setdefault(record["run_id"], path)
+        if first != path:
+            warnings.append(f"skipped {path}: run {record['run_id']} is already {first.name}'s "
+                            "(one run, counted once)")
+            continue
         records.append(record)
     records.sort(key=lambda r: r.get("started_at", ""))
     return records, warnings
+
+
+def load_record_file(path: str | Path) -> dict[str, Any]:
+    """One record file given by name (``bench compare A B``, ``bench project FILE``): a
+    ValueError saying why it is not a usable run record."""
+    record = read_record(Path(path))
+    problem = record_problem(record)
+    if problem:
+        raise ValueError(f"not a parallel-bench run record: {problem}")
+    return record
 
 
 def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,6 +4,8 @@ with a line naming the file, never a traceback."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -78,3 +80,84 @@ def test_committed_records_carry_their_reference():
         rec = json.loads(path.read_text())
         if rec.get("initial_param_fingerprint"):
             assert rec.get("initial_reference_fingerprint"), path
+
+
+def _valid(run_id: str, world: int = 2) -> dict:
+    return {**record(run_id, "ddp", world, [2.0, 1.0], [0.1, 0.2]),
+            "initial_param_fingerprint": "a", "initial_reference_fingerprint": "a",
+            "compute_step_s": 0.5}
+
+
+# Valid JSON, wrong inside: each was a traceback in report, compare or project.
+MALFORMED = {
+    "model name a number": {"model": {"name": 5, "width": 1.0}},
+    "model width a string": {"model": {"width": "wide"}},
+    "dataset a number": {"dataset": 7},
+    "ddp_options a string": {"ddp_options": "fast"},
+    "epochs a list": {"epochs": [3]},
+    "reached without a time": {"reached_target": True, "time_to_target_s": None,
+                               "target_top1": 10.0},
+    "compute step a string": {"compute_step_s": "0.1"},
+    "difficulty a string": {"config": {"synthetic_difficulty": "hard"}},
+    "top-1 absurd": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
+                                    "top1": 1e308}]},
+    "an epoch of 0 s": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
+                                       "train_time_s": 0}]},
+    "gpu clocks a string": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
+                                           "gpu_clocks": "fast"}]},
+    "world size 0": {"world_size": 0},
+    "env gpus a string": {"env": {"gpus": "H100"}},
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_record_is_skipped_with_its_reason(case, tmp_path):
+    results = write_runs(tmp_path / "results", [_valid("good"), _valid("good2", 1)])
+    bad = {**_valid("bad"), **MALFORMED[case]}
+    (results / "runs" / "bad.json").write_text(json.dumps(bad))
+    (results / "runs" / "foreign.json").write_text(json.dumps({"name": "not ours", "n": [1]}))
+    for args in (["report", "--results", str(results), "--no-write"],
+                 ["compare", str(results), str(results)],
+                 ["project", str(results), "--intra-busbw", "10", "--inter-busbw", "5"]):
+        proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in proc.stderr, (args[0], proc.stderr)
+        # (project: 2 where the good records hold nothing it projects, as for any folder)
+        assert proc.returncode in ((0, 2) if args[0] == "project" else (0,)), proc.stderr
+        skipped = [line for line in proc.stderr.splitlines() if "skipped" in line]
+        assert any("bad.json" in line for line in skipped), (args[0], proc.stderr)
+        assert any("foreign.json" in line for line in skipped), (args[0], proc.stderr)
+    # named alone, it is bad input
+    proc = subprocess.run([*BENCH, "compare", str(results / "runs" / "bad.json"),
+                           str(results)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "bad.json" in proc.stderr
+
+
+@pytest.mark.parametrize("figures", [
+    {"bytes": 0}, {"time_s": 0}, {"busbw_GBps": -1}, {"busbw_GBps": "fast"}, {"bytes": None},
+])
+def test_a_probe_with_impossible_figures_is_skipped_with_its_reason(figures, tmp_path):
+    from tests.report_records import probe
+
+    results = write_runs(tmp_path / "results", [_valid("good"), _valid("good2", 1)])
+    bad = probe("bad", "cpu", 1.0)
+    bad["results"][1].update(figures)
+    (results / "probes").mkdir()
+    (results / "probes" / "bad.json").write_text(json.dumps(bad))
+    for args in (["report", "--results", str(results), "--no-write"],
+                 ["project", str(results), "--network", "probe"],
+                 ["project", str(results), "--validate"]):
+        proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "skipped" in proc.stderr and "probes/bad.json" in proc.stderr, (args, proc.stderr)
+
+
+def test_two_records_of_one_run_are_counted_once(tmp_path):
+    results = write_runs(tmp_path / "results", [_valid("one"), _valid("single", 1)])
+    (results / "runs" / "one-copy.json").write_text((results / "runs" / "one.json").read_text())
+    proc = subprocess.run([*BENCH, "report", "--results", str(results), "--format", "csv",
+                           "--no-write"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "run one is already" in proc.stderr, proc.stderr
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert [row["runs"] for row in rows if row["world_size"] == "2"] == ["1"], proc.stdout

@@ -228,7 +228,8 @@ def test_a_block_too_wide_leaves_out_its_least_needed_columns_not_the_status():
     records = [record("a", "ddp", 1, [5.0, 4.0], [0.1, 0.2]),
                record("b", "ddp", 2, [5.0, 2.0], [0.1, 0.25]),
                {**record("c", "ddp", 2, [5.0, 2.2], [0.1, 0.2]),
-                "initial_param_fingerprint": "not the seed's"},
+                "initial_param_fingerprint": "not the seed's",
+                "initial_reference_fingerprint": "the seed's"},
                {**record("d", "fsdp", 2, [5.0, 2.2], [0.1, 0.2]), "status": "failed",
                 "error": "boom"}]
     lines = to_text(summary_table(records), width=90).splitlines()

@@ -115,10 +115,10 @@ def test_strategies_train_on_the_same_batches(three_runs):
     assert list(table["same_start"]) == ["✓", "✓", "✓"]
     moved = {**by["ddp"], "initial_param_fingerprint": "0" * 40}  # e.g. a step before step 1
     assert list(summary_table([moved])["same_start"]) == ["✗"]
-    # A record from before the reference was kept is checked against one drawn here.
+    # Without the reference the start is unknown: the report never builds the model a
+    # record names to draw one (tests/test_hostile_records.py).
     older = {k: v for k, v in by["ddp"].items() if k != "initial_reference_fingerprint"}
-    assert list(summary_table([older])["same_start"]) == ["✓"]
-    assert list(summary_table([{**older, "seed": 12}])["same_start"]) == ["✗"]
+    assert list(summary_table([older])["same_start"]) == [None]
     ddp_losses = [e["train_loss"] for e in by["ddp"]["per_epoch"]]
     spawn_losses = [e["train_loss"] for e in by["ddp-spawn"]["per_epoch"]]
     assert ddp_losses == pytest.approx(spawn_losses, rel=1e-6)

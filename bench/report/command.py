@@ -40,15 +40,16 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         if status != rec.get("status"):
             warnings.append(f"{rec['run_id']} says {rec.get('status')}, counted as {status} "
                             f"({error})")
+    from bench.probe import load_probes
+
+    probes = load_probes(results, warnings)
     for line in warnings:
         print(f"bench report: {line}", file=sys.stderr)
     if not records:
         print(f"bench report: no run records in {results} (nor in {runs_dir(results)}); "
               "nothing written", file=sys.stderr)
         return EXIT_FAILED
-    from bench.probe import load_probes
-
-    table = summary_table(records, reference or "ddp:1", load_probes(results))
+    table = summary_table(records, reference or "ddp:1", probes)
     if reference is not None and not table["is_reference"].any():
         finished = table[table["status"] == "ok"]
         rows = sorted(set(zip(finished["strategy"], finished["world_size"])))
@@ -84,11 +85,11 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
 
             write_text_atomic(root / "trace_breakdown.csv", pd.DataFrame(traced).to_csv(
                 index=False, float_format="%.2f"))
-        plots = write_plots(records, root / "plots", load_probes(results))
+        plots = write_plots(records, root / "plots", probes)
         print(f"wrote {root / 'summary.csv'}, {root / 'summary.md'} and {len(plots)} plot files "
               f"under {root / 'plots'}", file=sys.stderr)
     if readme:
-        changed = update_readme(Path(readme), records, load_probes(results))
+        changed = update_readme(Path(readme), records, probes)
         print(f"{readme}: table {'updated' if changed else 'already up to date'}",
               file=sys.stderr)
     return 0

@@ -101,7 +101,7 @@ def workload(rec: dict[str, Any], gpu: bool = True) -> str:
     """What was trained, and (``gpu``) on which GPU model: only runs of the same workload
     are compared with each other (an H100's epoch is neither a repeat of an H200's nor its
     baseline)."""
-    width = (rec.get("model") or rec.get("config") or {}).get("width", 1.0)
+    width = (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
     model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
     model = model if width == 1.0 else f"{model} x{width:g}"
     config = rec.get("config") or {}
