@@ -9,6 +9,8 @@ are decoded per item by the DataLoader's workers, so only ``--loader torch`` ser
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -52,19 +54,42 @@ def folder_classes(root: str | Path) -> list[str]:
 
 
 def _samples(root: Path, split: str) -> list[tuple[str, int]]:
-    from torchvision.datasets.folder import make_dataset
-
+    """(path, class index) of every image of a split, in torchvision ImageFolder's order
+    (classes sorted, then each class folder walked, folders and files sorted), following
+    links as it does, but never into a folder reached before: a link back up the tree (a
+    loop) or a second way into one folder would serve its images again and again (a
+    40-image tree trained as 840), so it is refused in one line."""
     folder = root / SPLIT_FOLDERS[split]
     classes = folder_classes(root)
-    try:
-        samples = make_dataset(str(folder), {c: i for i, c in enumerate(classes)},
-                               extensions=_extensions(), allow_empty=True)
-    except (OSError, FileNotFoundError) as exc:
-        raise ConfigError(f"--data imagefolder: cannot read {folder} ({exc})") from None
+    extensions = _extensions()
+    samples = []
+    seen: dict[tuple[int, int], str] = {}  # every folder of the split, by device and inode
+    for index, name in enumerate(classes):
+        walked = []
+        try:
+            for here, _dirs, files in os.walk(folder / name, followlinks=True,
+                                              onerror=_raise):
+                info = os.stat(here)
+                first = seen.setdefault((info.st_dev, info.st_ino), here)
+                if first != here:
+                    raise ConfigError(f"--data imagefolder: {here} is {first} again (a link "
+                                      "that loops or leads into a folder read already); "
+                                      "remove the link")
+                walked.append((here, files))
+        except OSError as exc:
+            raise ConfigError(f"--data imagefolder: cannot read {folder / name} "
+                              f"({exc.strerror or exc})") from None
+        for here, files in sorted(walked):
+            samples.extend((os.path.join(here, f), index) for f in sorted(files)
+                           if f.lower().endswith(extensions))
     if not samples:
         raise ConfigError(f"--data imagefolder: no images in {folder} (extensions "
-                          f"{', '.join(_extensions())})")
+                          f"{', '.join(extensions)})")
     return samples
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
 
 
 def _extensions() -> tuple[str, ...]:
@@ -113,10 +138,18 @@ class FolderImages(Dataset):
         from torchvision.datasets.folder import default_loader
 
         path, label = self.samples[index]
+        from PIL import Image
+
         try:
             image = default_loader(path)
         except OSError as exc:  # a truncated or non-image file: name it (PIL's own message
             # repeats the path inside a file object's repr)
             raise ConfigError(f"--data imagefolder: cannot decode {path} "
                               f"({type(exc).__name__}); remove it") from None
+        except Image.DecompressionBombError as exc:  # PIL refuses to decode it at all
+            pixels = re.search(r"\((\d+) pixels\)", str(exc))
+            raise ConfigError(f"--data imagefolder: {path} is too large to decode "
+                              f"({f'{int(pixels.group(1)):,} pixels, ' if pixels else ''}"
+                              "over PIL's decompression-bomb limit); shrink or remove it"
+                              ) from None
         return self.transform(image), label

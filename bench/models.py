@@ -127,6 +127,7 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             model = spec.build().eval()
         built = True
+        _check_parameters(spec.name, model)
         images = torch.zeros(1, 3, spec.image_size, spec.image_size)
         with torch.no_grad():
             logits = model(images)
@@ -148,6 +149,21 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
                           f"{shape or type(logits).__name__}, not logits of shape "
                           f"(1, {spec.num_classes}); it must return one logit per class")
     return model
+
+
+def _check_parameters(name: str, model: nn.Module) -> None:
+    """A model must have something to train, made on the CPU with values: bench moves it to
+    each rank's device and draws the same start for every strategy."""
+    params = list(model.parameters())
+    if not params:
+        raise ConfigError(f"--model {name} has no parameters: there is nothing to train; "
+                          "return a model with trainable layers")
+    devices = sorted({p.device.type for p in params})
+    if devices != ["cpu"]:
+        where = "on the meta device (shapes without values)" if "meta" in devices else (
+            f"on {', '.join(devices)}")
+        raise ConfigError(f"--model {name} makes its parameters {where}; build them on the "
+                          "CPU (bench moves the model to each rank's device)")
 
 
 def build_model(name: str, num_classes: int, width: float = 1.0,

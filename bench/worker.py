@@ -136,6 +136,10 @@ def run_rank(spec_path: str | Path) -> None:
     try:
         strategy.setup(spec.topology)
         heartbeat.bind(strategy.rank)
+        # Beat before the build: a model factory or data set that never returns in a rank is
+        # then bounded by --timeout like a stuck collective (the watchdog only sees ranks
+        # that beat once; this rank had not, and such a run waited for ever).
+        heartbeat("build: model and data", force=True)
         trainer = build_trainer(spec, strategy, heartbeat)
         trainer.run()
         # The DDP wrapper must be gone before its process group is destroyed: gloo aborts

@@ -150,12 +150,18 @@ def _bad_folder(tmp_path, kind: str):
         (root / "val").rmdir()
     elif kind == "other classes":
         (root / "val" / "fish").rename(root / "val" / "bird")
+    elif kind == "loop":  # a link back up the tree: its images again and again
+        (root / "train" / "cat" / "again").symlink_to(root / "train")
+    elif kind == "second way":  # one class's folder linked into another
+        (root / "train" / "dog" / "cats").symlink_to(root / "train" / "cat")
     return root
 
 
 @pytest.mark.parametrize("kind, args, says", [
     ("no val", [], "images/val is not a folder; lay the images out as DIR/train/CLASS/*.jpg"),
     ("other classes", [], "must hold the same class folders (differ in bird, fish)"),
+    ("loop", [], "(a link that loops or leads into a folder read already); remove the link"),
+    ("second way", [], "(a link that loops or leads into a folder read already); remove"),
     ("fine", ["--loader", "gpu"], "an ImageFolder is decoded per image: use --loader torch"),
     ("fine", ["--synthetic-classes", "5"], "--synthetic-classes applies to --data synthetic"),
     ("fine", ["--image-size", "4"], "--image-size must lie in 8..1024"),
@@ -186,6 +192,25 @@ def test_images_that_do_not_decode_fail_the_run_in_one_line(tmp_path):
                         r"img\d+\.(jpg|png) \(UnidentifiedImageError\); remove it \[in train "
                         r"epoch 1 step 1\]", error), error  # not "waiting for the other ranks"
     assert proc.stderr.strip().splitlines()[-1].startswith(f"bench: run failed: {error}")
+
+
+def test_a_decompression_bomb_fails_the_run_in_one_line_naming_it(tmp_path):
+    """An image whose header claims more pixels than PIL will decode (a decompression
+    bomb): a traceback naming no file, before; now the file, its size and the fix."""
+    root = tmp_path / "images"
+    write_imagefolder(root)
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (14_000, 14_000)).save(bomb)  # 196 M pixels in a few kilobytes
+    for image in (root / "train" / "cat").glob("img*"):
+        image.write_bytes(bomb.read_bytes())
+    proc = run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
+                     str(root), "--batch-size", "8", *TINY, "--output", str(tmp_path / "out"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    error = only_record(tmp_path / "out")["error"]
+    assert re.fullmatch(rf"rank [01]: --data imagefolder: {root}/train/cat/img\d+\.(jpg|png) "
+                        r"is too large to decode \(196,000,000 pixels, over PIL's "
+                        r"decompression-bomb limit\); shrink or remove it \[in train epoch 1 "
+                        r"step 1\]", error), error
 
 
 def test_a_loader_worker_that_never_serves_fails_the_run_after_its_timeout(tmp_path):

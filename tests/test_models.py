@@ -4,6 +4,8 @@ built is refused in one line."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import ROOT, assert_ok, only_record, run_bench
 
@@ -61,12 +63,29 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
     (["--model", "user_models:takes_a_config"], "--model user_models:takes_a_config: building "
      "it with 100 classes failed (TypeError: 'int' object is not subscriptable)"),
     (["--model", "user_models:ten_logits"], "not logits of shape (1, 100)"),
+    (["--model", "user_models:no_parameters"], "has no parameters: there is nothing to train"),
+    (["--model", "user_models:on_meta"], "makes its parameters on the meta device (shapes "
+     "without values); build them on the CPU"),
 ])
 def test_a_model_that_cannot_be_built_is_one_line(args, says, tmp_path):
     proc = run_bench("run", "--strategy", "ddp", *args, *TINY, "--output", str(tmp_path),
                      env=USER)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("factory", ["hangs_in_every_rank", "hangs_in_rank_1"])
+def test_a_factory_that_never_returns_in_a_rank_is_bounded_by_the_timeout(factory, tmp_path):
+    """Every rank stuck in the user's factory reached no collective that could time out, and
+    had not beaten yet: the run waited for ever. Now --timeout bounds it."""
+    started = time.monotonic()
+    proc = run_bench("run", "--strategy", "ddp", "--model", f"user_models:{factory}", *TINY,
+                     "--timeout", "5", "--output", str(tmp_path), env=USER, timeout=120)
+    assert time.monotonic() - started < 60, "not bounded by --timeout"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    rec = only_record(tmp_path)
+    assert rec["status"] == "failed" and rec["error"].startswith("timeout: rank "), rec["error"]
+    assert "build: model and data" in rec["error"] or "start-up" in rec["error"], rec["error"]
 
 
 def test_a_factory_that_returns_no_module_is_one_line(tmp_path):

@@ -25,3 +25,49 @@ def ten_logits(num_classes: int) -> nn.Module:
 def takes_a_config(config: dict) -> nn.Module:
     """A factory written for another harness: it wants a dict, not the number of classes."""
     return nn.Linear(config["features"], config["classes"])
+
+
+class _Constant(nn.Module):
+    """Logits computed from the image without a single parameter."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, images):
+        return images.mean((1, 2, 3))[:, None].expand(-1, self.num_classes)
+
+
+def no_parameters(num_classes: int) -> nn.Module:
+    """Nothing to train: every strategy's optimizer would refuse it."""
+    return _Constant(num_classes)
+
+
+def on_meta(num_classes: int) -> nn.Module:
+    """Parameters on the meta device (shapes only, no values): nothing to train from."""
+    import torch
+
+    with torch.device("meta"):
+        return tiny_cnn(num_classes)
+
+
+def hangs_in_rank_1(num_classes: int) -> nn.Module:
+    """Builds at once in bench's own check and in rank 0, never in rank 1 (a factory that
+    waits for a file, a lock or a download that never comes)."""
+    import os
+    import time
+
+    while os.environ.get("RANK") == "1":
+        time.sleep(1)
+    return tiny_cnn(num_classes)
+
+
+def hangs_in_every_rank(num_classes: int) -> nn.Module:
+    """Builds at once in bench's own check, never in a rank (none reaches a collective that
+    could time out)."""
+    import os
+    import time
+
+    while "RANK" in os.environ:
+        time.sleep(1)
+    return tiny_cnn(num_classes)
