@@ -132,6 +132,19 @@ class Topology:
     gpu_shared: bool = False  # more ranks than GPUs on a machine (gloo): correctness only
 
 
+# How long a rank's --compile warm-up may take (ranks compile at their own speed; the first
+# waits in the warm-up's collectives for the last). While it lasts the rank beats, and the
+# process group's collectives may wait this long; past it the run ends as a timeout "in
+# compile". Training's collectives stay bounded by --timeout through the heartbeat watchdog.
+COMPILE_LIMIT_S = 1800.0
+
+
+def group_timeout(timeout: float, compile_: bool, processes: int) -> float:
+    """Seconds a collective of the process group may wait: --timeout, or the compile limit
+    where ranks compile (a rank that compiles 5 minutes longer than its peer is not stuck)."""
+    return max(timeout, COMPILE_LIMIT_S) if compile_ and processes > 1 else timeout
+
+
 @dataclass(frozen=True)
 class Features:
     """The run-wide choices a strategy may have to refuse (some combinations cannot work)."""

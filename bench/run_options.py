@@ -126,9 +126,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                             "torch's, i.e. convolutions in TF32); recorded as allow_tf32")
     speed.add_argument("--channels-last", action="store_true", help="NHWC memory format")
     speed.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
-                       help="torch.compile the model (compile time recorded apart); MODE: "
-                            "default, reduce-overhead (CUDA graphs), max-autotune or "
-                            "max-autotune-no-cudagraphs")
+                       help="torch.compile the model (compile time recorded apart; the "
+                            "warm-up may take up to 30 min); MODE: default, reduce-overhead "
+                            "(CUDA graphs), max-autotune or max-autotune-no-cudagraphs")
     speed.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
                        help="SGD implementation")
     speed.add_argument("--no-cudnn-benchmark", action="store_true",

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from bench import launch
 from bench.cluster import default_rdzv_id, slurm_task
-from bench.config import RunConfig, Topology, host_slots
+from bench.config import RunConfig, Topology, group_timeout, host_slots
 from bench.datasets import model_spec
 from bench.errors import (
     EXIT_FAILED,
@@ -103,7 +103,7 @@ class RunPlan:
         self.topology = Topology(
             device_type=self.device_type, gpus=cfg.gpus, nodes=cfg.nodes, hosts=cfg.hosts,
             rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None,
-            timeout=cfg.timeout,
+            timeout=group_timeout(cfg.timeout, cfg.compile, cfg.gpus * cfg.nodes),
             backend=cfg.backend or ("nccl" if self.device_type == "cuda" else "gloo"),
             gpu_shared=self.slurm is None and shares_gpus(cfg, self.device_type),
         )

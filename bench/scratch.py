@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -193,6 +194,29 @@ class Heartbeat:
     def bind(self, rank: int) -> None:
         """Beat for this rank from now on (once the strategy has joined its group)."""
         self.path = self.scratch.beat(rank) if self.scratch.exists() else None
+
+    @contextlib.contextmanager
+    def through(self, phase: str, limit: float):
+        """Beat every second from a thread while one long call runs (a compile warm-up,
+        whose rank cannot beat from inside it), as ``phase (N s)``, for at most ``limit``
+        seconds: past it the beats stop and the watchdog ends the run in that phase."""
+        done = threading.Event()
+        started = time.monotonic()
+
+        def beat() -> None:
+            while not done.wait(1.0) and time.monotonic() - started < limit:
+                self(f"{phase} ({time.monotonic() - started:.0f} s of at most {limit:.0f})",
+                     force=True)
+
+        self(phase, force=True)
+        thread = threading.Thread(target=beat, name="bench-beat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            self(phase, force=True)
 
     def __call__(self, phase: str, force: bool = False) -> None:
         self.phase = phase

@@ -21,7 +21,7 @@ from bench.across_ranks import (
     slowest_rank,
     sync_devices,
 )
-from bench.config import RunConfig
+from bench.config import COMPILE_LIMIT_S, RunConfig
 from bench.errors import Diverged
 from bench.extra_steps import compute_only_steps, loader_alone, profile_steps
 from bench.faults import Fault
@@ -318,20 +318,23 @@ class Trainer:
         if not self.cfg.compile:
             return None
         s, parts = self.strategy, self.parts
-        self.beat("compile", force=True)
         module = getattr(parts.model, "module", parts.model)
         saved = [b.detach().clone() for b in module.buffers()]
         with unchanged_randomness(self.loaders.train):
             images, labels = next(iter(self.loaders.train))[:2]
         images = images.to(s.device, parts.dtype, memory_format=parts.memory_format)
         labels = labels.to(s.device)
-        sync_devices(s)
-        start = time.perf_counter()
-        with parts.precision.autocast():
-            loss = self.criterion(parts.forward(images), labels)
-        s.backward(loss, parts.optimizer, parts.precision)
-        sync_devices(s)
-        seconds = time.perf_counter() - start
+        # The compile is one long call, and a rank that finished compiling waits for its
+        # peers in the backward's collectives: the rank beats from a thread throughout, for
+        # at most the stated limit (the group's collectives may wait as long: group_timeout).
+        with self.beat.through("compile", COMPILE_LIMIT_S):
+            sync_devices(s)
+            start = time.perf_counter()
+            with parts.precision.autocast():
+                loss = self.criterion(parts.forward(images), labels)
+            s.backward(loss, parts.optimizer, parts.precision)
+            sync_devices(s)
+            seconds = time.perf_counter() - start
         s.discard_gradients(parts.optimizer)
         with torch.no_grad():
             for buffer, value in zip(module.buffers(), saved):

@@ -22,7 +22,9 @@ the offline path is the path taken every time:
      built for its torch and Python elsewhere (``HOROVOD_BUILD_MODE=gpu`` cross-compiles it
      for sm_90 where nvcc is; ``make gpu-wheels`` does so for the GPU machine).
 
-The wheel is kept in ``.cache/horovod/`` under a name with the torch version and mode, so a
+The wheel is kept in ``.cache/horovod/`` under a name with the torch version and mode (and in
+GPU mode the CUDA architectures it has kernels for, checked against the visible GPUs before a
+cached wheel is installed: an sm_90 wheel on an A100 would fail with "no kernel image"), so a
 second ``make horovod`` installs it in seconds (``HOROVOD_WHEEL_CACHE`` moves that folder,
 e.g. into a folder carried to a GPU machine). ``--target DIR`` installs into DIR (for an
 interpreter you may not install into; put DIR on PYTHONPATH). Horovod's source is never
@@ -221,7 +223,8 @@ def install_build_deps(house: Path, *, separate: bool) -> None:
     run(pip("install", "--quiet", *offline, "--target", str(TOOLS), "--upgrade", *BUILD_DEPS))
 
 
-def build_env(mode: str, toolkit: Path | None, house: Path) -> dict[str, str]:
+def build_env(mode: str, toolkit: Path | None, house: Path,
+              archs: list[str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         HOROVOD_WITH_PYTORCH="1",
@@ -248,10 +251,8 @@ def build_env(mode: str, toolkit: Path | None, house: Path) -> dict[str, str]:
         assert toolkit is not None
         env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_CUDA_HOME=str(toolkit),
                    CUDA_HOME=str(toolkit), CUDAToolkit_ROOT=str(toolkit))
-        caps = visible_capabilities()
-        if not env.get("HOROVOD_BUILD_CUDA_CC_LIST"):  # no GPU here: cross-compile for H100
-            env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(caps) if caps else "90"
-        log(f"CUDA architectures: {env.get('HOROVOD_BUILD_CUDA_CC_LIST', 'all of nvcc')}")
+        env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(archs or build_archs())
+        log(f"CUDA architectures: {env['HOROVOD_BUILD_CUDA_CC_LIST']}")
         home = find_wheel_nccl()
         if home is not None:  # else Horovod's CMake finds a system NCCL itself
             links = nccl_link_folder(home)
@@ -264,7 +265,8 @@ def build_env(mode: str, toolkit: Path | None, house: Path) -> dict[str, str]:
     return env
 
 
-def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | None) -> None:
+def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | None,
+                archs: list[str]) -> None:
     src_root = BUILD / "src"
     shutil.rmtree(src_root, ignore_errors=True)  # a fresh copy: the patches apply once
     src_root.mkdir(parents=True)
@@ -273,7 +275,7 @@ def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | Non
     src = src_root / f"horovod-{VERSION}"
     patch_source(src, std, mode)
     run(pip("wheel", "--no-index", "--no-build-isolation", "--no-deps", "-w", str(out),
-            str(src)), env=build_env(mode, toolkit, house))
+            str(src)), env=build_env(mode, toolkit, house, archs))
     for wheel in out.glob(f"horovod-{VERSION}-{PYTHON_TAG}-*.whl"):  # CMake links with -g
         log(strip_wheel(wheel))
 
@@ -296,15 +298,48 @@ def verify(target: Path | None) -> None:
     run([sys.executable, "-m", "horovod.runner.launch", "--check-build"], env=env)
 
 
-def wheel_tag(torch_version: str, mode: str, std: int) -> str:
-    """The cache folder of the wheels built for this torch, mode and C++ standard."""
-    return f"torch{torch_version.replace('+', '_')}-{mode}-cxx{std}"
+def build_archs() -> list[str]:
+    """The CUDA architectures a GPU build compiles kernels for: HOROVOD_BUILD_CUDA_CC_LIST,
+    else the visible GPUs', else 90 (no GPU here: cross-compiled for the H100/H200)."""
+    given = os.environ.get("HOROVOD_BUILD_CUDA_CC_LIST", "")
+    archs = [a.strip().replace(".", "") for a in given.split(",") if a.strip()]
+    return sorted(set(archs or visible_capabilities() or ["90"]))
 
 
-def cached_wheels(torch_version: str, mode: str, std: int) -> list[Path]:
-    """Wheels in the cache for this torch, mode and C++ standard, built for this Python."""
-    return sorted((CACHE / wheel_tag(torch_version, mode, std)).glob(
-        f"horovod-{VERSION}-{PYTHON_TAG}-*.whl"))
+def wheel_tag(torch_version: str, mode: str, std: int, archs: list[str] = ()) -> str:
+    """The cache folder of the wheels built for this torch, mode, C++ standard and (GPU
+    mode) CUDA architectures: a wheel with sm_90 kernels only fails on an A100 with "no
+    kernel image", so the architectures are part of the key."""
+    tag = f"torch{torch_version.replace('+', '_')}-{mode}-cxx{std}"
+    return f"{tag}-sm{'-'.join(sorted(archs))}" if mode == "gpu" else tag
+
+
+def wheel_archs(folder: Path) -> set[str]:
+    """The architectures a GPU cache folder's wheels were built for (none: an older
+    folder, whose key did not say them)."""
+    found = re.search(r"-sm([\d-]+)$", folder.name)
+    return set(found.group(1).split("-")) if found else set()
+
+
+def cached_wheels(torch_version: str, mode: str, std: int,
+                  archs: list[str] = ()) -> list[Path]:
+    """Wheels in the cache for this torch, mode and C++ standard, built for this Python; in
+    GPU mode from a folder whose architectures include every one of ``archs``."""
+    pattern = f"horovod-{VERSION}-{PYTHON_TAG}-*.whl"
+    if mode != "gpu":
+        return sorted((CACHE / wheel_tag(torch_version, mode, std)).glob(pattern))
+    base = wheel_tag(torch_version, "cpu", std).removesuffix("-cpu-cxx" + str(std))
+    for folder in sorted(CACHE.glob(f"{base}-gpu-cxx{std}-sm*")):
+        if set(archs) <= wheel_archs(folder):
+            wheels = sorted(folder.glob(pattern))
+            if wheels:
+                return wheels
+    return []
+
+
+def missing_archs(wheel: Path, visible: list[str]) -> list[str]:
+    """The visible GPUs' architectures a GPU wheel has no kernels for."""
+    return sorted(set(visible) - wheel_archs(wheel.parent))
 
 
 def main() -> None:
@@ -329,21 +364,29 @@ def main() -> None:
     torch_version, torch_dir, torch_has_cuda = torch_info()
     std = cxx_standard(torch_dir)
     mode, toolkit = choose_mode(torch_has_cuda)
+    visible = visible_capabilities()
     if (mode == "cpu" and not os.environ.get("HOROVOD_BUILD_MODE") and torch_has_cuda
-            and visible_capabilities() and cached_wheels(torch_version, "gpu", std)):
+            and visible and cached_wheels(torch_version, "gpu", std)):
         log("no CUDA toolkit here, but the cache holds a GPU wheel built elsewhere for this "
             "torch and Python: installing it (NCCL and the CUDA runtime come from torch's "
             "wheels)")
         mode = "gpu"
-    tag = wheel_tag(torch_version, mode, std)
+    archs = build_archs() if mode == "gpu" else []
+    tag = wheel_tag(torch_version, mode, std, archs)
     shutil.rmtree(TOOLS, ignore_errors=True)
-    cached = cached_wheels(torch_version, mode, std)
+    cached = cached_wheels(torch_version, mode, std, (visible or archs) if mode == "gpu" else [])
+    if mode == "gpu" and not cached and toolkit is None:  # a wheel for other GPUs only
+        built = cached_wheels(torch_version, "gpu", std)
+        sys.exit(f"the cached Horovod GPU wheel {built[-1].parent.name} has no kernels for "
+                 f"this machine's GPUs (sm_{', sm_'.join(missing_archs(built[-1], visible))}"
+                 "): build it where nvcc is with HOROVOD_BUILD_CUDA_CC_LIST naming them "
+                 "(e.g. 80,90), or install a CUDA toolkit here")
     if not cached:
         install_build_deps(house, separate=args.target is not None)
-        log(f"building Horovod {VERSION} for torch {torch_version}: {mode} mode, C++{std}, "
-            "package index off")
-        build_wheel(house, CACHE / tag, std, mode, toolkit)
-        cached = cached_wheels(torch_version, mode, std)
+        log(f"building Horovod {VERSION} for torch {torch_version}: {mode} mode, C++{std}"
+            f"{', sm_' + ', sm_'.join(archs) if archs else ''}, package index off")
+        build_wheel(house, CACHE / tag, std, mode, toolkit, archs)
+        cached = cached_wheels(torch_version, mode, std, archs)
     else:
         log(f"using the cached wheel {cached[-1].relative_to(ROOT)}")
     wheel, target = cached[-1], args.target.resolve() if args.target else None

@@ -42,6 +42,12 @@ class DataParallelStrategy(Strategy):
         if topology.gpu_shared:
             raise ConfigError("dp puts one replica on each GPU and cannot share one; use "
                               "--gpus at most the GPUs visible, or ddp with --backend gloo")
+        if features.compile and topology.device_type == "cuda" and topology.gpus > 1:
+            # torch.compile breaks its graph at DataParallel's scatter, replicate and
+            # threads: the record would say "compiled" of a run that mostly was not.
+            raise ConfigError("dp --compile on more than one GPU: torch.compile cannot trace "
+                              "nn.DataParallel's replicas (its graph breaks at scatter and "
+                              "its threads); use ddp --compile, or dp on one GPU")
 
     def process_group_backend(self, topology: Topology) -> str | None:
         return None  # one process, no process group

@@ -105,5 +105,19 @@ def test_fsdp_refuses_gloo_with_cuda_tensors():
     fsdp.check(Topology("cpu", gpus=2, backend="gloo"), Features("fp32"))
 
 
+def test_dp_refuses_compile_on_several_gpus_only():
+    """torch.compile breaks its graph at DataParallel's scatter/replicate/threads: a record of
+    such a run would say 'compiled' of what mostly was not. One GPU, or the CPU's single
+    replica, compile whole."""
+    from bench.config import Features
+
+    dp = strategies.get("dp", RunConfig("dp").strategy_options)
+    with pytest.raises(ConfigError, match="use ddp --compile, or dp on one GPU"):
+        dp.check(Topology("cuda", gpus=2), Features("fp32", compile=True))
+    dp.check(Topology("cuda", gpus=2), Features("fp32"))
+    dp.check(Topology("cuda", gpus=1), Features("fp32", compile=True))
+    dp.check(Topology("cpu", gpus=2), Features("fp32", compile=True))
+
+
 def test_the_torch_free_strategy_order_is_the_registrys():
     assert tuple(strategies.names()) == STRATEGY_ORDER
