@@ -95,8 +95,8 @@ def atomic_file(path: Path) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}",
-                                    dir=path.parent)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.",
+                                    suffix=f".tmp{path.suffix}", dir=path.parent)
         tmp = Path(name)
         # mkstemp makes the file 0600; a record is an ordinary file, readable as the umask
         # allows (a group sharing --output across nodes must read it).
@@ -111,6 +111,24 @@ def atomic_file(path: Path) -> Iterator[Path]:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
     _fsync_folder(path.parent)  # the rename itself survives a crash right after
+
+
+def remove_dead_temporaries(folder: Path) -> None:
+    """Remove the temporary files of writers that died mid-write (``kill -9``) under
+    ``folder``: atomic_file names each with its writer's pid (a live one is left alone: it
+    may be a second report of the same folder, still drawing)."""
+    for tmp in folder.rglob(".*.tmp*") if folder.is_dir() else []:
+        parts = tmp.name.split(".")
+        pid = next((int(p) for p in parts[2:-1] if p.isdigit()), None)
+        if pid is None or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        except PermissionError:  # another user's live process
+            continue
 
 
 _FILE_MODE = 0o666

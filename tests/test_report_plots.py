@@ -79,3 +79,74 @@ def test_rows_that_differ_in_speed_options_are_lines_and_points_of_their_own():
     labels = figures["time_vs_accuracy"].axes[0].get_legend_handles_labels()[1]
     assert sorted(labels) == ["ddp N=1 fp32", "ddp N=1 fp32 gpu-data",
                               "ddp N=1 fp32 gpu-data,compile", "ddp N=2 fp32"], labels
+
+
+def _many_records(results):
+    """Six workloads of three strategies at N = 1, 2, 4: a report draws for seconds."""
+    recs = [{**record(f"r{w}{s}{n}", s, n, [3.0, 1.0 + 0.1 * w * n], [0.1, 0.2 + 0.01 * w]),
+             "train_size": 1000 * (w + 1)}
+            for w in range(6) for s in ("ddp", "dp", "fsdp") for n in (1, 2, 4)]
+    return write_runs(results, recs)
+
+
+def _whole(folder) -> list[str]:
+    """Plot files that are not whole (a PNG PIL cannot verify, an SVG not closed)."""
+    from PIL import Image
+
+    broken = []
+    for path in folder.rglob("*"):
+        if path.name.startswith(".") and ".tmp" in path.name:
+            broken.append(f"{path.name}: a temporary file left")
+        elif path.suffix == ".png":
+            try:
+                with Image.open(path) as image:
+                    image.verify()
+            except Exception as exc:  # any way a cut file fails
+                broken.append(f"{path.name}: {exc}")
+        elif path.suffix == ".svg":
+            if not path.read_text().rstrip().endswith("</svg>"):
+                broken.append(path.name)
+        elif path.is_file():
+            broken.append(f"{path.name}: not a plot")
+    return broken
+
+
+def test_a_kill_9_mid_draw_and_two_reports_at_once_leave_every_plot_whole(tmp_path):
+    """Plots were removed, then drawn in place: a report killed while drawing left the
+    folder with plots missing or cut, and two at once could remove each other's. Now each
+    file is replaced whole, the stale ones go only after the new ones are in place, and a
+    killed writer's temporary file goes with the next report."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    results = _many_records(tmp_path / "results")
+    assert run_bench("report", "--results", str(results)).returncode == 0
+    plots = results / "plots"
+    first = sorted(p.relative_to(plots) for p in plots.rglob("*.png"))
+    assert len(first) >= 12 and not _whole(plots)
+    cmd = [sys.executable, "-m", "bench", "report", "--results", str(results)]
+    for drawn in (1, 12):  # killed after that many of its files are drawn
+        before = {p: p.stat().st_mtime_ns for p in plots.rglob("*.png")}
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while sum(not p.exists() or p.stat().st_mtime_ns != t for p, t in before.items()) \
+                < drawn:
+            assert time.monotonic() < deadline and proc.poll() is None, "nothing drawn"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        shown = [p for p in plots.rglob("*") if not p.name.startswith(".")]
+        assert sorted(p.relative_to(plots) for p in shown if p.suffix == ".png") == first
+        assert not [b for b in _whole(plots) if "temporary" not in b], _whole(plots)
+    two = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True) for _ in range(2)]
+    for proc in two:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert not _whole(plots), _whole(plots)  # the killed reports' temporary files gone too
+    assert sorted(p.relative_to(plots) for p in plots.rglob("*.png")) == first

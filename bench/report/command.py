@@ -20,7 +20,7 @@ from bench.report.views import (
     to_text,
     to_wide_text,
 )
-from bench.results import load_records, runs_dir, write_text_atomic
+from bench.results import load_records, remove_dead_temporaries, runs_dir, write_text_atomic
 
 
 def cmd_report(results: str, fmt: str = "text", write: bool = True,
@@ -77,7 +77,7 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
               file=sys.stderr)
     if write:
         root = Path(results)
-        root.mkdir(parents=True, exist_ok=True)
+        remove_dead_temporaries(root)  # of a report killed mid-write (its plots' go below)
         write_text_atomic(root / "summary.csv", to_csv(table))
         write_text_atomic(root / "summary.md", to_markdown(table))
         if traced:

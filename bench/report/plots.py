@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table, workload
 from bench.report.views import short_options
-from bench.results import atomic_file
+from bench.results import atomic_file, remove_dead_temporaries
 
 
 def row_label(r) -> str:
@@ -347,6 +347,7 @@ def write_plots(records: list[dict[str, Any]], folder: Path,
                 *folder.glob("*/*.svg")]:
         if old not in kept and not old.name.startswith("."):  # another report's temp file
             old.unlink(missing_ok=True)
+    remove_dead_temporaries(folder)
     for empty in folder.iterdir() if folder.is_dir() else []:
         if empty.is_dir() and not any(empty.iterdir()):
             empty.rmdir()
