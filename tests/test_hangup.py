@@ -23,6 +23,12 @@ SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit",
          "--comm-probe-steps", "0"]
 
 
+def _hangup_as_usual() -> None:
+    """In the child: SIGHUP's default, whatever this test runs under (`nohup make test`
+    would pass its ignored SIGHUP on, and bench keeps an ignored SIGHUP ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _env(tmp: Path) -> dict[str, str]:
     """The run's temporary folder is the test's own: what it leaves there is visible."""
     tmp.mkdir(exist_ok=True)
@@ -32,6 +38,28 @@ def _env(tmp: Path) -> dict[str, str]:
 def _left_in(tmp: Path) -> list[str]:
     """What bench left in its temporary folder (torch's compile cache is torch's)."""
     return sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor"))
+
+
+def _hung_up(command: list[str], out: Path, tmp: Path, timeout: float = 60):
+    """Start bench COMMAND (output in OUT, temporary files in TMP), SIGHUP it once its run
+    recorded an epoch; (exit code, what it printed)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *command, "--output", str(out)],
+                            cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_hangup_as_usual)
+    try:
+        _recorded_epoch(out)
+        proc.send_signal(signal.SIGHUP)
+        text, _ = proc.communicate(timeout=timeout)
+    finally:
+        _end(proc)
+    return proc.returncode, text
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """A run the test left running (it failed) must not train on beside the suite."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _recorded_epoch(output: Path, timeout: float = 120) -> None:
@@ -50,14 +78,8 @@ def _recorded_epoch(output: Path, timeout: float = 120) -> None:
 @pytest.mark.parametrize("strategy", ["ddp", "dp"])
 def test_sighup_closes_the_run_as_sigterm_does(strategy, tmp_path):
     out, tmp = tmp_path / "out", tmp_path / "tmp"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2", *SMALL,
-         "--output", str(out)], cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    _recorded_epoch(out)
-    proc.send_signal(signal.SIGHUP)
-    text, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, text[-2000:]
+    rc, text = _hung_up(["run", "--strategy", strategy, "--gpus", "2", *SMALL], out, tmp)
+    assert rc == 130, text[-2000:]
     assert "Traceback" not in text, text[-3000:]
     assert text.strip().splitlines()[-1].startswith("bench: run interrupted: SIGHUP (record ")
     rec = only_record(out)
@@ -75,6 +97,7 @@ def test_a_closed_terminal_closes_the_run(tmp_path):
 
     def take_terminal() -> None:  # after setsid (start_new_session): the pty is ours
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        _hangup_as_usual()
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "2", *SMALL,
@@ -89,9 +112,13 @@ def test_a_closed_terminal_closes_the_run(tmp_path):
                 pass
         except (BlockingIOError, OSError):
             pass
-    finally:
         os.close(master)  # the terminal closes
-    rc = proc.wait(timeout=60)
+        master = -1
+        rc = proc.wait(timeout=60)
+    finally:
+        if master >= 0:
+            os.close(master)
+        _end(proc)
     rec = only_record(out)
     assert rc == 130 and rec["status"] == "interrupted", (rc, rec["status"], rec.get("error"))
     assert rec["error"] == "SIGHUP"
@@ -106,23 +133,20 @@ def test_nohup_keeps_a_run_going_through_a_hangup(tmp_path):
         ["nohup", sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "1",
          *SMALL, "--epochs", "2", "--output", str(out)], cwd=ROOT, env=_env(tmp),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _recorded_epoch(out)
-    proc.send_signal(signal.SIGHUP)
-    text, _ = proc.communicate(timeout=120)
+    try:
+        _recorded_epoch(out)
+        proc.send_signal(signal.SIGHUP)
+        text, _ = proc.communicate(timeout=120)
+    finally:
+        _end(proc)
     assert proc.returncode == 0, text[-2000:]
     assert only_record(out)["status"] == "ok"
 
 
 def test_sighup_ends_a_sweep_with_its_claim_and_its_run_closed(tmp_path):
     out, tmp = tmp_path / "out", tmp_path / "tmp"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench", "sweep", "--strategies", "ddp", "--gpus", "1,2",
-         *SMALL, "--output", str(out)], cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    _recorded_epoch(out)
-    proc.send_signal(signal.SIGHUP)
-    text, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, text[-2000:]
+    rc, text = _hung_up(["sweep", "--strategies", "ddp", "--gpus", "1,2", *SMALL], out, tmp)
+    assert rc == 130, text[-2000:]
     assert "Traceback" not in text, text[-3000:]
     rec = only_record(out)  # the second combination never started
     assert rec["status"] == "interrupted", rec["status"]
@@ -139,14 +163,17 @@ def test_sigterm_stops_verify_instead_of_failing_its_strategy(tmp_path):
         [sys.executable, "-m", "bench", "verify", "--cpu", "--gpus", "2", "--strategies",
          "ddp,ddp-spawn", "--steps", "400", "--batch-size", "8"], cwd=ROOT, env=_env(tmp),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 120
-    while not list(tmp.glob("bench-verify-ddp-*/results/runs/*.json")):
-        assert time.monotonic() < deadline and proc.poll() is None, "verify's run never began"
-        time.sleep(0.2)
-    time.sleep(3)  # its ranks are training
-    signalled = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    text, _ = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("bench-verify-ddp-*/results/runs/*.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, "verify never began"
+            time.sleep(0.2)
+        time.sleep(3)  # its ranks are training
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        _end(proc)
     assert time.monotonic() - signalled < 30
     assert proc.returncode == 130, text[-2000:]
     assert "FAIL" not in text, text

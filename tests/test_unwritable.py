@@ -129,13 +129,18 @@ def test_a_disk_that_fills_during_the_run_still_gets_the_record_closed(tmp_path)
             [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "2", *TINY,
              "--epochs", "400", "--output", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while not (list(out.glob("runs/*.json"))
-                   and json.loads(next(out.glob("runs/*.json")).read_text()).get("per_epoch")):
-            assert time.monotonic() < deadline and proc.poll() is None, "no epoch recorded"
-            time.sleep(0.2)
-        _fill(fs)
-        text, _ = proc.communicate(timeout=120)
+        try:
+            deadline = time.monotonic() + 120
+            while not (list(out.glob("runs/*.json")) and json.loads(
+                    next(out.glob("runs/*.json")).read_text()).get("per_epoch")):
+                assert time.monotonic() < deadline and proc.poll() is None, "no epoch recorded"
+                time.sleep(0.2)
+            _fill(fs)
+            text, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:  # the test failed: the run must not train on
+                proc.kill()
+                proc.wait()
         assert proc.returncode == 1, text[-2000:]
         assert "Traceback" not in text, text[-3000:]
         assert "No space left on device" in text.strip().splitlines()[-1], text[-2000:]
