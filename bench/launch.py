@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import inspect
+import logging
 import os
 import signal
 import subprocess
@@ -340,9 +341,15 @@ def spawn_ranks(target: Callable[..., None], args: tuple, launch: Launch) -> int
     grace = ({"grace_period": _GRACE_S}
              if "grace_period" in inspect.signature(context.join).parameters else {})
     killed: list[tuple[int, int]] = []
+    # torch logs "Terminating process N via signal SIGTERM" for a peer still alive after the
+    # grace period (a loaded machine): what follows a failure, which bench's line says.
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
     try:
         rc = _join_spawned(context, launch, grace, stderr.echo, killed)
     finally:
+        spawn_log.setLevel(level)
         output = stderr.close()
         for name in getattr(context, "error_files", ()):  # torch keeps a failed rank's
             with contextlib.suppress(OSError):  # traceback file in the temporary directory

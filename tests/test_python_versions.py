@@ -21,10 +21,11 @@ TYPE_NAMES = {"int", "float", "str", "bool", "bytes", "list", "dict", "tuple", "
 def _is_type_like(node: ast.expr) -> bool:
     if isinstance(node, ast.Constant) and node.value is None:
         return True
+    # Types are CamelCase; ALL_CAPS names are constants (os.O_WRONLY | os.O_CREAT, re.I | re.M)
     if isinstance(node, ast.Name):
-        return node.id in TYPE_NAMES or node.id[:1].isupper()
+        return node.id in TYPE_NAMES or (node.id[:1].isupper() and not node.id.isupper())
     if isinstance(node, ast.Attribute):
-        return node.attr[:1].isupper()
+        return node.attr[:1].isupper() and not node.attr.isupper()
     if isinstance(node, ast.Subscript):  # list[int] | None
         return _is_type_like(node.value)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
@@ -71,6 +72,8 @@ def test_the_check_finds_what_fails_on_python_39_and_passes_what_does_not():
                           "def f(a: str | None = None) -> dict[str, int] | None: pass\n"
                           "x: Path | None = None\n") == []
     assert runtime_unions("flags = a | b\nmask = 1 | 2\nkeys = set(x) | {'y'}\n") == []
+    assert runtime_unions("fd = os.open(p, os.O_WRONLY | os.O_CREAT)\nf = re.I | re.M\n") == []
+    assert runtime_unions("isinstance(x, pd.DataFrame | None)\n") == [1]
 
 
 @pytest.mark.parametrize("folder", SOURCES)
