@@ -95,8 +95,10 @@ def atomic_file(path: Path) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.",
-                                    suffix=f".tmp{path.suffix}", dir=path.parent)
+        # Hidden, and not ending in the file's own suffix: a reader globbing `*.json` (which
+        # in pathlib matches hidden names too) must never take a half-written record.
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp",
+                                    dir=path.parent)
         tmp = Path(name)
         # mkstemp makes the file 0600; a record is an ordinary file, readable as the umask
         # allows (a group sharing --output across nodes must read it).
@@ -298,6 +300,8 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     records, warnings = [], []
     seen: dict[str, Path] = {}
     for path in sorted(folder.glob("*.json")):
+        if path.name.startswith("."):  # a writer's temporary file, a reserve: not a record
+            continue
         try:
             record = read_record(path)
         except (OSError, ValueError) as exc:

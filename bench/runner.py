@@ -48,7 +48,14 @@ from bench.preflight import (
 )
 from bench.provenance import current_status
 from bench.record import RunRecord
-from bench.results import new_run_id, read_record, release_space, reserve_space, stale_reserves
+from bench.results import (
+    new_run_id,
+    read_record,
+    release_space,
+    remove_dead_temporaries,
+    reserve_space,
+    stale_reserves,
+)
 from bench.run_summary import print_ok, print_start
 from bench.scratch import RankError, Scratch
 from bench.spec import WorkerSpec
@@ -317,6 +324,7 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
     if plan.writes_record:
         record.write()
         _clear_stale_reserves(plan.runs)
+        remove_dead_temporaries(plan.runs)  # of a rank killed while it wrote a record
         plan.reserve = reserve_space(plan.runs, plan.run_id)
     return record
 

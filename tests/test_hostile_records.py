@@ -161,3 +161,17 @@ def test_two_records_of_one_run_are_counted_once(tmp_path):
     assert "run one is already" in proc.stderr, proc.stderr
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
     assert [row["runs"] for row in rows if row["world_size"] == "2"] == ["1"], proc.stdout
+
+
+def test_a_writers_temporary_file_is_never_read_as_a_record(tmp_path):
+    """pathlib's `*.json` matches hidden names: a record's temporary file (half written by a
+    rank killed mid-write) must neither count nor be warned about as a record."""
+    results = write_runs(tmp_path / "results", [_valid("one"), _valid("single", 1)])
+    runs = results / "runs"
+    (runs / ".one.json.4242.x1y2.tmp").write_text('{"run_id": "one", "stat')
+    (runs / ".old-style.json").write_text(json.dumps(_valid("one")))
+    proc = subprocess.run([*BENCH, "report", "--results", str(results), "--format", "csv",
+                           "--no-write"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "skipped" not in proc.stderr, proc.stderr
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert sorted(row["runs"] for row in rows) == ["1", "1"], proc.stdout
