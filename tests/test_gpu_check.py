@@ -51,10 +51,8 @@ def test_table_workers_must_be_a_count_or_auto(tmp_path):
 def test_an_item_the_cpu_refuses_by_design_is_skipped_with_its_reason(tmp_path):
     """`--cpu` over every phase failed at table_ddp-amp_fp16: fp16 needs CUDA, so the CPU
     refuses it (exit 2) by design. It is skipped there, with the reason, not failed."""
-    proc = _check(tmp_path, "--phase", "table", "--items", "^table_ddp-amp_(fp16|bf16)$",
-                  workers="2")
+    proc = _check(tmp_path, "--phase", "table", "--items", "^table_ddp-amp_fp16$", workers="2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^skip  table_ddp-amp_fp16: --precision fp16 needs CUDA", proc.stdout,
                      re.M), proc.stdout
-    assert re.search(r"^pass  table_ddp-amp_bf16 ", proc.stdout, re.M), proc.stdout
-    assert "1 passed, 0 failed, 1 skipped" in proc.stdout, proc.stdout
+    assert "0 passed, 0 failed, 1 skipped" in proc.stdout, proc.stdout
