@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
 from typing import Any
+
+from bench.streams import to_devnull
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run started and failed
@@ -39,20 +42,10 @@ def raise_interrupted(signum: int, frame) -> None:
 
 
 def _leave_the_terminal() -> None:
-    devnull = None
-    try:
-        for fd in (1, 2):
-            try:
-                if not os.isatty(fd):
-                    continue
-                if devnull is None:
-                    devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, fd)
-            except OSError:
-                continue
-    finally:
-        if devnull is not None:
-            os.close(devnull)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                to_devnull(fd)
 
 
 def catch_stop_signals() -> dict[int, Any]:

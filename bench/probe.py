@@ -25,7 +25,7 @@ from bench import terminal
 from bench.config import check_rendezvous, check_timeout
 from bench.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.models import DEFAULT_MODEL, ModelSpec, check_model, check_model_builds, short_name
-from bench.results import read_record
+from bench.results import NUMBER, read_record, wrong_type
 
 KIB, MIB = 1024, 1024 * 1024
 PROBE_SIZES = [KIB * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
@@ -250,7 +250,7 @@ def probe_problem(data: Any) -> str | None:
     if not isinstance(data, dict) or data.get("kind") != "allreduce-probe":
         return "not an all-reduce probe (kind is not allreduce-probe)"
     world = data.get("world_size")
-    if not isinstance(world, int) or isinstance(world, bool) or world < 2:
+    if wrong_type(world, int) or world < 2:
         return f"world_size is {world!r}, not a count of 2 ranks or more"
     if not isinstance(data.get("device"), str):
         return "device missing or not a string"
@@ -262,8 +262,7 @@ def probe_problem(data: Any) -> str | None:
             return f"results[{i}] is not an object"
         for key in ("bytes", "time_s", "busbw_GBps"):
             value = point.get(key)
-            if (not isinstance(value, (int, float)) or isinstance(value, bool)
-                    or not math.isfinite(value) or value <= 0):
+            if wrong_type(value, NUMBER) or value <= 0:
                 return f"results[{i}].{key} is {value!r}, not a positive number"
     return None
 

@@ -119,11 +119,11 @@ def remove_dead_temporaries(folder: Path) -> None:
     """Remove the temporary files of writers that died mid-write (``kill -9``) under
     ``folder``: atomic_file names each with its writer's pid (a live one is left alone: it
     may be a second report of the same folder, still drawing)."""
-    for tmp in folder.rglob(".*.tmp*") if folder.is_dir() else []:
-        parts = tmp.name.split(".")
-        pid = next((int(p) for p in parts[2:-1] if p.isdigit()), None)
-        if pid is None or pid == os.getpid():
+    for tmp in folder.rglob(".*.tmp") if folder.is_dir() else []:
+        pid = tmp.name.split(".")[-3]  # .NAME.PID.RANDOM.tmp
+        if not pid.isdigit() or int(pid) == os.getpid():
             continue
+        pid = int(pid)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -185,11 +185,6 @@ def release_space(path: Path | None) -> None:
             path.unlink(missing_ok=True)
 
 
-def stale_reserves(runs: Path, running: set[str]) -> list[Path]:
-    """Reserves left by runs killed outright (``kill -9``): those of runs not in RUNNING."""
-    return [p for p in runs.glob(".*.reserve") if p.name[1:-len(".reserve")] not in running]
-
-
 MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; anything far larger is not one
 
 
@@ -208,8 +203,8 @@ def read_record(path: Path) -> dict[str, Any]:
             raise ValueError("nested too deeply") from None
 
 
-_NUMBER = (int, float)
-_EPOCH_NUMBERS = ("train_time_s", "images_per_s", "top1", "peak_mem_bytes")
+NUMBER = (int, float)
+_EPOCHNUMBERS = ("train_time_s", "images_per_s", "top1", "peak_mem_bytes")
 # Optional fields the readers use, by where they are, with the type each must have when it
 # is there (None is "not recorded"). Checked once, on loading, so that no reader meets a
 # string where it does arithmetic (each used to be a traceback).
@@ -217,34 +212,35 @@ _OPTIONAL = {
     (): {"started_at": str, "device": str, "precision": str, "gpus_requested": int,
          "processes": int, "grad_accum": int, "global_batch": int, "train_size": int,
          "seed": int, "epochs": int, "nodes": int, "config": dict, "model": dict, "env": dict,
-         "target_top1": _NUMBER, "time_to_target_s": _NUMBER, "reached_target": bool,
+         "target_top1": NUMBER, "time_to_target_s": NUMBER, "reached_target": bool,
          "dataset": str, "norm": str, "loader": str, "workers_per_replica": int,
          "channels_last": bool, "compile": bool, "compile_mode": str, "cudagraphs": str,
          "optimizer_impl": str, "gpu_shared": bool, "ddp_options": dict, "owner": dict,
-         "compute_step_s": _NUMBER, "exposed_comm_fraction": _NUMBER,
-         "loader_alone_images_per_s": _NUMBER, "gradient_timeline": dict,
-         "gradient_buckets": list, "train_flops_per_image": _NUMBER,
-         "peak_tflops_per_gpu": _NUMBER, "notes": list, "tag": str, "error": str,
+         "compute_step_s": NUMBER, "exposed_comm_fraction": NUMBER,
+         "loader_alone_images_per_s": NUMBER, "gradient_timeline": dict,
+         "gradient_buckets": list, "train_flops_per_image": NUMBER,
+         "peak_tflops_per_gpu": NUMBER, "notes": list, "tag": str, "error": str,
          "initial_param_fingerprint": str, "initial_reference_fingerprint": str,
          "initial_replicas_identical": bool, "replicas_identical": bool,
-         "per_rank_batch": int, "lr": _NUMBER, "backend": str},
-    ("model",): {"name": str, "width": _NUMBER, "parameters": int, "num_classes": int,
+         "per_rank_batch": int, "lr": NUMBER, "backend": str},
+    ("model",): {"name": str, "width": NUMBER, "parameters": int, "num_classes": int,
                  "image_size": int},
-    ("config",): {"width": _NUMBER, "epochs": int, "synthetic_difficulty": _NUMBER},
+    ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER},
     ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int},
 }
-_EPOCH_OPTIONAL = {"eval_time_s": _NUMBER, "top5": _NUMBER, "train_loss": _NUMBER,
-                   "test_loss": _NUMBER, "input_wait_s": _NUMBER, "mfu": _NUMBER,
-                   "achieved_tflops": _NUMBER, "gpu_clocks": dict, "warmup": bool,
-                   "step_time_p50_s": _NUMBER, "step_time_p90_s": _NUMBER,
+_EPOCH_OPTIONAL = {"eval_time_s": NUMBER, "top5": NUMBER, "train_loss": NUMBER,
+                   "test_loss": NUMBER, "input_wait_s": NUMBER, "mfu": NUMBER,
+                   "achieved_tflops": NUMBER, "gpu_clocks": dict, "warmup": bool,
+                   "step_time_p50_s": NUMBER, "step_time_p90_s": NUMBER,
                    "data_order_sha1": str, "test_images": int, "train_images": int}
 
 
 def _kind_name(kind) -> str:
-    return "a number" if kind is _NUMBER else ("a list" if kind is list else kind.__name__)
+    return "a number" if kind is NUMBER else ("a list" if kind is list else kind.__name__)
 
 
-def _wrong_type(value: Any, kind) -> bool:
+def wrong_type(value: Any, kind) -> bool:
+    """Whether VALUE is not of KIND (NUMBER: a finite int or float; a bool is no number)."""
     if kind is bool:
         return not isinstance(value, bool)
     return not isinstance(value, kind) or isinstance(value, bool) or (
@@ -268,7 +264,7 @@ def record_problem(rec: Any) -> str | None:
             continue  # absent (the type of the holder itself is checked at the top level)
         for key, kind in fields.items():
             value = holder.get(key)
-            if value is not None and _wrong_type(value, kind):
+            if value is not None and wrong_type(value, kind):
                 name = ".".join((*where, key))
                 return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
     if rec.get("reached_target") and rec.get("time_to_target_s") is None:
@@ -276,13 +272,13 @@ def record_problem(rec: Any) -> str | None:
     for i, epoch in enumerate(rec["per_epoch"]):
         if not isinstance(epoch, dict):
             return f"per_epoch[{i}] is not an object"
-        for key in _EPOCH_NUMBERS:
+        for key in _EPOCHNUMBERS:
             value = epoch.get(key)
-            if value is None or _wrong_type(value, _NUMBER):
+            if value is None or wrong_type(value, NUMBER):
                 return f"per_epoch[{i}].{key} missing or not a number"
         for key, kind in _EPOCH_OPTIONAL.items():
             value = epoch.get(key)
-            if value is not None and _wrong_type(value, kind):
+            if value is not None and wrong_type(value, kind):
                 return f"per_epoch[{i}].{key} is {type(value).__name__}, not {_kind_name(kind)}"
         if not 0 <= epoch["top1"] <= 1:
             return f"per_epoch[{i}].top1 is {epoch['top1']!r}, not a fraction"

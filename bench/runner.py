@@ -54,7 +54,6 @@ from bench.results import (
     release_space,
     remove_dead_temporaries,
     reserve_space,
-    stale_reserves,
 )
 from bench.run_summary import print_ok, print_start
 from bench.scratch import RankError, Scratch
@@ -331,15 +330,15 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
 
 def _clear_stale_reserves(runs: Path) -> None:
     """Remove the space reserves of runs that no longer run (killed outright, their owner
-    gone), so that they never pile up."""
-    running = set()
-    for path in runs.glob("*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            rec = read_record(path)
-            if isinstance(rec, dict) and current_status(rec)[0] == "running":
-                running.add(str(rec.get("run_id")))
-    for stale in stale_reserves(runs, running):
-        release_space(stale)
+    gone), so that they never pile up: each is checked against its own record alone."""
+    for reserve in runs.glob(".*.reserve"):
+        record = runs / f"{reserve.name[1:-len('.reserve')]}.json"
+        try:
+            running = current_status(read_record(record))[0] == "running"
+        except (OSError, ValueError, AttributeError):  # gone, unreadable, not an object
+            running = False
+        if not running:
+            release_space(reserve)
 
 
 def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:

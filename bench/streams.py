@@ -55,6 +55,11 @@ def with_devnull(stream: TextIO) -> None:
         fd = stream.fileno()
     except (OSError, ValueError, AttributeError):
         return
+    to_devnull(fd)
+
+
+def to_devnull(fd: int) -> None:
+    """Point descriptor FD at /dev/null."""
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(null, fd)

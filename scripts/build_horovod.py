@@ -328,8 +328,7 @@ def cached_wheels(torch_version: str, mode: str, std: int,
     pattern = f"horovod-{VERSION}-{PYTHON_TAG}-*.whl"
     if mode != "gpu":
         return sorted((CACHE / wheel_tag(torch_version, mode, std)).glob(pattern))
-    base = wheel_tag(torch_version, "cpu", std).removesuffix("-cpu-cxx" + str(std))
-    for folder in sorted(CACHE.glob(f"{base}-gpu-cxx{std}-sm*")):
+    for folder in sorted(CACHE.glob(wheel_tag(torch_version, "gpu", std) + "*")):  # -sm*
         if set(archs) <= wheel_archs(folder):
             wheels = sorted(folder.glob(pattern))
             if wheels:

@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table, workload
 from bench.report.views import short_options
-from bench.results import atomic_file, remove_dead_temporaries
+from bench.results import atomic_file
 
 
 def row_label(r) -> str:
@@ -323,7 +323,8 @@ def write_plots(records: list[dict[str, Any]], folder: Path,
     """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Each
     file is written aside and renamed into place (bench.results.atomic_file), then the plots
     of an earlier report that this one did not draw are removed: a report killed while it
-    draws, or two reports of one folder at once, leave whole files, never cut ones."""
+    draws, or two reports of one folder at once, leave whole files, never cut ones (the
+    temporary files of a report killed mid-draw go with the next: bench report's start)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -345,9 +346,8 @@ def write_plots(records: list[dict[str, Any]], folder: Path,
     kept = set(written)
     for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
                 *folder.glob("*/*.svg")]:
-        if old not in kept and not old.name.startswith("."):  # another report's temp file
+        if old not in kept:
             old.unlink(missing_ok=True)
-    remove_dead_temporaries(folder)
     for empty in folder.iterdir() if folder.is_dir() else []:
         if empty.is_dir() and not any(empty.iterdir()):
             empty.rmdir()
