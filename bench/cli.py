@@ -23,6 +23,7 @@ from bench.errors import (
     ConfigError,
     Interrupted,
     raise_interrupted,
+    signals_held,
 )
 from bench.run_options import add_run_options, config_from_args, parse_list
 
@@ -347,25 +348,25 @@ def entry() -> NoReturn:
     exit_now(main())
 
 
+# Commands that take any other option as a `bench run` option.
+_PASS_RUN_OPTIONS = {"sweep": cmd_sweep, "slurm": cmd_slurm, "loader": cmd_loader,
+                     "verify": cmd_verify}
+# Commands that import torch: they import it first, with the signals held (errors.signals_held).
+_IMPORT_TORCH = {"list", "run", "sweep", "verify", "probe", "loader"}
+
+
 def _dispatch(argv: list[str]) -> int:
     try:
         parser = build_parser()
-        if argv[:1] == ["sweep"]:
-            args, run_args = parser.parse_known_args(argv)
-            return cmd_sweep(args, run_args)
-        if argv[:1] == ["slurm"]:
-            args, run_args = parser.parse_known_args(argv)
-            return cmd_slurm(args, run_args)
-        if argv[:1] == ["loader"]:
-            args, run_args = parser.parse_known_args(argv)
-            return cmd_loader(args, run_args)
-        if argv[:1] == ["verify"]:
-            args, run_args = parser.parse_known_args(argv)
-            return cmd_verify(args, run_args)
         args, unknown = parser.parse_known_args(argv)
-        if unknown:  # argparse would name `bench --help`, not the command's own
-            raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}; "
+        if unknown and args.command not in _PASS_RUN_OPTIONS:  # argparse would name `bench
+            raise ConfigError(f"unrecognized arguments: {' '.join(unknown)}; "  # --help`
                               f"see `bench {args.command} --help`")
+        if args.command in _IMPORT_TORCH:
+            with signals_held():
+                import torch  # noqa: F401
+        if args.command in _PASS_RUN_OPTIONS:
+            return _PASS_RUN_OPTIONS[args.command](args, unknown)
         if args.command == "list":
             return cmd_list()
         if args.command == "run":

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 from bench.streams import to_devnull
@@ -63,6 +64,27 @@ def catch_stop_signals() -> dict[int, Any]:
 def restore_signals(previous: dict[int, Any]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and the stop signals while the body runs, then deliver the first that came
+    (its handler raises as it would have). For ``import torch``: its C++ initialisation runs
+    Python code, a handler that raises there throws through C++ that cannot unwind, and the
+    process aborts (SIGABRT, 'terminate called after throwing pybind11::error_already_set').
+    Only Python handlers are held; a default or ignored signal keeps its disposition."""
+    pending: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            previous[signum] = signal.signal(signum, lambda got, _frame: pending.append(got))
+    try:
+        yield
+    finally:
+        restore_signals(previous)
+    if pending:
+        previous[pending[0]](pending[0], None)
 
 
 class BenchError(Exception):

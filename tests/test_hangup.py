@@ -180,3 +180,34 @@ def test_sigterm_stops_verify_instead_of_failing_its_strategy(tmp_path):
     assert not any(line.startswith("ddp-spawn") for line in text.splitlines()), text
     assert "Traceback" not in text, text[-3000:]
     assert _left_in(tmp) == []
+
+
+HOLD_CHILD = """
+import os, signal, sys
+from bench.errors import Interrupted, catch_stop_signals, signals_held
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+catch_stop_signals()
+try:
+    with signals_held():
+        os.kill(os.getpid(), signal.SIGHUP)   # ignored: never delivered
+        os.kill(os.getpid(), signal.SIGTERM)  # held
+        os.kill(os.getpid(), signal.SIGINT)   # held, after SIGTERM
+        sum(range(10**6))                     # many chances to run a handler
+        print("body finished", flush=True)
+except Interrupted as exc:
+    print("interrupted by", exc, flush=True)
+except KeyboardInterrupt:
+    print("keyboard interrupt", flush=True)
+"""
+
+
+def test_a_signal_while_torch_is_imported_waits_for_the_import_to_end():
+    """SIGTERM during `import torch` aborted `bench run` (SIGABRT, exit -6: "terminate called
+    after throwing pybind11::error_already_set"): torch's C++ initialisation runs Python code,
+    and a handler raising there cannot unwind through C++. Commands now import torch with the
+    signals held: the body ends, then the first held signal ends the command as usual; a
+    signal the process ignores stays ignored."""
+    done = subprocess.run([sys.executable, "-c", HOLD_CHILD], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["body finished", "interrupted by SIGTERM"], done.stdout
