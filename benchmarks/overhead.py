@@ -31,10 +31,10 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.data import synthetic_split  # noqa: E402
-from bench.device_loader import DeviceLoader  # noqa: E402
-from bench.model import resnet18_cifar  # noqa: E402
-from bench.ports import free_port  # noqa: E402
+from bench.data.device_loader import DeviceLoader  # noqa: E402
+from bench.data.image_sets import synthetic_split  # noqa: E402
+from bench.models.resnet_cifar import resnet18_cifar  # noqa: E402
+from bench.tools.ports import free_port  # noqa: E402
 from strategies.base import cpu_threads_per_process  # noqa: E402
 
 

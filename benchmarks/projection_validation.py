@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.ports import free_port  # noqa: E402
+from bench.tools.ports import free_port  # noqa: E402
 
 WIDTH = "0.25"  # ResNet-18 at a quarter width: 2.8 MB of fp32 gradients
 
@@ -101,9 +101,10 @@ def run_matrix(output: Path, epochs: int = 2, matrix: tuple[Point, ...] = MATRIX
 def without_timeline(output: Path) -> list[float]:
     """The same predictions with gradients assumed ready evenly over backward (the model
     before the timeline was measured): errors in %, in the validation file's order."""
-    from bench.probe import load_probes
-    from bench.project import matching_probe, predict_measured, workload_of
-    from bench.results import load_records
+    from bench.commands.project import predict_measured
+    from bench.project.from_records import matching_probe, workload_of
+    from bench.records.files import load_records
+    from bench.records.probes import load_probes
 
     records = {r["run_id"]: r for r in load_records(output)[0]}
     probes = load_probes(output)

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.projection import NETWORKS, Network, Workload, project  # noqa: E402
+from bench.project.scaling import NETWORKS, Network, Workload, project  # noqa: E402
 
 # V100 SXM2: NVLink 2, 300 GB/s bidirectional per GPU (V100 datasheet); DGX-1: 4 x 100 Gb/s
 # EDR InfiniBand per machine (as the DDP benchmark's README says). x 0.8 as for the presets.

@@ -1,5 +1,5 @@
 """Give records from before bench kept ``initial_reference_fingerprint`` their reference, once,
-as data: the weights the record's seed and model draw (bench.model.initial_params_sha1).
+as data: the weights the record's seed and model draw (bench.models.parameters.initial_params_sha1).
 
 The report used to draw that reference itself whenever a record lacked it, which built the
 model the record named: a record naming ``os:system`` ran a command in the reader's shell.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from bench.model import initial_params_sha1
-from bench.models import ModelSpec, stable
-from bench.results import write_atomic
+from bench.models.parameters import initial_params_sha1
+from bench.models.registry import ModelSpec, stable
+from bench.records.files import write_atomic
 
 
 def main(paths: list[str]) -> int:

@@ -15,8 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.report.table import workload
-from bench.results import load_records, read_record, record_problem, runs_dir
+from bench.records.describe import workload
+from bench.records.files import load_records, read_record, runs_dir
+from bench.records.schema import record_problem
 
 
 def replace_rows(new: Path, results: Path) -> tuple[int, int]:

@@ -2,36 +2,41 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from bench.config import StrategyOptions
-from strategies.apex import ApexStrategy
-from strategies.base import Strategy
-from strategies.ddp import DDPStrategy
-from strategies.ddp_amp import DDPAmpStrategy
-from strategies.ddp_zero import DDPZeroStrategy
-from strategies.dp import DataParallelStrategy
-from strategies.fsdp import FSDPStrategy
-from strategies.horovod import HorovodStrategy
+from bench.config.run_config import StrategyOptions
 
-# name -> factory; each factory takes the run's StrategyOptions and hands its strategy the
-# part that is its own (DDP knobs, apex, Horovod), never the whole config.
+if TYPE_CHECKING:
+    from strategies.base import Strategy
+
+
+def _new(module: str, cls: str, *args: Any, **kwargs: Any) -> Strategy:
+    """A new ``strategies.<module>.<cls>``, imported only now: the registry itself (its names,
+    their order) imports no torch, so the report and the project read it."""
+    return getattr(importlib.import_module(f"strategies.{module}"), cls)(*args, **kwargs)
+
+
+# name -> factory, in the order every table lists them; each factory takes the run's
+# StrategyOptions and hands its strategy the part that is its own (DDP knobs, apex, Horovod),
+# never the whole config.
 REGISTRY: dict[str, Callable[[StrategyOptions], Strategy]] = {
-    "dp": lambda o: DataParallelStrategy("dp"),
-    "ddp": lambda o: DDPStrategy("ddp", ddp=o.ddp, launcher="torchrun"),
-    "ddp-spawn": lambda o: DDPStrategy(
+    "dp": lambda o: _new("dp", "DataParallelStrategy", "dp"),
+    "ddp": lambda o: _new("ddp", "DDPStrategy", "ddp", ddp=o.ddp, launcher="torchrun"),
+    "ddp-spawn": lambda o: _new("ddp", "DDPStrategy",
         "ddp-spawn", ddp=o.ddp, launcher="spawn",
         summary="DDP, ranks started by mp.spawn instead of torchrun",
     ),
-    "ddp-launch": lambda o: DDPStrategy(
+    "ddp-launch": lambda o: _new("ddp", "DDPStrategy",
         "ddp-launch", ddp=o.ddp, launcher="torch.distributed.launch",
         summary="DDP, ranks by the deprecated launcher (--local-rank)",
     ),
-    "ddp-amp": lambda o: DDPAmpStrategy("ddp-amp", ddp=o.ddp),
-    "ddp-zero": lambda o: DDPZeroStrategy("ddp-zero", ddp=o.ddp),
-    "ddp-apex": lambda o: ApexStrategy("ddp-apex", apex=o.apex, ddp=o.ddp),
-    "horovod": lambda o: HorovodStrategy("horovod", options=o.horovod),
-    "fsdp": lambda o: FSDPStrategy("fsdp", fsdp=o.fsdp),
+    "ddp-amp": lambda o: _new("ddp_amp", "DDPAmpStrategy", "ddp-amp", ddp=o.ddp),
+    "ddp-zero": lambda o: _new("ddp_zero", "DDPZeroStrategy", "ddp-zero", ddp=o.ddp),
+    "ddp-apex": lambda o: _new("apex", "ApexStrategy", "ddp-apex", apex=o.apex, ddp=o.ddp),
+    "horovod": lambda o: _new("horovod", "HorovodStrategy", "horovod", options=o.horovod),
+    "fsdp": lambda o: _new("fsdp", "FSDPStrategy", "fsdp", fsdp=o.fsdp),
 }
 
 
@@ -56,4 +61,4 @@ def srun_capable() -> list[str]:
     return [name for name in REGISTRY if get(name).runs_as_srun_task]
 
 
-__all__ = ["REGISTRY", "Strategy", "get", "names", "srun_capable"]
+__all__ = ["REGISTRY", "get", "names", "srun_capable"]

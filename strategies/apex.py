@@ -13,11 +13,11 @@ import importlib.util
 import torch
 from torch import nn
 
-from bench.config import ApexOptions, DDPOptions, Features, Topology
-from bench.errors import ConfigError
-from bench.precision import Precision
+from bench.config.run_config import ApexOptions, DDPOptions, Features, Topology
+from bench.tools.errors import ConfigError
 from strategies.base import OptimizerFactory, SyncOff, has_batchnorm
 from strategies.ddp import DDPStrategy, _ddp_call_kwargs, ddp_still_communicating
+from strategies.precision import Precision
 
 APEX_BUILD = (
     "build NVIDIA apex 25.05 from its source with `make apex` (APEX_SRC=DIR|TARBALL offline; "

@@ -1,5 +1,5 @@
 """The strategy interface: what happens inside one rank. How ranks are started is the
-launcher's business (``bench/launch.py``); a strategy only names its launcher."""
+launcher's business (``bench/launch/launchers.py``); a strategy only names its launcher."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from bench.config import Features, Topology
-from bench.precision import Precision
+from bench.config.run_config import Features, Topology
+from strategies.precision import Precision
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -36,7 +36,7 @@ class Strategy:
     launcher: str = "inline"
     summary: str = ""
     # the parts of StrategyOptions it honours (ddp, apex, horovod, fsdp): the flags of the
-    # others change nothing here, so bench run refuses them (bench.preflight)
+    # others change nothing here, so bench run refuses them (bench.launch.preflight)
     own_options: frozenset[str] = frozenset()
     collective_forward = False  # True when every forward is a collective (FSDP)
     replicates_parameters = True  # every rank holds all parameters (False: sharded, FSDP)

@@ -13,11 +13,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.config import DDPOptions, Features, Topology
-from bench.errors import ConfigError
-from bench.faults import slow_communication_note
-from bench.precision import Precision
+from bench.config.run_config import DDPOptions, Features, Topology
+from bench.tools.errors import ConfigError
+from bench.tools.faults import slow_communication_note
 from strategies.base import Strategy, SyncOff
+from strategies.precision import Precision
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 

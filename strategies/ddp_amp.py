@@ -3,8 +3,8 @@ bf16 autocast (no scaler) on CUDA or CPU."""
 
 from __future__ import annotations
 
-from bench.config import Features, Topology
-from bench.errors import ConfigError
+from bench.config.run_config import Features, Topology
+from bench.tools.errors import ConfigError
 from strategies.ddp import DDPStrategy
 
 

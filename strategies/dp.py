@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.config import Features, Topology
-from bench.errors import ConfigError
-from bench.precision import Precision
+from bench.config.run_config import Features, Topology
+from bench.tools.errors import ConfigError
 from strategies.base import Strategy, has_batchnorm
+from strategies.precision import Precision
 
 
 class DataParallelStrategy(Strategy):

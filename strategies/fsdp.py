@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.config import Features, FSDPOptions, Topology
-from bench.errors import ConfigError
-from bench.precision import Precision
+from bench.config.run_config import Features, FSDPOptions, Topology
+from bench.tools.errors import ConfigError
 from strategies.base import SyncOff
 from strategies.ddp import DDPStrategy
+from strategies.precision import Precision
 
 
 def fsdp_api():

@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.config import Features, HorovodOptions, Topology, host_slots
-from bench.errors import ConfigError
-from bench.precision import Precision
+from bench.config.run_config import Features, HorovodOptions, Topology, host_slots
+from bench.tools.errors import ConfigError
 from strategies.base import Strategy, SyncOff
 from strategies.ddp import gpu_index
+from strategies.precision import Precision
 
 BUILD_HINT = "build it for the installed torch with `make horovod` (see docs/gpus.md, 'Horovod')"
 

@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from bench.data import CIFAR100_MEAN, CIFAR100_STD, synthetic_split, write_cifar100_format
+from bench.data.image_sets import (
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    synthetic_split,
+    write_cifar100_format,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TRAIN = 256

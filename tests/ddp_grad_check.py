@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 import strategies
-from bench.config import RunConfig, Topology
-from bench.model import resnet18_cifar
-from bench.precision import Precision
+from bench.config.run_config import RunConfig, Topology
+from bench.models.resnet_cifar import resnet18_cifar
+from strategies.precision import Precision
 
 
 def _flat_grads(model: torch.nn.Module) -> torch.Tensor:

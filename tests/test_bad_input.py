@@ -9,7 +9,7 @@ import socket
 import pytest
 from conftest import ROOT, run_bench
 
-from bench.errors import ConfigError
+from bench.tools.errors import ConfigError
 from strategies import names
 
 BASE = ["--cpu", "--epochs", "1", "--data", "synthetic", "--train-limit", "64",

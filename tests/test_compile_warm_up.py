@@ -8,9 +8,9 @@ from __future__ import annotations
 import threading
 import time
 
-from bench.config import COMPILE_LIMIT_S, RunConfig, group_timeout
-from bench.launch import Launch, RunTimeout
-from bench.scratch import Heartbeat, Scratch
+from bench.config.run_config import COMPILE_LIMIT_S, RunConfig, group_timeout
+from bench.launch.job import Launch, RunTimeout
+from bench.train.scratch import Heartbeat, Scratch
 
 
 def _watch(scratch: Scratch, timeout: float) -> Launch:
@@ -56,7 +56,7 @@ def test_the_group_waits_the_compile_limit_only_where_ranks_compile():
     assert group_timeout(300, compile_=False, processes=2) == 300
     assert group_timeout(300, compile_=True, processes=1) == 300
     assert group_timeout(3600, compile_=True, processes=2) == 3600
-    from bench.runner import RunPlan
+    from bench.launch.plan import RunPlan
 
     plan = RunPlan(RunConfig("ddp", gpus=2, cpu=True, compile=True, data="synthetic",
                              train_limit=64, batch_size=16), probe_output=False)

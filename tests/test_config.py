@@ -4,12 +4,12 @@ from pathlib import Path
 import pytest
 
 import strategies
-from bench.config import STRATEGY_ORDER, RunConfig, Topology
-from bench.errors import ConfigError
-from bench.runner import RunPlan
-from bench.schedule import lr_at
-from bench.scratch import Scratch
-from bench.spec import WorkerSpec
+from bench.config.run_config import RunConfig, Topology
+from bench.launch.plan import RunPlan
+from bench.tools.errors import ConfigError
+from bench.train.schedule import lr_at
+from bench.train.scratch import Scratch
+from bench.train.spec import WorkerSpec
 
 
 def test_lr_scales_linearly_from_batch_128():
@@ -95,7 +95,7 @@ def test_worker_spec_survives_json(tmp_path):
 
 def test_fsdp_refuses_gloo_with_cuda_tensors():
     """FSDP2 over gloo on a shared GPU died of SIGSEGV on an H100: refused before start."""
-    from bench.config import Features
+    from bench.config.run_config import Features
 
     fsdp = strategies.get("fsdp", RunConfig("fsdp").strategy_options)
     shared = Topology("cuda", gpus=2, backend="gloo", gpu_shared=True)
@@ -109,7 +109,7 @@ def test_dp_refuses_compile_on_several_gpus_only():
     """torch.compile breaks its graph at DataParallel's scatter/replicate/threads: a record of
     such a run would say 'compiled' of what mostly was not. One GPU, or the CPU's single
     replica, compile whole."""
-    from bench.config import Features
+    from bench.config.run_config import Features
 
     dp = strategies.get("dp", RunConfig("dp").strategy_options)
     with pytest.raises(ConfigError, match="use ddp --compile, or dp on one GPU"):
@@ -117,7 +117,3 @@ def test_dp_refuses_compile_on_several_gpus_only():
     dp.check(Topology("cuda", gpus=2), Features("fp32"))
     dp.check(Topology("cuda", gpus=1), Features("fp32", compile=True))
     dp.check(Topology("cpu", gpus=2), Features("fp32", compile=True))
-
-
-def test_the_torch_free_strategy_order_is_the_registrys():
-    assert tuple(strategies.names()) == STRATEGY_ORDER

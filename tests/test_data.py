@@ -13,8 +13,8 @@ from conftest import (
     which_crop,
 )
 
-from bench import data
-from bench.data import (
+from bench.data import image_sets as data
+from bench.data.image_sets import (
     CifarTensorDataset,
     ImageSet,
     load_cifar100_split,
@@ -22,7 +22,7 @@ from bench.data import (
     synthetic_split,
     write_cifar100_format,
 )
-from bench.errors import ConfigError
+from bench.tools.errors import ConfigError
 
 
 def test_fixture_has_the_official_layout(cifar_dir):
@@ -201,9 +201,9 @@ def test_a_missing_file_is_named(tmp_path, cifar_dir):
 def test_a_synthetic_set_beyond_its_default_size_is_recorded_and_checked_at_that_size():
     """`--data synthetic --train-limit 60000` drew 60,000 images while the record said
     50,000 (the default set's size), and 10^11 was no refusal but a MemoryError in the rank."""
-    from bench.config import RunConfig
-    from bench.datasets import image_set
-    from bench.preflight import prepare_data
+    from bench.config.run_config import RunConfig
+    from bench.data.datasets import image_set
+    from bench.launch.preflight import prepare_data
 
     cfg = RunConfig("ddp", cpu=True, data="synthetic", train_limit=60_000, test_limit=12_000)
     _, train, test = prepare_data(cfg)

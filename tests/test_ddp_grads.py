@@ -6,7 +6,7 @@ import json
 import torch.multiprocessing as mp
 from ddp_grad_check import rank_main
 
-from bench.ports import free_port
+from bench.tools.ports import free_port
 
 
 def test_ddp_averages_gradients_and_keeps_ranks_identical(tmp_path):

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from conftest import FAST, assert_ok, only_record, run_bench
 from ddp_grad_check import knobs_main
 
-from bench.ports import free_port
+from bench.tools.ports import free_port
 
 KNOBS = {"bucket_cap_mb": 5.0, "gradient_as_bucket_view": True, "static_graph": True,
          "find_unused_parameters": True, "broadcast_buffers": False}
@@ -65,7 +65,8 @@ def test_grad_accum_trains_like_the_full_batch():
     """K=4 with a quarter of the per-rank batch per micro-step trains as K=1 with the full
     batch (BatchNorm, whose statistics see the micro-batch, reproduced by the reference)."""
     proc = run_bench("verify", "--cpu", "--gpus", "2", "--steps", "3", "--width", "0.125",
-                     "--batch-size", "64", "--grad-accum", "4", "--strategies", "ddp,dp",
+                     "--batch-size", "64", "--image-size", "16", "--grad-accum", "4",
+                     "--strategies", "ddp,dp",
                      timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(re.findall(r"^(ddp|dp)\s+pass .*x 4 micro", proc.stdout, re.M)) == 2

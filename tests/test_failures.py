@@ -46,6 +46,20 @@ def test_crashing_rank_ends_the_whole_run(strategy, tmp_path):
     assert not alive("multiprocessing.spawn"), "a spawned rank outlived its run"
 
 
+def test_a_rank_dying_after_the_record_is_finished_leaves_the_run_ok(tmp_path):
+    """Rank 0 finishes the record after the last collective; a rank that dies in its
+    teardown (gloo aborts now and then as its group goes) turned the finished run `failed`,
+    and a sweep stopped right then lost an ok run it had counted (the sweep-SIGTERM flake).
+    The run stays ok, and its record says what happened after."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "1", *SMALL,
+                     "--output", str(tmp_path), env={"BENCH_FAULT": "exit:1:0"})
+    assert proc.returncode == 0, proc.stderr
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok"
+    assert any(n.startswith("after the record was finished: ") for n in rec["notes"]), (
+        rec["notes"])
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp", "horovod"])
 def test_a_raising_rank_prints_its_own_traceback_once_and_keeps_it(strategy, tmp_path):
     """What the terminal shows of a rank that raised: its traceback once, then one line.

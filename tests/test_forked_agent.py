@@ -11,7 +11,7 @@ from conftest import ROOT
 
 _SCRIPT = """
 import atexit, os, signal, subprocess, sys
-from bench.lifetime import fork_dying_with_me
+from bench.tools.lifetime import fork_dying_with_me
 marks = sys.argv[1]
 atexit.register(lambda: open(marks, "a").write(f"atexit {os.getpid()}\\n"))
 signal.signal(signal.SIGTERM, lambda *_: None)  # bench's own handler, not the copy's

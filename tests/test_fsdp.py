@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import FAST, PROBE, assert_comm_probe, assert_ok, only_record, run_bench
 
-from bench.results import EPOCH_FIELDS, RECORD_FIELDS
+from bench.records.schema import EPOCH_FIELDS, RECORD_FIELDS
 
 # Same seed, same data, fp32: FSDP's reduce-scatter + all-gather and DDP's all-reduce must
 # give the same parameters up to summation order.

@@ -210,7 +210,7 @@ def test_syncbn_with_two_ranks_sharing_one_gpu_equals_whole_batch_bn():
     import sys
     from pathlib import Path
 
-    from bench.ports import free_port
+    from bench.tools.ports import free_port
 
     script = Path(__file__).with_name("syncbn_shared_check.py")
     proc = subprocess.run([sys.executable, str(script), str(free_port())],

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_bench
 from report_records import write_runs
 
-from bench.gpu_clocks import (
+from bench.measure.gpu_clocks import (
     Sample,
     energy_slots,
     from_vector,
@@ -247,7 +247,7 @@ def test_rows_measured_at_lower_clocks_or_in_thermal_slowdown_are_flagged(tmp_pa
 def test_an_epochs_line_keeps_to_120_columns_with_its_gpu_figures():
     """The longest strategy name, a 4-digit energy and a slowdown reason: the GPUs' figures
     go on their own line; a short line keeps them beside it."""
-    from bench.trainer import epoch_line
+    from bench.train.progress import epoch_line
 
     clocks = {"sm_mhz_median": 1700.0, "sm_mhz_max": 1980.0, "temperature_c_max": 61.0,
               "util_pct_median": 97.0, "energy_j": 1820.0, "slowdowns": ["power cap"],

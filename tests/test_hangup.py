@@ -184,7 +184,7 @@ def test_sigterm_stops_verify_instead_of_failing_its_strategy(tmp_path):
 
 HOLD_CHILD = """
 import os, signal, sys
-from bench.errors import Interrupted, catch_stop_signals, signals_held
+from bench.tools.errors import Interrupted, catch_stop_signals, signals_held
 signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
 catch_stop_signals()
 try:

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, assert_ok, only_record, run_bench
 from PIL import Image
 
-from bench.data import ImageSet, resized, synthetic_split
-from bench.run_summary import forks_can_deadlock
+from bench.data.image_sets import ImageSet, resized, synthetic_split
+from bench.launch.summary import forks_can_deadlock
 
 USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 TINY = ["--cpu", "--gpus", "2", "--epochs", "1", "--no-progress", "--comm-probe-steps", "0"]
@@ -132,7 +132,7 @@ def test_an_imagefolder_trains_exactly_like_one_plain_process(image_folder):
 
 
 def test_an_imagefolder_limit_keeps_every_class(image_folder):
-    from bench.imagefolder import FolderImages
+    from bench.data.imagefolder import FolderImages
 
     images = FolderImages(image_folder, "train", 32, augment=False, limit=9)
     assert len(images) == 9 and len({label for _, label in images.samples}) == 3

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, alive, only_record, run_bench
 
-from bench import launch
-from bench.launcher_output import HorovodLines, TorchrunLines, torchrun_root_cause
-from bench.scratch import RankError, Scratch
+from bench.launch import job
+from bench.launch import launchers as launch
+from bench.launch.output import HorovodLines, TorchrunLines, torchrun_root_cause
+from bench.train.scratch import RankError, Scratch
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--data", "synthetic", "--train-limit", "512", "--test-limit", "32",
@@ -230,13 +231,13 @@ def test_a_collective_ended_by_nccls_watchdog_is_a_timeout_not_a_signal(tmp_path
     scratch.root.mkdir()
     scratch.beat(1).write_text("train epoch 2 step 7")
     killed = torchrun_root_cause(proc.stderr)
-    launch._find_root_cause(proc.stderr, scratch, killed)
+    job.find_root_cause(proc.stderr, scratch, killed)
     assert scratch.root_cause.read_text() == (
         "timeout: rank 1: NCCL's watchdog ended its ALLREDUCE after 30 s (--timeout): a rank "
         "stopped taking part [in train epoch 2 step 7]\n")
     # a rank that raised said more than the watchdog can: its own error comes first
     scratch.write_error(0, RankError("RuntimeError: boom [in train epoch 2 step 7]", False, ""))
-    launch._find_root_cause(proc.stderr, scratch, killed)
+    job.find_root_cause(proc.stderr, scratch, killed)
     assert scratch.root_cause.read_text().startswith("rank 1 was killed by signal 6 (SIGABRT)")
 
 
@@ -249,8 +250,9 @@ def test_a_collective_nccls_watchdog_ended_is_named_under_mp_spawn(tmp_path):
     script.write_text(
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from bench import launch\n"
-        "from bench.scratch import Scratch\n"
+        "from bench.launch.job import Launch\n"
+        "from bench.launch.spawn import spawn_ranks\n"
+        "from bench.train.scratch import Scratch\n"
         "def rank(index, folder):\n"
         "    Scratch(Path(folder)).beat(index).write_text('train epoch 3 step 2')\n"
         "    if index == 0:\n"
@@ -265,8 +267,8 @@ def test_a_collective_nccls_watchdog_ended_is_named_under_mp_spawn(tmp_path):
         "if __name__ == '__main__':\n"
         "    scratch = Scratch(Path(sys.argv[1]))\n"
         "    scratch.root.mkdir()\n"
-        "    run = launch.Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
-        "    rc = launch.spawn_ranks(rank, (sys.argv[1],), run)\n"
+        "    run = Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
+        "    rc = spawn_ranks(rank, (sys.argv[1],), run)\n"
         "    print(rc, scratch.root_cause.read_text(), end='')\n")
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "scratch")],
                           capture_output=True, text=True, timeout=120)
@@ -359,7 +361,7 @@ def test_kill_9_during_start_up_leaves_nothing_running(strategy, delay, tmp_path
 
 _SIGNAL_DURING_FORK = """
 import os, signal, subprocess, sys, time
-from bench.lifetime import start_dying_with_me
+from bench.tools.lifetime import start_dying_with_me
 child = start_dying_with_me(["grep", "SigBlk", "/proc/self/status"], stdout=subprocess.PIPE)
 print(child.communicate()[0].decode(), flush=True)
 # The moment a Ctrl-C was lost: a signal landing in an at-fork hook run by Popen.
@@ -433,7 +435,7 @@ def _wait_for_processes(out: Path, kind: str, count: int, never: str) -> None:
 def test_kill_9_of_a_two_node_probe_waiting_for_its_peer_ends_its_agent(tmp_path):
     """Node 0 of a 2-node probe whose peer never comes: torchrun's agent waits in the
     rendezvous (for minutes). It was started as a plain child and outlived bench's kill -9."""
-    from bench.ports import free_port
+    from bench.tools.ports import free_port
 
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -441,7 +443,7 @@ def test_kill_9_of_a_two_node_probe_waiting_for_its_peer_ends_its_agent(tmp_path
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--width", "0.125",
          "--output", str(out)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for_processes(out, "bench.agent", 1, "the probe's agent never started")
+    _wait_for_processes(out, "bench.launch.agent", 1, "the probe's agent never started")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     left = _gone_within(10, str(out))  # in the agent's command line
@@ -459,7 +461,7 @@ def test_a_probe_interrupted_while_its_ranks_measure_ends_them_in_one_line(sig, 
          "--output", str(out)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
-    _wait_for_processes(out, "bench.probe WORKER", 2, "the probe's ranks never started")
+    _wait_for_processes(out, "bench.commands.probe WORKER", 2, "the probe's ranks never started")
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)
     else:

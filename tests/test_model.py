@@ -1,7 +1,8 @@
 import torch
 from torch import nn
 
-from bench.model import count_parameters, resnet18_cifar
+from bench.models.parameters import count_parameters
+from bench.models.resnet_cifar import resnet18_cifar
 
 
 def test_real_resnet18_cifar_shape_and_size():

@@ -12,8 +12,8 @@ import sys
 import pytest
 from conftest import ROOT, assert_ok, only_record, records, run_bench
 
-from bench.cluster import first_host, slurm_task
-from bench.ports import ephemeral_ports, free_port, port_in_use
+from bench.launch.slurm import first_host, slurm_task
+from bench.tools.ports import ephemeral_ports, free_port, port_in_use
 from strategies.horovod import HorovodStrategy
 
 SMALL = ["--cpu", "--epochs", "2", "--data", "synthetic", "--train-limit", "256",

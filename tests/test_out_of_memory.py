@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.config import RunConfig
-from bench.out_of_memory import is_out_of_memory, next_grad_accum, out_of_memory_line
-from bench.schedule import BatchSplit
+from bench.config.run_config import RunConfig
+from bench.train.out_of_memory import is_out_of_memory, next_grad_accum, out_of_memory_line
+from bench.train.schedule import BatchSplit
 
 CUDA_MESSAGE = (
     "CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 14.57 GiB "

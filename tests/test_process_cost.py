@@ -1,5 +1,5 @@
 """What every bench process pays: it ends without the interpreter's teardown
-(bench.quick_exit) and loses nothing an exit must do (the code, buffered output, atexit
+(bench.tools.quick_exit) and loses nothing an exit must do (the code, buffered output, atexit
 handlers, running threads); it records torchvision's version without importing it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import ROOT
 SCRIPT = """
 import atexit, sys, threading, time
 from pathlib import Path
-from bench.quick_exit import exit_now
+from bench.tools.quick_exit import exit_now
 
 out = Path(sys.argv[1])
 
@@ -54,7 +54,8 @@ def test_a_running_thread_is_waited_for(tmp_path):
 
 
 def test_torchvision_version_is_read_without_importing_it():
-    code = ("import sys; from bench.results import torchvision_version; v = torchvision_version();"
+    code = ("import sys; from bench.records.environment import torchvision_version;"
+            " v = torchvision_version();"
             " loaded = 'torchvision' in sys.modules; import torchvision;"
             " print(v == torchvision.__version__, loaded)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

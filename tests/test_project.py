@@ -11,7 +11,8 @@ import statistics
 import pytest
 from conftest import assert_ok, only_record, run_bench
 
-from bench.projection import GradientTimeline, Network, Workload, allreduce_s, project
+from bench.project.scaling import Network, Workload, allreduce_s, project
+from bench.records.gradient_timeline import GradientTimeline
 
 NET = Network("test", 400.0, 400.0, "nvlink", "hand-written")
 
@@ -195,7 +196,7 @@ def test_a_plot_file_must_be_png_or_svg(tmp_path):
 def test_a_model_without_batchnorm_pays_no_syncbn_collectives():
     """A record that says 0 BatchNorm layers gets no SyncBatchNorm time; one from before
     the count was recorded is ResNet-18's 20 layers (2 collectives each)."""
-    from bench.project import workload_of
+    from bench.project.from_records import workload_of
 
     rec = {"strategy": "ddp", "world_size": 2, "compute_step_s": 0.1, "norm": "syncbn",
            "model": {"name": "user_models:tiny_cnn", "parameters": 1000,
@@ -216,7 +217,7 @@ def test_a_compressing_hook_keeps_ddps_buckets_and_powersgd_sends_three_collecti
     plus 1 ns a byte; compute is negligible, so the step is its communication: plain
     2 x 100 us + 40 ms; the fp16 hook 2 x 100 us + 20 ms; PowerSGD (100,000 elements,
     400 kB) 2 buckets x 3 all-reduces (vectors, P, Q) x 100 us + 0.4 ms = 1.0 ms."""
-    from bench.project import workload_of
+    from bench.project.from_records import workload_of
 
     rec = {"strategy": "ddp", "compute_step_s": 1e-9, "world_size": 2, "norm": "none",
            "model": {"parameters": 10_000_000, "batchnorm_layers": 0}}
@@ -238,7 +239,7 @@ def test_ddp_zero_broadcasts_its_parameters_whatever_compresses_the_gradient():
     """PowerSGD sends 100,000 of 10 M gradient elements; ZeRO still all-gathers the 40 MB of
     fp32 parameters after each step: at 1 GB/s (an all-reduce of B bytes takes B ns, the
     all-gather half of it) ddp-zero's step is 20 ms longer than ddp's."""
-    from bench.project import workload_of
+    from bench.project.from_records import workload_of
 
     rec = {"strategy": "ddp", "compute_step_s": 0.1, "world_size": 2, "norm": "none",
            "model": {"parameters": 10_000_000, "batchnorm_layers": 0},
@@ -284,7 +285,7 @@ def test_powersgds_own_work_and_blocking_collectives_over_gloo_hold_up_backward(
     leaves the first bucket's collectives hidden under backward over NCCL, so only the
     last bucket's show: +437.9 us. Over gloo bench waits for each bucket inside backward,
     so both show: +1.0 ms. The hook's own work (10 ms measured a step, alone) adds itself."""
-    from bench.project import workload_of
+    from bench.project.from_records import workload_of
 
     rec = {"strategy": "ddp", "compute_step_s": 0.1, "world_size": 2, "norm": "none",
            "model": {"parameters": 10_000_000, "batchnorm_layers": 0},

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, run_bench
 from report_records import record, write_runs
 
+from bench.records.files import load_records
 from bench.report import readme_block, summary_table, to_markdown
-from bench.results import load_records
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_readme_table_matches_the_committed_records():
     assert records, "results/runs/ must hold the records behind the README table"
     assert not warnings
     readme = (ROOT / "README.md").read_text()
-    from bench.probe import load_probes
+    from bench.records.probes import load_probes
 
     assert readme_block(records, load_probes(ROOT / "results")) in readme, (
         "run `bench report --update-readme`")

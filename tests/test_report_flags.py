@@ -11,7 +11,7 @@ import pytest
 from conftest import run_bench
 from report_records import record, write_runs
 
-from bench.results import load_records
+from bench.records.files import load_records
 
 
 def test_impossible_figures_are_named_not_passed_silently(tmp_path):

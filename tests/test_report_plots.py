@@ -137,7 +137,7 @@ def test_a_kill_9_mid_draw_and_two_reports_at_once_leave_every_plot_whole(tmp_pa
         while sum(not p.exists() or p.stat().st_mtime_ns != t for p, t in before.items()) \
                 < drawn:
             assert time.monotonic() < deadline and proc.poll() is None, "nothing drawn"
-            time.sleep(0.005)
+            time.sleep(0.05)  # 20 polls a second: still mid-draw
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         shown = [p for p in plots.rglob("*") if not p.name.startswith(".")]

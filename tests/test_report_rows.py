@@ -162,8 +162,8 @@ def test_the_reference_row_is_plain_ddp_not_a_compressed_one():
 
 
 def test_sweep_key_is_the_workload_only():
-    from bench.config import RunConfig
-    from bench.sweep import sweep_key
+    from bench.commands.sweep import sweep_key
+    from bench.config.run_config import RunConfig
 
     base = RunConfig("ddp", gpus=2, cpu=True)
     assert sweep_key(base.derive(workers=3)) != sweep_key(base)  # speed: input-bound rows

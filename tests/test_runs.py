@@ -11,10 +11,11 @@ import sys
 import pytest
 from conftest import FAST, NO_PROBE, ROOT, assert_ok, only_record, records, run_bench
 
-from bench.model import initial_params_sha1
-from bench.models import ModelSpec
+from bench.models.parameters import initial_params_sha1
+from bench.models.registry import ModelSpec
+from bench.records.files import write_atomic
+from bench.records.schema import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS
 from bench.report import summary_table
-from bench.results import ENV_FIELDS, EPOCH_FIELDS, RECORD_FIELDS, write_atomic
 
 
 def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):

@@ -11,10 +11,10 @@ from conftest import assert_ok, only_record, run_bench
 from torch.utils.data import DataLoader
 
 import strategies
-from bench.data import CifarTensorDataset, ImageSet
-from bench.device_loader import DeviceLoader
-from bench.faults import DEFECT_ENV
-from bench.loaders import EvalShard
+from bench.data.device_loader import DeviceLoader
+from bench.data.image_sets import CifarTensorDataset, ImageSet
+from bench.data.loaders import EvalShard
+from bench.tools.faults import DEFECT_ENV
 from strategies.base import epoch_sampler
 from strategies.horovod import HorovodStrategy
 

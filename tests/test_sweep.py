@@ -145,8 +145,8 @@ def test_a_timeout_before_the_run_wrote_its_record_still_leaves_a_failed_one(tmp
 def test_an_empty_claim_left_by_a_crash_does_not_skip_the_combination(tmp_path):
     """A claim file with no owner in it (a crash between create and write, in older
     versions) is debris: the next sweep clears it and runs the combination."""
-    from bench.config import RunConfig
-    from bench.sweep import plan_combos
+    from bench.commands.sweep import plan_combos
+    from bench.config.run_config import RunConfig
 
     args = ["--cpu", "--data", "synthetic", "--train-limit", "64", "--test-limit", "8",
             "--epochs", "1", "--width", "0.125", "--batch-size", "32", "--no-progress",

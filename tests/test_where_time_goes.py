@@ -11,8 +11,9 @@ import pytest
 from conftest import assert_ok, only_record, run_bench
 from report_records import record
 
-from bench.flops import peak_tflops, train_flops_per_image
-from bench.models import ModelSpec
+from bench.measure.flops import train_flops_per_image
+from bench.models.registry import ModelSpec
+from bench.records.peaks import peak_tflops
 from bench.report import summary_table, to_markdown
 
 SMALL = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data", "synthetic",
@@ -172,7 +173,8 @@ def test_bench_probe_measures_the_gradient_of_the_model_named(tmp_path):
 
 
 def probe_parameters() -> int:
-    from bench.model import count_parameters, resnet18_cifar
+    from bench.models.parameters import count_parameters
+    from bench.models.resnet_cifar import resnet18_cifar
 
     return count_parameters(resnet18_cifar(width=0.125))
 
@@ -187,7 +189,7 @@ def test_train_flops_of_full_width_resnet18_match_the_hand_count():
 
 
 def test_mfu_uses_the_gpus_dense_peak_for_the_runs_precision(tmp_path):
-    from bench.record import RunRecord
+    from bench.records.run_record import RunRecord
 
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.0  # SXM
     assert peak_tflops("NVIDIA H100 PCIe", "tf32") == 378.0
@@ -206,11 +208,11 @@ def test_mfu_uses_the_gpus_dense_peak_for_the_runs_precision(tmp_path):
                  initial_param_fingerprint="x", initial_reference_fingerprint="x",
                  initial_replicas_identical=True,
                  allow_tf32=True)
-    from bench.record import EvalStats, TrainStats
+    from bench.records.run_record import EvalStats, TrainStats
 
     train = TrainStats(data_order_sha1="d", train_time_s=1.0, train_loss=1.0,
                        train_images=100_000, lr_last=0.1, step_time_p50_s=0.01,
-                       step_time_p90_s=0.01, step_losses=())
+                       step_time_p90_s=0.01)
     evaluation = EvalStats(eval_time_s=0.1, top1=0.5, top5=0.8, test_loss=1.0,
                            test_images=10000)
     entry = record.add_epoch(1, train, evaluation, 2**30)
@@ -248,7 +250,7 @@ def test_report_shows_exposed_comm_mfu_and_the_comm_ceiling(tmp_path):
 def test_trace_breakdown_counts_each_instant_once_by_hand():
     """compute [0,10] and [30,40], NCCL [5,20], a copy [18,25]: 20 µs compute, 10 of
     communication not under compute, 5 of copy alone, 5 idle, over a 40 µs window."""
-    from bench.trace_breakdown import breakdown
+    from bench.report.trace_breakdown import breakdown
 
     def ev(cat, name, ts, dur):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,

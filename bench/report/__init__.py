@@ -1,8 +1,9 @@
 """`bench report`: records -> tables (table; scores over repeats in accuracy), their views
-(views), figures per workload (plots), the README block (readme) and the command (command)."""
+(views), figures per workload (plots) and the README block (readme); the command itself is
+bench.commands.report."""
 
+from bench.records.describe import speed_options, workload
 from bench.report.accuracy import mlperf_score, mlperf_seconds, parse_reference
-from bench.report.command import cmd_report
 from bench.report.plots import (
     figures_per_workload,
     make_figures,
@@ -23,9 +24,7 @@ from bench.report.table import (
     report_order,
     run_rows,
     same_start,
-    speed_options,
     summary_table,
-    workload,
 )
 from bench.report.views import (
     plausibility_warnings,
@@ -41,7 +40,6 @@ __all__ = [
     "GROUP_KEYS",
     "README_END",
     "README_START",
-    "cmd_report",
     "figures_per_workload",
     "hardware_lines",
     "make_figures",

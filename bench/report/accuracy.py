@@ -7,8 +7,8 @@ import math
 import statistics
 from typing import Any
 
-from bench.errors import ConfigError
-from bench.stats import welch
+from bench.tools.errors import ConfigError
+from bench.tools.stats import welch
 
 
 def mlperf_seconds(times: list[float]) -> tuple[float, int]:

@@ -7,21 +7,14 @@ from __future__ import annotations
 import math
 import statistics
 
+from bench.records.describe import input_bound
+
 EFFICIENCY_NOISE = 0.05  # efficiency above 1 + this cannot be scaling: the N=1 run was slowed
 SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
 SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
 EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
 CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
 POWER_LIMIT_CUT = 0.05  # a GPU power limit this far below the GPU's default
-INPUT_BOUND_SHARE = 0.85  # training at this share of what the input pipeline feeds alone
-
-
-def input_bound(images_per_s: float | None, loader_alone: float | None) -> bool:
-    """Whether a run trained at INPUT_BOUND_SHARE or more of the img/s its input pipeline
-    feeds alone: then the pipeline, not the strategy, set its pace. False where either
-    figure is missing (None, NaN)."""
-    return (isinstance(images_per_s, (int, float)) and isinstance(loader_alone, (int, float))
-            and loader_alone > 0 and images_per_s >= INPUT_BOUND_SHARE * loader_alone)
 
 
 def slow_runs(ok) -> list[tuple[str, float, float]]:

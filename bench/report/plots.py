@@ -9,9 +9,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table, workload
-from bench.report.views import short_options
-from bench.results import atomic_file
+from bench.records.describe import short_options, workload
+from bench.records.files import atomic_file
+from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
 
 
 def row_label(r) -> str:
@@ -253,7 +253,7 @@ def _probes_of(devices: set[str], probes: list[dict[str, Any]]) -> list[dict[str
     device, backend, ranks and nodes (the one its table's ceiling uses; probes come oldest
     first). A CPU probe says nothing about a GPU workload, and an older probe of the same
     kind would be a second line with the same label."""
-    from bench.probe import probe_kind
+    from bench.records.probes import probe_kind
 
     newest = {probe_kind(p): p for p in probes if p.get("device") in devices}
     return list(newest.values())
@@ -321,7 +321,7 @@ def figures_per_workload(records: list[dict[str, Any]],
 def write_plots(records: list[dict[str, Any]], folder: Path,
                 probes: list[dict[str, Any]] | None = None) -> list[Path]:
     """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Each
-    file is written aside and renamed into place (bench.results.atomic_file), then the plots
+    file is written aside and renamed into place (bench.records.files.atomic_file), then the plots
     of an earlier report that this one did not draw are removed: a report killed while it
     draws, or two reports of one folder at once, leave whole files, never cut ones (the
     temporary files of a report killed mid-draw go with the next: bench report's start)."""

@@ -6,17 +6,23 @@ records never runs anything."""
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
-from bench.config import GPU_LOADER_WORKERS, STRATEGY_ORDER
-from bench.gpu_clocks import ABNORMAL
-from bench.models import DEFAULT_MODEL, short_name
-from bench.provenance import current_status
+import strategies
+from bench.records.describe import (
+    ABNORMAL,
+    as_number,
+    gpu_model,
+    median_of,
+    median_step_s,
+    speed_options,
+    summarise_epochs,
+    workload,
+)
+from bench.records.provenance import current_status
 from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
-from bench.results import summarise_epochs
-from bench.stats import mean_ci
+from bench.tools.stats import mean_ci
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
 # gpu_shared keeps runs whose ranks shared GPUs (--backend gloo) apart: their timing is not
@@ -26,10 +32,6 @@ from bench.stats import mean_ci
 # epochs keeps runs of another length apart: their accuracy is another schedule's.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
               "options", "grad_accum", "gpu_shared", "epochs"]
-
-# Loader workers per replica that a row's options do not name: bench run's defaults where the
-# machine has the cores (bench.preflight.default_workers). Any other count is another row.
-USUAL_WORKERS = {"cuda": GPU_LOADER_WORKERS, "cpu": 0}
 
 
 COLUMNS = [
@@ -68,90 +70,7 @@ COLUMNS = [
 ]
 
 
-def _number(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
 COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
-
-
-def _median(values: list[float]) -> float:
-    """Median of the values that exist (NaN when none do)."""
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.median(values) if values else math.nan
-
-
-def median_step_s(rec: dict[str, Any]) -> float:
-    """The run's step time: the median of its epochs' median steps, the warm-up epoch left
-    out when there are others (NaN when no epoch measured one)."""
-    epochs = rec.get("per_epoch") or []
-    return _median([_number(e.get("step_time_p50_s")) for e in epochs[1:] or epochs])
-
-
-def gpu_model(rec: dict[str, Any]) -> str | None:
-    """The GPU model a CUDA run was measured on ('H200', 'H100 80GB HBM3'; 'GPU' for a
-    record that does not say), from its record's env; None on CPU."""
-    if rec.get("device") != "cuda":
-        return None
-    names = dict.fromkeys((rec.get("env") or {}).get("gpus") or [])
-    return " + ".join(name.removeprefix("NVIDIA ") for name in names) or "GPU"
-
-
-def workload(rec: dict[str, Any], gpu: bool = True) -> str:
-    """What was trained, and (``gpu``) on which GPU model: only runs of the same workload
-    are compared with each other (an H100's epoch is neither a repeat of an H200's nor its
-    baseline)."""
-    width = (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
-    model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
-    model = model if width == 1.0 else f"{model} x{width:g}"
-    config = rec.get("config") or {}
-    size = rec.get("train_size") or config.get("train_limit") or 50_000
-    data = rec.get("dataset") or config.get("data") or "?"
-    if data == "synthetic" and config.get("synthetic_difficulty"):
-        data += f" d={config['synthetic_difficulty']:g}"
-    if data.startswith("synthetic") and config.get("synthetic_classes", 100) != 100:
-        data += f" {config['synthetic_classes']} classes"
-    pixels = (rec.get("model") or {}).get("image_size") or 32
-    pixels = "" if pixels == 32 else f" {pixels}px"
-    model_gpu = gpu_model(rec) if gpu else None
-    return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
-            + (f" on {model_gpu}" if model_gpu else ""))
-
-
-def workload_and_device(rec: dict[str, Any]) -> str:
-    """The workload and where it ran, once: a GPU workload already names its GPU."""
-    return workload(rec) + ("" if gpu_model(rec) else f" — {rec.get('device')}")
-
-
-def speed_options(rec: dict[str, Any]) -> str:
-    """The run's options that change how it computes or communicates (speed options, and
-    the strategies' own: compression, FSDP's resharding), "—" for none."""
-    chosen = []
-    strategy_options = rec.get("ddp_options") or {}
-    hook = strategy_options.get("comm_hook", "none")
-    if hook != "none":
-        rank = strategy_options.get("powersgd_rank", 1)
-        chosen.append(f"{hook} hook" + (f" r={rank}" if hook == "powersgd" else ""))
-    if (rec.get("config") or {}).get("hvd_compression", "none") != "none" and rec.get(
-            "strategy") == "horovod":
-        chosen.append(f"{rec['config']['hvd_compression']} compression")
-    if strategy_options.get("reshard_after_forward") is False:
-        chosen.append("no reshard")
-    if rec.get("loader") == "gpu":
-        chosen.append("gpu loader")
-    elif rec.get("workers_per_replica") not in (None, USUAL_WORKERS.get(rec.get("device"))):
-        chosen.append(f"{rec['workers_per_replica']} workers")
-    if rec.get("channels_last"):
-        chosen.append("channels_last")
-    if rec.get("compile"):
-        mode = rec.get("compile_mode") or "default"
-        graphs = rec.get("cudagraphs")
-        # a mode whose CUDA graphs were skipped ran as plain compiled code: not the same row
-        chosen.append("compile" + ("" if mode == "default" else f" {mode}")
-                      + (" (no CUDA graphs)" if graphs not in (None, "used") else ""))
-    if rec.get("optimizer_impl") not in (None, "default"):
-        chosen.append(f"{rec['optimizer_impl']} SGD")
-    return ", ".join(chosen) or "—"
 
 
 def same_start(rec: dict[str, Any]) -> bool | None:
@@ -178,7 +97,9 @@ def run_rows(records: list[dict[str, Any]]):
     """One row per record; epoch times exclude the first (warm-up) epoch."""
     import pandas as pd
 
-    from bench.project import allreduced_bytes  # bench.project imports this module
+    from bench.project.from_records import (
+        allreduced_bytes,  # bench.project.from_records imports this module
+    )
 
     rows = []
     for rec in records:
@@ -208,10 +129,10 @@ def run_rows(records: list[dict[str, Any]]):
                 "workload_alone": workload(rec, gpu=False),  # bench compare across GPUs
                 "gpu_model": gpu_model(rec),
                 "epochs_done": len(epochs),
-                "epoch_time_s": _number(figures.get("median_epoch_time_s")),
-                "images_per_s": _number(figures.get("median_images_per_s")),
-                "loader_alone": _number(rec.get("loader_alone_images_per_s")),
-                "input_wait": _number(figures.get("input_wait_share")),
+                "epoch_time_s": as_number(figures.get("median_epoch_time_s")),
+                "images_per_s": as_number(figures.get("median_images_per_s")),
+                "loader_alone": as_number(rec.get("loader_alone_images_per_s")),
+                "input_wait": as_number(figures.get("input_wait_share")),
                 "final_top1": 100 * figures.get("final_top1", math.nan),
                 "best_top1": 100 * figures.get("best_top1", math.nan),
                 "total_train_time_s": figures.get("total_train_time_s", 0.0),
@@ -219,17 +140,17 @@ def run_rows(records: list[dict[str, Any]]):
                 "time_to_target_s": (rec.get("time_to_target_s") if rec.get("reached_target")
                                      else math.inf),
                 "peak_mem_mib": figures.get("steady_peak_mem_bytes", math.nan) / 2**20,
-                "exposed_comm": _number(rec.get("exposed_comm_fraction")),
-                "compute_step_s": _number(rec.get("compute_step_s")),
-                "mfu": _median([_number(e.get("mfu")) for e in epochs[1:] or epochs]),
+                "exposed_comm": as_number(rec.get("exposed_comm_fraction")),
+                "compute_step_s": as_number(rec.get("compute_step_s")),
+                "mfu": median_of([as_number(e.get("mfu")) for e in epochs[1:] or epochs]),
                 "step_time_s": median_step_s(rec),
                 "gradient_bytes": allreduced_bytes(rec),
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
-                "clock_share": _number(figures.get("gpu_clock_share")),
-                "gpu_util": _number(figures.get("gpu_util_median")),
-                "images_per_joule": _number(figures.get("images_per_joule")),
+                "clock_share": as_number(figures.get("gpu_clock_share")),
+                "gpu_util": as_number(figures.get("gpu_util_median")),
+                "images_per_joule": as_number(figures.get("images_per_joule")),
                 "slowdowns": figures.get("gpu_slowdowns") or [],
                 "power_limit": lowered_power_limit(rec),
             }
@@ -262,35 +183,35 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             same_start=_all_same_start(list(ok["same_start"])),
             runs=len(ok),
             failed_runs=len(group) - len(ok),
-            epoch_time_s=_median(list(ok["epoch_time_s"])),
+            epoch_time_s=median_of(list(ok["epoch_time_s"])),
             epoch_time_spread_s=(max(times) - min(times)) if len(times) > 1 else math.nan,
-            images_per_s=_median(list(ok["images_per_s"])),
-            loader_alone=_median(list(ok["loader_alone"])),
-            input_wait=_median(list(ok["input_wait"])),
+            images_per_s=median_of(list(ok["images_per_s"])),
+            loader_alone=median_of(list(ok["loader_alone"])),
+            input_wait=median_of(list(ok["input_wait"])),
             final_top1=final_top1,
             final_top1_ci=final_top1_ci,
             best_top1=mean_ci(list(ok["best_top1"]))[0],
             finals=list(ok["final_top1"]),
-            peak_mem_mib=_median(list(ok["peak_mem_mib"])),
+            peak_mem_mib=median_of(list(ok["peak_mem_mib"])),
             time_to_target=mlperf_score(list(ok["time_to_target_s"]), list(ok["target_top1"])),
             time_to_target_s=(mlperf_seconds(list(ok["time_to_target_s"]))[0]
                               if ok["target_top1"].notna().any() else math.nan),
             run_images_per_s=list(ok["images_per_s"]),
             run_times_to_target=list(ok["time_to_target_s"]),
-            total_train_time_s=_median(list(ok["total_train_time_s"])),
+            total_train_time_s=median_of(list(ok["total_train_time_s"])),
             target_top1=use["target_top1"].iloc[-1],
-            exposed_comm=_median(list(ok["exposed_comm"])),
-            compute_step_s=_median(list(ok["compute_step_s"])),
-            mfu=_median(list(ok["mfu"])),
-            step_time_s=_median(list(ok["step_time_s"])),
+            exposed_comm=median_of(list(ok["exposed_comm"])),
+            compute_step_s=median_of(list(ok["compute_step_s"])),
+            mfu=median_of(list(ok["mfu"])),
+            step_time_s=median_of(list(ok["step_time_s"])),
             comm_ceiling=comm_ceiling(probes or [], use.iloc[-1]),
             projected_efficiency=projected_efficiency(
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
-            clock_share=_median(list(ok["clock_share"])),
-            gpu_util=_median(list(ok["gpu_util"])),
-            images_per_joule=_median(list(ok["images_per_joule"])),
+            clock_share=median_of(list(ok["clock_share"])),
+            gpu_util=median_of(list(ok["gpu_util"])),
+            images_per_joule=median_of(list(ok["images_per_joule"])),
             abnormal_slowdowns=sorted({r for rs in ok["slowdowns"] for r in rs
                                        if r in ABNORMAL}),
             power_limit=next((p for p in ok["power_limit"] if p), None),
@@ -323,21 +244,12 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     return table.iloc[order].reset_index(drop=True)
 
 
-def report_order(row: dict[str, Any]) -> tuple:
-    """Where a row stands in every table: GPU rows first, then by workload, strategy (the
-    order `bench list` gives), N, precision and options."""
-    order = STRATEGY_ORDER.index(row["strategy"]) if row["strategy"] in STRATEGY_ORDER else (
-        len(STRATEGY_ORDER))
-    return (row["device"] != "cuda", str(row["workload"]), order, row["world_size"],
-            str(row["precision"]), str(row["options"]))
-
-
 def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
     """The ideal time to all-reduce what this row's step sends (from the newest ``bench
     probe`` of the same device, backend, ranks and nodes, as ``bench project`` picks it)
     beside the measured step."""
-    from bench.probe import ideal_allreduce_s
-    from bench.project import matching_probe
+    from bench.project.from_records import matching_probe
+    from bench.records.probes import ideal_allreduce_s
 
     probe = matching_probe({"device": run["device"], "backend": run["backend"],
                             "world_size": run["world_size"], "nodes": run["nodes"]}, probes)
@@ -357,8 +269,8 @@ def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | Non
     """bench project's efficiency for this row's newest ok run at 64 and 512 GPUs (8 per
     node) over the network measured by the newest ``bench probe`` of its device; marked as
     a projection. None without such a probe, or a run the model cannot take."""
-    from bench.project import workload_of
-    from bench.projection import network_from_probe, project
+    from bench.project.from_records import workload_of
+    from bench.project.scaling import network_from_probe, project
 
     match = [p for p in probes if rec is not None and p.get("device") == rec.get("device")]
     work = workload_of(rec) if match and rec.get("strategy") != "dp" else None
@@ -367,3 +279,12 @@ def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | Non
     net = network_from_probe(match[-1])
     cells = [f"{100 * project(work, n, 8, net).efficiency:.0f}%" for n in PROJECTED_AT]
     return " / ".join(cells) + " (projected)"
+
+
+def report_order(row: dict[str, Any]) -> tuple:
+    """Where a row stands in every table: GPU rows first, then by workload, strategy (the
+    order `bench list` gives), N, precision and options."""
+    listed = strategies.names()  # the registry's order
+    order = listed.index(row["strategy"]) if row["strategy"] in listed else len(listed)
+    return (row["device"] != "cuda", str(row["workload"]), order, row["world_size"],
+            str(row["precision"]), str(row["options"]))

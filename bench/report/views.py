@@ -7,9 +7,10 @@ import json
 import math
 from typing import Any
 
-from bench import terminal
+from bench.records.describe import short_options, workload
 from bench.report.flags import clock_gap_matters
-from bench.report.table import COLUMN_INDEX, COLUMNS, workload
+from bench.report.table import COLUMN_INDEX, COLUMNS
+from bench.tools import terminal
 
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
 # per workload, in at most 120 columns; `--format wide`, the CSV and the markdown have all.
@@ -30,21 +31,8 @@ _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "ef
               "util": "GPU util", "img/J": "img/J"}
 
 
-_SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ",",
-                  "compile reduce-overhead": "compile:ro",
-                  " max-autotune-no-cudagraphs": ":max-nocg", "compile max-autotune": "compile:max",
-                  " (no CUDA graphs)": "-nograph"}
-
-
 # A GPU block's workload names its GPU ('... on H200'): 'cuda' goes without saying.
 SAID_BY_WORKLOAD = frozenset({"cuda"})
-
-
-def short_options(text: str) -> str:
-    """A row's speed options in few characters (terminal rows, plot labels)."""
-    for long, short in _SHORT_OPTIONS.items():
-        text = text.replace(long, short)
-    return text
 
 
 def _parity_cell(r: dict) -> str:

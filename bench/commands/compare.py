@@ -1,0 +1,345 @@
+"""``bench compare A B``: did B (a new driver, torch, machine) get slower or less accurate
+than A? Rows are matched by workload, strategy, device, N, precision, speed options,
+accumulation and epochs, on the same GPU model or, for a new machine, on the one other
+model each side ran; the exit code is 1 when a row regressed beyond the threshold in speed or
+significantly in accuracy, so the command can gate a CI job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.records.describe import short_options
+from bench.records.files import load_record_file, load_records
+from bench.report import GROUP_KEYS, report_order, summary_table
+from bench.report.flags import clock_gap_matters
+from bench.report.views import SAID_BY_WORKLOAD, said_once
+from bench.tools import terminal
+from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from bench.tools.stats import welch
+
+FORMATS = ("text", "markdown", "csv", "json")
+WIDTH = 120
+# CSV and JSON: numbers stay numbers (a range or CI in its own fields); the time to target's
+# text says how it was scored ("36.15 (MLPerf, 5 runs, 1 missed)", "did not converge (...)").
+COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "options", "grad_accum",
+           "runs", "images_per_s_a", "images_per_s_b", "images_per_s_range_a",
+           "images_per_s_range_b", "speed_ratio", "time_to_target_s_a", "time_to_target_s_b",
+           "time_to_target_a", "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b",
+           "top1_ci_a", "top1_ci_b", "delta_top1", "p_value", "verdict"]
+
+# The markdown view: a person's column names, each figure with its range or CI.
+MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
+            "world_size": "N", "precision": "precision", "options": "options",
+            "grad_accum": "accum", "runs": "runs A/B", "images_per_s_a": "img/s A [range]",
+            "images_per_s_b": "img/s B [range]", "speed_ratio": "B/A speed",
+            "time_to_target_a": "time to target A", "time_to_target_b": "time to target B",
+            "time_to_target_ratio": "B/A time to target", "top1_a": "top-1 A (%)",
+            "top1_b": "top-1 B (%)", "delta_top1": "Δ top-1", "p_value": "Welch p",
+            "verdict": "verdict"}
+
+
+def load_side(path: str) -> list[dict[str, Any]]:
+    """A results folder (its runs/) or one record file."""
+    where = Path(path)
+    if where.is_file():
+        try:
+            return [load_record_file(where)]
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a usable run record ({exc})") from None
+    if not where.is_dir():
+        raise ConfigError(f"{path} is neither a results folder nor a record file")
+    records, warnings = load_records(where)
+    for line in warnings:
+        print(f"bench compare: {line}", file=sys.stderr)
+    if not records:
+        raise ConfigError(f"{path} holds no run records; point it at a `bench run --output` "
+                          "folder or a record file")
+    return records
+
+
+def _range(values: list[float]) -> list[float] | None:
+    """[lowest, highest] of the runs' figures; None under two runs."""
+    values = [v for v in values if not math.isnan(v)]
+    return [round(min(values), 1), round(max(values), 1)] if len(values) > 1 else None
+
+
+def _or_none(value: Any, digits: int) -> float | None:
+    """A finite figure, rounded; None for none, NaN or infinity (a time to target that was
+    missed), which JSON cannot hold."""
+    return round(float(value), digits) if isinstance(value, (int, float)) and math.isfinite(
+        value) else None
+
+
+def _pairs(table_a, table_b) -> list[tuple[tuple, dict | None, dict | None]]:
+    """(key, A's row, B's row) for every configuration: rows of the same workload on the
+    same GPU model first; then a row that only A has and one that only B has of the same
+    configuration on another GPU model (a new machine: 'resnet18 on H100 → H200'), where
+    each side has one such row."""
+    def key(r: dict, gpu: bool = True) -> tuple:
+        return tuple(r["workload_alone" if k == "workload" and not gpu else k]
+                     for k in GROUP_KEYS)
+
+    rows_a = {key(r): r for r in table_a.to_dict("records")}
+    rows_b = {key(r): r for r in table_b.to_dict("records")}
+    alone: dict[tuple, tuple[list, list]] = {}
+    for rows, side in ((rows_a, 0), (rows_b, 1)):
+        other = rows_b if side == 0 else rows_a
+        for k, r in rows.items():
+            if k not in other and r.get("gpu_model"):
+                alone.setdefault(key(r, gpu=False), ([], []))[side].append(k)
+    pairs = {k: (rows_a.get(k), rows_b.get(k)) for k in set(rows_a) | set(rows_b)}
+    for (ka, *more_a), (kb, *more_b) in (v for v in alone.values() if all(v)):
+        if more_a or more_b:
+            continue  # several GPU models on a side: which pairs with which is not clear
+        ra, rb = pairs.pop(ka)[0], pairs.pop(kb)[1]
+        moved = f"{ra['workload_alone']} on {ra['gpu_model']} → {rb['gpu_model']}"
+        pairs[(moved, *ka[1:])] = (ra, rb)
+    return [(k, *pairs[k]) for k in sorted(
+        pairs, key=lambda k: (report_order(dict(zip(GROUP_KEYS, k))), str(k)))]
+
+
+def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
+                   threshold: float) -> list[dict[str, Any]]:
+    """One row per configuration in both A and B (and one per configuration in only one)."""
+    out = []
+    for key, ra, rb in _pairs(summary_table(a), summary_table(b)):
+        row = dict(zip(GROUP_KEYS, key))
+        if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):
+            row["verdict"] = "only in A" if rb is None else "only in B" if ra is None else (
+                "not ok in both")
+            out.append(row)
+            continue
+        if ra["status"] != "ok" or rb["status"] != "ok":
+            row["verdict"] = f"REGRESSED: B {rb['status']}" if rb["status"] != "ok" else "fixed"
+            out.append(row)
+            continue
+        speed = rb["images_per_s"] / ra["images_per_s"]
+        tta, ttb = ra.get("time_to_target_s", math.nan), rb.get("time_to_target_s", math.nan)
+        tt_ratio = ttb / tta if tta and not math.isnan(tta) and not math.isnan(ttb) else math.nan
+        delta, p = welch(rb["finals"], ra["finals"])
+        reasons, unsure = [], []
+        if speed < 1 - threshold / 100:
+            _gate(f"img/s -{100 * (1 - speed):.1f} %", ra["run_images_per_s"],
+                  rb["run_images_per_s"], higher_is_better=True, out=(reasons, unsure))
+        if tt_ratio > 1 + threshold / 100:  # infinite: B did not converge where A did
+            _gate(f"time to target +{100 * (tt_ratio - 1):.1f} %" if math.isfinite(tt_ratio)
+                  else f"time to target: B {rb['time_to_target']}", ra["run_times_to_target"],
+                  rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure))
+        if delta < 0 and p < 0.05:
+            reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
+        for note in (clock_note(ra.get("clock_share", math.nan),
+                                rb.get("clock_share", math.nan)), input_note(ra, rb)):
+            if note and (reasons or unsure):
+                (reasons or unsure).append(note)
+        row.update(
+            runs=f"{ra['runs']}/{rb['runs']}",
+            images_per_s_a=_or_none(ra["images_per_s"], 1),
+            images_per_s_b=_or_none(rb["images_per_s"], 1),
+            images_per_s_range_a=_range(ra["run_images_per_s"]),
+            images_per_s_range_b=_range(rb["run_images_per_s"]),
+            speed_ratio=_or_none(speed, 4),
+            time_to_target_s_a=_seconds(tta, ra), time_to_target_s_b=_seconds(ttb, rb),
+            time_to_target_a=_scored(ra), time_to_target_b=_scored(rb),
+            time_to_target_ratio=_or_none(tt_ratio, 4),
+            top1_a=_or_none(ra["final_top1"], 4), top1_b=_or_none(rb["final_top1"], 4),
+            top1_ci_a=_or_none(ra.get("final_top1_ci"), 4),
+            top1_ci_b=_or_none(rb.get("final_top1_ci"), 4),
+            delta_top1=_or_none(delta, 4), p_value=_or_none(p, 6),
+            verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
+                ("not gated: " + ", ".join(unsure)) if unsure else "ok"),
+        )
+        out.append(row)
+    return out
+
+
+def clock_note(share_a: float, share_b: float) -> str | None:
+    """When B's GPUs ran at a lower clock than A's (median SM clock as a share of the
+    maximum, by a gap the report flags too), say so beside its slow-down: a hotter or
+    power-capped GPU, not necessarily slower software."""
+    if not clock_gap_matters(share_a - share_b):  # NaN (a side without clocks): False
+        return None
+    return (f"B's GPUs ran at {100 * share_b:.0f} % of their maximum clock, A's at "
+            f"{100 * share_a:.0f} %")
+
+
+def input_note(ra, rb) -> str | None:
+    """When B's row is flagged input-bound (it trained at its input pipeline's pace), say so
+    beside its slow-down, with what each side's pipeline fed alone: a slower disk, CPU or
+    fewer workers, not necessarily a slower strategy."""
+    if "input-bound" not in rb.get("flags", ""):
+        return None
+    feed_a = ra.get("loader_alone", math.nan)
+    return (f"B was input-bound: its loader alone fed {rb['loader_alone']:.0f} img/s"
+            + (f", A's {feed_a:.0f}" if feed_a == feed_a else ""))
+
+
+def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,
+          out: tuple[list[str], list[str]]) -> None:
+    """A worse median is a regression only beyond both sides' run-to-run range; with one
+    run a side the noise is unknown and nothing is gated. A run that missed the target
+    counts, as an infinite time."""
+    reasons, unsure = out
+    a = [v for v in runs_a if isinstance(v, (int, float)) and not math.isnan(v)]
+    b = [v for v in runs_b if isinstance(v, (int, float)) and not math.isnan(v)]
+    if min(len(a), len(b)) < 2:
+        unsure.append(f"{drop}, one run a side: run-to-run noise unknown (--repeats 3 on "
+                      "both sides to gate on it)")
+    elif (max(b) < min(a)) if higher_is_better else (min(b) > max(a)):
+        reasons.append(f"{drop}, outside both sides' run-to-run range")
+    else:
+        unsure.append(f"{drop}, within the runs' range: noise")
+
+
+def _scored(row: dict[str, Any]) -> str | None:
+    """How the time to target was scored ('36.15 (MLPerf, 5 runs, 1 missed)'); None where
+    no target was asked for (the table's NaN, which JSON cannot hold)."""
+    text = row.get("time_to_target")
+    return text if isinstance(text, str) else None
+
+
+def _seconds(score: float, row: dict[str, Any]) -> float | None:
+    """The time to target's MLPerf score, unless it was missed or mixes targets."""
+    return None if row.get("time_to_target") == "mixed targets" else _or_none(score, 2)
+
+
+def _number(cell: Any, fmt: str, suffix: str = "") -> str:
+    return "—" if cell is None else f"{cell:{fmt}}{suffix}"
+
+
+def _target(seconds: float | None, text: str | None) -> str:
+    """A time to target's seconds; 'missed' where it was asked for and not reached, 'mixed'
+    where the runs had different targets."""
+    if seconds is not None or text is None:
+        return _number(seconds, ".2f")
+    return "missed" if str(text).startswith("did not converge") else "mixed"
+
+
+def _a_to_b(a: str, b: str) -> str:
+    """'990→826': A's figure, then B's (ranges, CIs and how a time to target was scored are
+    in --format markdown)."""
+    return "—" if a == b == "—" else f"{a}→{b}"
+
+
+def _with_range(value: float | None, span: list[float] | None) -> str:
+    return _number(value, ".0f") + ("" if span is None else f" [{span[0]:.0f}–{span[1]:.0f}]")
+
+
+def _with_ci(value: float | None, ci: float | None) -> str:
+    return _number(value, ".2f") + ("" if ci is None else f" ± {ci:.2f}")
+
+
+def _markdown_cells(row: dict[str, Any]) -> dict[str, Any]:
+    """The markdown view's figures: img/s with its runs' range, top-1 with its CI."""
+    return {**row, **{f"{name}_{side}": fmt(row.get(f"{name}_{side}"),
+                                             row.get(f"{name}_{extra}_{side}"))
+                      for name, extra, fmt in (("images_per_s", "range", _with_range),
+                                               ("top1", "ci", _with_ci))
+                      for side in "ab" if f"{name}_{side}" in row}}
+
+
+def _text_row(row: dict[str, Any]) -> dict[str, str]:
+    """The terminal cells of one compared row (the verdict's reasons go below it)."""
+    delta, p = row.get("delta_top1"), row.get("p_value")
+    strategy = row["strategy"] + (f", accum {row['grad_accum']}"
+                                  if row.get("grad_accum", 1) != 1 else "")
+    return {
+        "strategy": strategy, "N": str(row["world_size"]), "dev": str(row["device"]),
+        "prec.": str(row["precision"]), "options": short_options(str(row["options"])),
+        "runs A/B": row.get("runs") or "—",
+        "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
+                             _number(row.get("images_per_s_b"), ".0f")),
+        "B/A": _number(row.get("speed_ratio"), ".2f", "×"),
+        "to target s A→B": _a_to_b(
+            _target(row.get("time_to_target_s_a"), row.get("time_to_target_a")),
+            _target(row.get("time_to_target_s_b"), row.get("time_to_target_b"))),
+        "B/A ": _number(row.get("time_to_target_ratio"), ".2f", "×"),
+        "top-1 % A→B": _a_to_b(_number(row.get("top1_a"), ".2f"),
+                               _number(row.get("top1_b"), ".2f")),
+        "Δ top-1 (p)": "—" if delta is None else (
+            f"{delta:+.2f}" + ("" if p is None else f" (p {p:.2g})")),
+        "verdict": str(row["verdict"]),
+    }
+
+
+# Said once in a block's heading when every row has the same value.
+_SAID_ONCE = {"dev": "", "prec.": "", "options": "options", "runs A/B": "runs A/B"}
+
+
+def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
+    """A block per workload, at most ``width`` columns: a column empty in every row of a
+    block is left out, one with a single value said in the heading; a verdict's reasons on
+    the lines below its row."""
+    blocks: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        blocks.setdefault(str(row["workload"]), []).append(_text_row(row))
+    out: list[str] = []
+    for name, cells in blocks.items():
+        filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
+        names, rows, same = said_once(filled, [[c[k] for k in filled] for c in cells],
+                                      _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
+        out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
+        # the verdict's word in the row (its last column), its reasons below
+        table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]
+                                                for r in rows]
+        widths = [max(len(x) for x in column) for column in zip(*table)]
+        for i, line in enumerate(table):
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+            reason = rows[i - 1][-1].partition(": ")[2] if i else ""
+            if reason:
+                out += terminal.wrap(reason, width, initial_indent="    ",
+                                     subsequent_indent="    ")
+    return "\n".join(out) + "\n"
+
+
+def render(rows: list[dict[str, Any]], fmt: str) -> str:
+    if fmt == "text":
+        return to_text(rows)
+    if fmt == "json":
+        return json.dumps(rows, indent=2, default=str) + "\n"
+    import pandas as pd
+
+    if fmt == "csv":
+        return pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(index=False)
+    frame = pd.DataFrame([_markdown_cells(r) for r in rows]).reindex(columns=list(MARKDOWN))
+    cells = frame.astype(object).where(frame.notna(), "—").astype(str)
+    lines = ["| " + " | ".join(MARKDOWN.values()) + " |", "|" + "---|" * len(MARKDOWN)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
+              for row in cells.values.tolist()]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
+    if not 0 < threshold < math.inf:
+        raise ConfigError(f"--threshold is a finite percentage above 0 (got {threshold})")
+    rows = compare_tables(load_side(a), load_side(b), threshold)
+    print(render(rows, fmt), end="")
+    regressed = [r for r in rows if str(r.get("verdict", "")).startswith("REGRESSED")]
+    matched = [r for r in rows if r.get("verdict") not in ("only in A", "only in B")]
+    print(f"bench compare: {terminal.count(len(matched), 'matched row')}, "
+          f"{len(regressed)} regressed "
+          f"(threshold {threshold:g} % in speed, p < 0.05 in top-1)", file=sys.stderr)
+    return EXIT_FAILED if regressed else EXIT_OK
+
+
+
+def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
+    """``bench compare``'s options (``help``: its line in ``bench --help``)."""
+    compare = sub.add_parser("compare", help=help)
+    compare.add_argument("a", help="the baseline: results folder or record file")
+    compare.add_argument("b", help="the candidate: results folder or record file")
+    compare.add_argument("--threshold", type=float, default=5.0,
+                         help="percent slower in img/s or time to target that counts as a "
+                              "regression (default 5); top-1 regresses at p < 0.05")
+    compare.add_argument("--format", choices=("text", "markdown", "csv", "json"),
+                         default="text",
+                         help="text (a block per workload, 120 columns; default), markdown "
+                              "(every column), csv or json")
+
+
+def main(args: argparse.Namespace, passed_on: list[str]) -> int:
+    return cmd_compare(args.a, args.b, args.threshold, args.format)

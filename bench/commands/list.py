@@ -1,0 +1,40 @@
+"""`bench list`: the registered strategies and whether each runs here."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.tools import terminal
+
+USES_TORCH = True
+
+
+def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
+    """``bench list``'s options (``help``: its line in ``bench --help``)."""
+    sub.add_parser("list", help=help)
+
+
+def main(args: argparse.Namespace, passed_on: list[str]) -> int:
+    import torch
+
+    import strategies
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    header = ("strategy", "launcher", "available here", "what it is")
+    rows, reasons = [], []
+    for name in strategies.names():
+        strategy = strategies.get(name)
+        reason = strategy.requires(device_type)
+        rows.append((name, strategy.launcher, "yes" if reason is None else "no (below)",
+                     strategy.summary))
+        if reason:
+            reasons.append(f"  {name}: {reason}")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    for row in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
+    print(f"(device here: {device_type})")
+    if reasons:
+        print("not available here:")
+        for reason in reasons:
+            print(terminal.fill(reason, subsequent_indent="    "))
+    return 0

@@ -1,0 +1,323 @@
+"""`bench project`: each measured strategy at 8 to 4,096 GPUs on paper, or (--validate) the
+model's error on the measured multi-rank runs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.config.options import parse_list
+from bench.project.from_records import (
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    comm_hook,
+    matching_probe,
+    run_options,
+    series_key,
+    workload_of,
+)
+from bench.project.scaling import (
+    LEFT_OUT,
+    NETWORKS,
+    Network,
+    Projection,
+    Workload,
+    network_from_probe,
+    project,
+)
+from bench.records.describe import median_step_s
+from bench.records.files import write_atomic
+from bench.tools import terminal
+from bench.tools.errors import ConfigError
+from bench.tools.folders import file_to_write
+
+VALIDATION_FILE = "projection-validation.json"
+
+
+
+
+def resolve_network(name: str | None, intra: float | None, inter: float | None,
+                    probes: list[dict[str, Any]]) -> Network:
+    if intra is not None or inter is not None:
+        if intra is None or inter is None or intra <= 0 or inter <= 0:
+            raise ConfigError("--intra-busbw and --inter-busbw go together, in GB/s > 0")
+        return Network("custom", intra, inter, "nvlink", "given on the command line")
+    if name == "probe":
+        if not probes:
+            raise ConfigError("--network probe needs a `bench probe` record in RESULTS/probes")
+        return network_from_probe(probes[-1])
+    if name not in NETWORKS:
+        raise ConfigError(f"--network must be one of {', '.join([*NETWORKS, 'probe'])}")
+    return NETWORKS[name]
+
+
+def _records(source: str) -> tuple[list[dict[str, Any]], Path]:
+    from bench.records.files import load_record_file, load_records
+
+    path = Path(source)
+    if path.is_file():
+        try:
+            return [load_record_file(path)], path.parent.parent
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{source} is not a usable run record ({exc})") from None
+    if not path.is_dir():
+        raise ConfigError(f"{source} is neither a results folder nor a record file")
+    records, warnings = load_records(source)
+    for line in warnings:
+        print(f"bench project: {line}", file=sys.stderr)
+    return records, path
+
+
+def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Workload]]:
+    """One measured run per series_key: the newest ok one with most ranks (its compute step
+    was measured with gradient sync off)."""
+    chosen: dict[tuple, tuple[dict, Workload]] = {}
+    for rec in sorted(records, key=lambda r: (r.get("world_size") or 0,
+                                              r.get("started_at") or "")):
+        work = workload_of(rec) if rec.get("status") == "ok" else None
+        if work is not None:
+            chosen[series_key(rec, work)] = (rec, work)
+    from bench.report.table import report_order
+
+    def order(key: tuple) -> tuple:  # as the report orders its rows
+        name, device, strategy, precision, options = key
+        return report_order({"workload": name, "device": device, "strategy": strategy,
+                             "world_size": 0, "precision": precision, "options": options})
+
+    return [chosen[k] for k in sorted(chosen, key=lambda k: (order(k), tuple(map(str, k))))]
+
+
+def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str | None,
+                intra: float | None, inter: float | None, fmt: str, validate: bool,
+                plot: str | None = None) -> int:
+    from bench.records.probes import load_probes
+
+    if gpus_per_node < 1 or any(n < 1 for n in gpus):
+        raise ConfigError("--gpus and --gpus-per-node must be positive")
+    if max(gpus) > MAX_GPUS:
+        raise ConfigError(f"--gpus goes up to {MAX_GPUS:,}, past the largest clusters built "
+                          f"(got {max(gpus):,})")
+    if gpus_per_node > MAX_GPUS_PER_NODE:
+        raise ConfigError(f"--gpus-per-node goes up to {MAX_GPUS_PER_NODE:,}, past the largest "
+                          f"NVLink domains built (got {gpus_per_node:,})")
+    if plot is not None:
+        if Path(plot).suffix not in (".png", ".svg"):
+            raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
+        file_to_write("--plot", plot, "scaling.png")
+    records, root = _records(source)
+    skipped: list[str] = []
+    probes = load_probes(root, skipped)
+    for line in skipped:
+        print(f"bench project: {line}", file=sys.stderr)
+    if validate:
+        return _validate(records, probes, root)
+    net = resolve_network(network, intra, inter, probes)
+    # A GPU network preset projects GPU runs; CPU runs go with a probe or given figures.
+    device = None if network == "probe" or intra is not None else "cuda"
+    measured = [(rec, work) for rec, work in _newest_per_strategy(records)
+                if device is None or rec.get("device") == device]
+    rows = [(rec, work, project(work, n, gpus_per_node, net)) for rec, work in measured
+            for n in gpus]
+    if not rows:
+        raise ConfigError(f"no ok {device or ''} run in {source} has what a projection needs "
+                          "(a multi-rank run's compute_step_s, or a 1-rank run's step time)"
+                          + ("; CPU runs project with --network probe" if device else ""))
+    table = [_row(rec, work, p) for rec, work, p in rows]
+    left_out = LEFT_OUT + (  # a 1-rank run's step, its compute here, ran the hook too
+        "; PowerSGD's own compression work where its run did not measure it (`hook_work_s`: "
+        "the comm probe measures it, not under --compile): such rows are optimistic by it"
+        if any(comm_hook(rec) == "powersgd" and rec.get("world_size", 1) > 1
+               and rec.get("hook_work_s") is None for rec, _ in measured) else "")
+    if plot is not None:
+        from bench.project.plot import write_projection_plot
+
+        write_projection_plot(Path(plot), measured, records, gpus, gpus_per_node, net)
+        print(f"bench project: plot -> {plot}", file=sys.stderr)
+    if fmt == "json":
+        print(json.dumps({"network": net.name, "source": net.source, "left_out": left_out,
+                          "rows": table}, indent=1, allow_nan=False, default=str))
+        return 0
+    if fmt == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(table[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+        return 0
+    print(_text(table))
+    for line in (f"network: {net.name} — {net.source}", f"projection leaves out: {left_out}",
+                 _calibration(root)):
+        print(terminal.fill(line, subsequent_indent="  "))
+    return 0
+
+
+def _bottleneck(rec: dict[str, Any], p: Projection) -> str:
+    """The projection's bottleneck, except that a measured run that trained at its input
+    pipeline's pace (the report's input-bound) lent it an input-bound step: its "compute"
+    is the loader's."""
+    from bench.records.describe import input_bound, summarise_epochs
+
+    speed = summarise_epochs(rec.get("per_epoch") or []).get("median_images_per_s")
+    if p.bottleneck == "compute" and input_bound(speed, rec.get("loader_alone_images_per_s")):
+        return "input pipeline (as measured)"
+    return p.bottleneck
+
+
+def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
+    finite = math.isfinite(p.step_s)
+    speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
+    from bench.records.describe import workload_and_device
+
+    return {"workload": workload_and_device(rec),
+            "strategy": p.strategy, "precision": rec.get("precision"),
+            "options": run_options(rec, work), "gpus": p.gpus,
+            "nodes": p.nodes, "measured_run": rec.get("run_id"),
+            "step_ms": round(1000 * p.step_s, 2) if finite else None,
+            "images_per_s": round(speed) if speed else None,
+            "efficiency": round(p.efficiency, 3) if finite else None,
+            "exposed_comm": round(p.exposed_fraction, 3) if finite else None,
+            "bottleneck": _bottleneck(rec, p)}
+
+
+def _text(table: list[dict[str, Any]]) -> str:
+    header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
+              "exposed", "bottleneck"]
+    blocks: dict[str, list[list[str]]] = {}
+    # rows the model does not project (nn.DataParallel: one process, one node) are told
+    # once per strategy below its block: a row of dashes each would say nothing
+    untold: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for r in table:
+        lines = blocks.setdefault(r["workload"], [header])
+        if r["step_ms"] is None and r["images_per_s"] is None:
+            what = " ".join([r["strategy"], str(r["precision"])]
+                            + ([] if r["options"] == "—" else [r["options"]]))
+            reasons = untold.setdefault(r["workload"], {}).setdefault(what, {})
+            reasons.setdefault(r["bottleneck"], []).append(str(r["gpus"]))
+            continue
+        lines.append([r["strategy"], str(r["precision"]), r["options"], str(r["gpus"]),
+                      str(r["nodes"]),
+                      "—" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
+                      _count(r["images_per_s"]),
+                      "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
+                      "—" if r["exposed_comm"] is None else f"{100 * r['exposed_comm']:.0f}%",
+                      r["bottleneck"]])
+    out = []
+    for name, lines in blocks.items():
+        widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+        out += ["", f"{name} (projected from its runs, not measured)"]
+        out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+        for what, reasons in untold.get(name, {}).items():
+            told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"
+                             for reason, gpus in reasons.items())
+            out += terminal.wrap(f"{what} is not projected: {told}", subsequent_indent="  ")
+    return "\n".join(out[1:])
+
+
+def _count(value: int | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value / 1e6:.1f} M" if value >= 1e6 else f"{value:,}"
+
+
+def _calibration(root: Path) -> str:
+    try:
+        data = json.loads((root / VALIDATION_FILE).read_text())
+        return (f"last validated {data['date']}: median error {data['median_error_pct']:.1f} "
+                f"%, worst {data['worst_error_pct']:.1f} % over {len(data['points'])} "
+                "measured runs (`bench project --validate`)")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "not yet validated on these results: run `bench project RESULTS --validate`"
+
+
+def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any]) -> Projection:
+    """A measured run predicted at its own ranks and nodes, with the all-reduce times of
+    the probe of the same machines."""
+    from bench.records.probes import ideal_allreduce_s
+
+    n, nodes = rec["world_size"], rec.get("nodes") or 1
+    return project(work, n, n // nodes, network_from_probe(probe),
+                   measured_allreduce=lambda size: ideal_allreduce_s(probe, size))
+
+
+def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root: Path) -> int:
+    """Predict every measured multi-rank run from its own compute-only step and gradient
+    timeline and the probe of the same device, backend, ranks and nodes; print and keep the
+    errors."""
+    points = []
+    for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
+        if rec.get("status") != "ok" or (rec.get("world_size") or 1) < 2:
+            continue
+        work, probe, measured = workload_of(rec), matching_probe(rec, probes), median_step_s(rec)
+        if work is None or probe is None or math.isnan(measured):
+            continue
+        predicted = predict_measured(rec, work, probe)
+        error = 100 * (predicted.step_s - measured) / measured
+        points.append({"run_id": rec["run_id"], "strategy": rec["strategy"],
+                       "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
+                       "bucket_cap_mb": work.bucket_bytes / 2**20,
+                       "buckets_ran": rec.get("gradient_buckets"),
+                       "buckets_modelled": [round(size / work.sent_fraction) for size, _
+                                            in work.buckets(work.bucket_bytes)],
+                       "injected_delay_ms": 1000 * work.hook_delay_s,
+                       "comm_hook": comm_hook(rec), "hook_work_ms": 1000 * work.hook_work_s,
+                       "gradient_timeline": work.timeline is not None,
+                       "compute_ms": 1000 * work.compute_step_s,
+                       "predicted_ms": 1000 * predicted.step_s, "measured_ms": 1000 * measured,
+                       "error_pct": error})
+    if not points:
+        raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
+                          "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
+                          "same device, backend, ranks and nodes in RESULTS/probes")
+    width = max(len(p["run_id"]) for p in points)
+    row = "{:<" + str(width) + "} {:>2} {:>5} {:>6} {:<8} {:>5} {:>8} {:>9} {:>8} {:>7}"
+    print(row.format("run", "N", "nodes", "bucket", "hook", "delay", "compute", "predicted",
+                     "measured", "error"))
+    print(row.format("", "", "", "MB", "", "ms", "ms", "ms", "ms", "").rstrip())
+    for p in points:
+        print(row.format(p["run_id"], p["world_size"], p["nodes"], f"{p['bucket_cap_mb']:g}",
+                         p["comm_hook"], f"{p['injected_delay_ms']:g}",
+                         f"{p['compute_ms']:.1f}", f"{p['predicted_ms']:.1f}",
+                         f"{p['measured_ms']:.1f}", f"{p['error_pct']:+.1f}%"))
+    errors = [abs(p["error_pct"]) for p in points]
+    summary = {"date": _dt.date.today().isoformat(), "points": points,
+               "median_error_pct": statistics.median(errors), "worst_error_pct": max(errors)}
+    write_atomic(root / VALIDATION_FILE, summary)
+    print(f"median |error| {summary['median_error_pct']:.1f} %, worst "
+          f"{summary['worst_error_pct']:.1f} % over {len(points)} runs (goal: within 15 %); "
+          f"kept in {root / VALIDATION_FILE}", file=sys.stderr)
+    return 0
+
+
+
+def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
+    """``bench project``'s options (``help``: its line in ``bench --help``)."""
+    proj = sub.add_parser("project", help=help)
+    proj.add_argument("source", nargs="?", default="results",
+                      help="results folder or one record (default results)")
+    proj.add_argument("--gpus", default="8,64,512,4096", help="GPU counts, comma-separated")
+    proj.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
+    proj.add_argument("--network", default="h100-nvlink-ndr",
+                      help="h100-nvlink-ndr (default), a100-nvlink-hdr, pcie-ethernet-100g, "
+                           "or probe (the newest `bench probe` in the results)")
+    proj.add_argument("--intra-busbw", type=float, default=None, metavar="GB/s",
+                      help="all-reduce busbw inside a node (with --inter-busbw)")
+    proj.add_argument("--inter-busbw", type=float, default=None, metavar="GB/s",
+                      help="network bandwidth per node (with --intra-busbw)")
+    proj.add_argument("--format", choices=("text", "csv", "json"), default="text",
+                      help="text (a block per workload; default), csv or json")
+    proj.add_argument("--validate", action="store_true",
+                      help="predict the measured multi-rank runs instead and print the error")
+    proj.add_argument("--plot", default=None, metavar="FILE",
+                      help="also draw efficiency against GPUs (.png or .svg), a panel per "
+                           "workload, measured runs over the projection")
+
+
+def main(args: argparse.Namespace, passed_on: list[str]) -> int:
+    return cmd_project(args.source, parse_list(args.gpus, "--gpus", int), args.gpus_per_node,
+                       args.network, args.intra_busbw, args.inter_busbw, args.format,
+                       args.validate, args.plot)

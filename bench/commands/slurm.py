@@ -1,0 +1,71 @@
+"""`bench slurm`: write (and optionally submit) an sbatch script whose tasks are ranks."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+
+from bench.config.options import config_from_args, given, run_options_for
+from bench.records.files import write_text_atomic
+from bench.tools.errors import ConfigError
+from bench.tools.folders import file_to_write
+
+PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
+
+
+def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
+    """``bench slurm``'s options (``help``: its line in ``bench --help``)."""
+    slurm = sub.add_parser(
+        "slurm", help=help,
+        description="Any other option is a `bench run` option, passed to every task.",
+    )
+    slurm.add_argument("--strategy", required=True,
+                       help="a strategy whose ranks can be srun tasks (see `bench list`)")
+    slurm.add_argument("--nodes", type=int, required=True, help="machines to allocate")
+    slurm.add_argument("--gpus", type=int, required=True, help="GPUs (tasks) per node")
+    slurm.add_argument("--time", default="01:00:00", help="wall-clock limit, HH:MM:SS")
+    slurm.add_argument("--job-name", default="parallel-bench", help="Slurm job name")
+    slurm.add_argument("--partition", default=None, help="Slurm partition (default: the site's)")
+    slurm.add_argument("--cpus-per-task", type=int, default=None,
+                       help="CPU cores per task (loader workers need some)")
+    slurm.add_argument("--out", default="bench-slurm.sbatch", help="script path")
+    slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
+
+
+def main(args: argparse.Namespace, passed_on: list[str]) -> int:
+    from bench.launch.preflight import check_srun_task, resolve_strategy
+    from bench.launch.slurm import sbatch_script
+
+    for flag in ("--nodes", "--gpus", "--strategy", "--node-rank", "--rdzv-endpoint"):
+        if given(passed_on, flag):
+            raise ConfigError(f"bench slurm sets {flag} itself")
+    if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
+        raise ConfigError(f"--time must look like HH:MM:SS (got {args.time!r})")
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        raise ConfigError(f"--cpus-per-task must be at least 1 (got {args.cpus_per_task})")
+    for flag, value in (("--job-name", args.job_name), ("--partition", args.partition)):
+        # an #SBATCH line takes one word: a space or a quote would end or garble it
+        if value is not None and not re.fullmatch(r"[\w.,+-]+", value):
+            raise ConfigError(f"{flag} takes letters, digits and . , + - _ (got {value!r})")
+    # Validate the run options as the tasks will see them.
+    run = run_options_for("slurm", ["--strategy", args.strategy, "--gpus", str(args.gpus),
+                                    *passed_on])
+    cfg = config_from_args(run)
+    cfg.validate()
+    check_srun_task(resolve_strategy(cfg))
+    if args.nodes < 1 or args.gpus < 1:
+        raise ConfigError("--nodes and --gpus must be at least 1")
+    cfg.check_batch_split(args.nodes * args.gpus)
+    script = sbatch_script(strategy=args.strategy, nodes=args.nodes, gpus=args.gpus,
+                           time=args.time, job_name=args.job_name, run_args=passed_on,
+                           partition=args.partition, cpus_per_task=args.cpus_per_task)
+    if args.submit and shutil.which("sbatch") is None:
+        raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
+                          "--submit and copy the script there")
+    write_text_atomic(file_to_write("--out", args.out, "job.sbatch"), script)
+    print(f"wrote {args.out}")
+    if args.submit:
+        return subprocess.run(["sbatch", args.out]).returncode
+    return 0

@@ -1,0 +1,297 @@
+"""``bench sweep``: every strategy x world size (x repeat) with one recipe, one after another,
+each in its own ``bench run`` process. Resumable: a combination that already has an ``ok``
+record with the same sweep key is skipped."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.config.options import config_from_args, given, parse_list, run_options_for
+from bench.config.run_config import RunConfig
+from bench.launch.plan import RunPlan
+from bench.launch.preflight import check_output_writable
+from bench.records.files import read_record, runs_dir, utc_now, write_atomic
+from bench.records.provenance import current_status, owner_alive, this_process
+from bench.tools import terminal
+from bench.tools.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    CannotWrite,
+    ConfigError,
+    Interrupted,
+    catch_stop_signals,
+    restore_signals,
+)
+from bench.tools.lifetime import start_dying_with_me
+
+# Options that do not change what a run measures (where files are, how ranks meet, how many
+# loader workers feed them), left out of the sweep key.
+_NOT_IN_KEY = {"strategy", "gpus", "output", "progress", "master_port", "tag", "timeout",
+               "data_dir", "download", "workers", "node_rank", "rdzv_endpoint", "rdzv_id",
+               "max_restarts", "use_slurm",
+               # steps taken after the timed epochs: they change no recorded figure
+               "comm_probe_steps", "loader_probe_steps", "profile_steps"}
+
+
+@dataclass
+class Combo:
+    strategy: str
+    gpus: int
+    repeat: int
+    key: str
+
+    @property
+    def tag(self) -> str:
+        return f"sweep:{self.key}:r{self.repeat}"
+
+    def label(self) -> str:
+        return f"{self.strategy} N={self.gpus} repeat {self.repeat + 1}"
+
+
+def sweep_key(cfg: RunConfig) -> str:
+    """Same key = same strategy, world size and recipe. An explicit ``--workers`` is part of
+    it (a sweep run again with more workers, after an input-bound one, runs again); the
+    default is not, so that keys made before it counted stay."""
+    recipe = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_KEY}
+    if cfg.workers is not None:
+        recipe["workers"] = cfg.workers
+    text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
+                repeats: int) -> list[Combo]:
+    """Every combination, validated before anything runs (bad input: ConfigError)."""
+    if repeats < 1:
+        raise ConfigError(f"--repeats must be at least 1 (got {repeats})")
+    combos = []
+    for strategy in strategies:
+        for n in gpus:
+            cfg = base.derive(strategy=strategy, gpus=n)
+            RunPlan(cfg, probe_output=False)
+            key = sweep_key(cfg)
+            combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
+    return combos
+
+
+def _records_by_tag(output: str) -> dict[str, list[tuple[Path, dict]]]:
+    found: dict[str, list[tuple[Path, dict]]] = {}
+    folder = runs_dir(output)
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            record = read_record(path)
+            if isinstance(record, dict) and record.get("tag"):
+                found.setdefault(record["tag"], []).append((path, record))
+    return found
+
+
+def _with_reason(status: str, output: str, combo: Combo) -> str:
+    """``status: why``, the why from the combination's record (its run has just ended), for
+    the sweep's closing list; a run that never wrote a record stays a bare status."""
+    ended = [r for _, r in _records_by_tag(output).get(combo.tag, [])
+             if r.get("status") == status and r.get("error")]
+    return f"{status}: {ended[-1]['error']}" if ended else status
+
+
+def _supersede(paths: list[Path]) -> None:
+    """Move a combination's earlier failed/interrupted records aside (kept, not reported)."""
+    for path in paths:
+        target = path.parent / "superseded" / path.name
+        target.parent.mkdir(exist_ok=True)
+        os.replace(path, target)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM the run (it stops its ranks and closes its record), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus: list[int],
+              repeats: int = 1, force: bool = False, run_timeout: float | None = None) -> int:
+    combos = plan_combos(base, strategies, gpus, repeats)
+    if run_timeout is not None and run_timeout <= 0:
+        raise ConfigError(f"--run-timeout must be positive seconds (got {run_timeout})")
+    check_output_writable(base.output)  # its runs' records and the sweep's claims go there
+    outcomes: list[tuple[Combo, str]] = []
+    took: list[float] = []  # seconds of the runs this sweep ran (not skipped)
+    previous = catch_stop_signals()
+    try:
+        for i, combo in enumerate(combos, start=1):
+            eta = (f", about {_duration(statistics.fmean(took) * (len(combos) - i + 1))} "
+                   "left" if took else "")
+            prefix = f"[sweep {i}/{len(combos)}{eta}] {combo.label()}"
+            claim, holder = Claim.take(runs_dir(base.output) / ".claims", combo.tag)
+            if claim is None:  # a concurrent sweep runs this combination: share the work
+                who = f"pid {holder['pid']}" if holder else "another sweep"
+                print(f"{prefix}: being run by another sweep ({who}), skipped", flush=True)
+                outcomes.append((combo, "ok (run by another sweep)"))
+                continue
+            started = time.monotonic()
+            try:
+                status = _run_combo(combo, prefix, base, run_args, force, run_timeout)
+            finally:
+                claim.release()
+            if not status.endswith("(skipped)"):
+                took.append(time.monotonic() - started)
+            outcomes.append((combo, status))
+    except (KeyboardInterrupt, Interrupted):
+        print("bench sweep: interrupted; run it again to finish the missing combinations",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        restore_signals(previous)
+    bad = [(c, s) for c, s in outcomes if not s.startswith("ok")]
+    print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
+          "".join("\n" + terminal.fill(f"{c.label()}: {s}", initial_indent="  ",
+                                        subsequent_indent="      ") for c, s in bad))
+    return EXIT_OK if not bad else EXIT_FAILED
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], force: bool,
+               run_timeout: float | None) -> str:
+    """One combination in its own ``bench run``, unless an ok record of it exists."""
+    existing = _records_by_tag(base.output).get(combo.tag, [])
+    if not force and any(current_status(r)[0] == "ok" for _, r in existing):
+        print(f"{prefix}: ok record exists, skipped", flush=True)
+        return "ok (skipped)"
+    # Failed, interrupted and stale `running` records (owner gone) move aside, kept.
+    _supersede([p for p, r in existing if current_status(r)[0] != "ok" or force])
+    print(prefix, flush=True)
+    # Repeat r trains with seed S + r (MLPerf: runs differ by their seed), so the spread of
+    # accuracy and time to target over repeats is run-to-run variation, not a copy.
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
+           "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args,
+           "--seed", str(base.seed + combo.repeat)]
+    proc = start_dying_with_me(cmd, start_new_session=True)
+    started = time.monotonic()
+    try:
+        rc = proc.wait(timeout=run_timeout)
+        status = {0: "ok", 3: "unavailable", 130: "interrupted"}.get(rc, "failed")
+        return status if status == "ok" else _with_reason(status, base.output, combo)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        seconds = time.monotonic() - started
+        what = f"timeout after {seconds:.0f} s (--run-timeout {run_timeout:g})"
+        if not _mark_timeout(base.output, combo, seconds):  # stopped before its record
+            cfg = base.derive(strategy=combo.strategy, gpus=combo.gpus, tag=combo.tag,
+                              seed=base.seed + combo.repeat)
+            RunPlan(cfg).skeleton(cmd).fail("failed", f"{what}, before the run wrote a record")
+        print(f"{prefix}: failed: {what}", flush=True)
+        return f"failed: {what}"
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A sweep's claim on one combination: a file made atomically (O_EXCL) that names its
+    owner. Concurrent sweeps skip what another one holds; a claim whose owner is gone (kill
+    -9) is cleared and taken."""
+
+    path: Path
+
+    @classmethod
+    def take(cls, folder: Path, name: str) -> tuple[Claim | None, dict | None]:
+        """(the claim, None), or (None, the holder) when a live owner holds it."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name.replace('/', '_')}.claim"
+        # The claim appears with its owner already in it (written aside, then hard-linked
+        # into place, which fails if it exists): an empty or unreadable claim is never a
+        # claim being written, only debris of a crash, and is cleared like a dead owner's.
+        staged = folder / f".{path.name}.{os.getpid()}.tmp"
+        try:
+            staged.write_text(json.dumps(this_process()))
+            for _ in range(2):
+                try:
+                    os.link(staged, path)
+                    return cls(path), None
+                except FileExistsError:
+                    try:
+                        holder = json.loads(path.read_text())
+                    except (OSError, ValueError):
+                        holder = None
+                    if not isinstance(holder, dict) or owner_alive(holder) is False:
+                        path.unlink(missing_ok=True)
+                        continue
+                    return None, holder
+            return None, None
+        except OSError as exc:  # a full or read-only disk: one line, nothing left behind
+            raise CannotWrite.of(exc, path) from None
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _mark_timeout(output: str, combo: Combo, seconds: float) -> bool:
+    """The stopped run's record becomes failed with the timeout; False if it had none."""
+    marked = False
+    for path, record in _records_by_tag(output).get(combo.tag, []):
+        if record.get("status") in ("running", "interrupted", "failed"):
+            record.update(status="failed", finished_at=utc_now(),
+                          error=f"timeout after {seconds:.0f} s (--run-timeout)")
+            write_atomic(path, record)
+            marked = True
+    return marked
+
+
+PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
+USES_TORCH = True
+
+
+def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
+    """``bench sweep``'s options (``help``: its line in ``bench --help``)."""
+    sweep = sub.add_parser(
+        "sweep", help=help,
+        description="Any other option is a `bench run` option, used for every run.",
+    )
+    sweep.add_argument("--strategies", required=True, help="comma-separated strategy names")
+    sweep.add_argument("--gpus", required=True, help="comma-separated world sizes, e.g. 1,2,4")
+    sweep.add_argument("--repeats", type=int, default=1, help="runs per combination")
+    sweep.add_argument("--force", action="store_true", help="re-run combinations that have ok "
+                       "records")
+    sweep.add_argument("--run-timeout", type=float, default=None,
+                       help="seconds after which one run is stopped and recorded as failed")
+
+
+def main(args: argparse.Namespace, passed_on: list[str]) -> int:
+    for flag in ("--strategy", "--tag"):
+        if given(passed_on, flag):
+            raise ConfigError(f"bench sweep sets {flag} itself; use --strategies")
+    run = run_options_for("sweep", ["--strategy", "ddp", *passed_on])
+    base = config_from_args(run)
+    if base.mllog and "{run_id}" not in base.mllog:
+        raise ConfigError("in a sweep, --mllog needs {run_id} in its name (one log per run), "
+                          "e.g. --mllog 'logs/{run_id}.log'")
+    names = parse_list(args.strategies, "--strategies")
+    gpus = parse_list(args.gpus, "--gpus", int)
+    return run_sweep(base, passed_on, names, gpus, repeats=args.repeats, force=args.force,
+                     run_timeout=args.run_timeout)

@@ -1,0 +1,137 @@
+"""TODO"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.launch.output import nccl_watchdog_timeout
+from bench.launch.slurm import SlurmTask
+from bench.tools.lifetime import (
+    ForkedChild,
+)
+from bench.train.scratch import Scratch
+
+# SIGTERM, then this long, then SIGKILL: ranks act on SIGTERM at once (no handler), and
+# a stopped or hung one never will; torch's own 30 s would only be waited out.
+GRACE_S = 3.0
+
+
+POLL_S = 0.5
+
+
+AFTER_FAILURE_S = 5.0  # a rank failed: this long for its launcher to stop the others
+
+
+class RunTimeout(Exception):
+    """No progress from a rank for longer than the run's timeout."""
+
+
+@dataclass
+class Launch:
+    """One run's launch: what every launcher needs."""
+
+    spec_path: Path
+    nprocs: int
+    port: int
+    threads: int
+    scratch: Scratch
+    timeout: float  # seconds without a heartbeat before the run is ended
+    nnodes: int = 1
+    node_rank: int = 0  # this machine's index; node 0 hosts the rendezvous
+    rdzv_endpoint: str | None = None  # c10d rendezvous (several machines)
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    hosts: str | None = None  # horovodrun -H
+    slurm: SlurmTask | None = None  # when this process is one srun task
+    # An inline rank (this process's own thread) that stopped beating: ends the run from the
+    # watchdog's thread (nothing can unblock the rank), given the watchdog's line, or None
+    # where the rank wrote its own error and then did not end.
+    on_stuck: Callable[[str | None], None] | None = None
+
+    def check_progress(self) -> None:
+        """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
+        least once a second while they work; a collective that waits does not beat."""
+        now = time.time()
+        for rank, beat in self.scratch.beats():
+            try:
+                age = now - beat.stat().st_mtime
+                phase = beat.read_text().strip()
+            except OSError:
+                continue
+            if age > self.timeout:
+                raise RunTimeout(
+                    f"timeout: rank {rank} made no progress for {age:.0f} s "
+                    f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
+                )
+
+    def failed_long_ago(self, after_s: float = AFTER_FAILURE_S) -> bool:
+        """A rank failed more than ``after_s`` ago and no restart can follow: a launcher
+        still running then waits on a rank that cannot stop (torchrun gives a SIGTERMed rank
+        30 s; a stopped one never acts on it)."""
+        if self.max_restarts:
+            return False
+        try:
+            errors = self.scratch.errors()
+            return bool(errors) and time.time() - errors[0][1].stat().st_mtime > after_s
+        except OSError:  # a file went away while it was read
+            return False
+
+
+def stop_group(proc: subprocess.Popen | ForkedChild, scratch: Scratch,
+                echo: threading.Event) -> None:
+    """SIGTERM the launcher's process group (it forwards to its ranks), SIGCONT the ranks (a
+    stopped one acts on its SIGTERM only once it runs again), SIGKILL what lingers. What the
+    launcher and its ranks print while they die (torchrun's traceback of the SIGTERM) is not
+    passed on: bench says in one line why the run ended."""
+    echo.clear()
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    resume_ranks(scratch)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def resume_ranks(scratch: Scratch) -> None:
+    for pid in scratch.rank_pids():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)
+    mark_terminal(env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def mark_terminal(env: MutableMapping[str, str]) -> None:
+    """BENCH_TTY=1 where this process's stderr is a terminal: the ranks' stderr reaches it
+    through this process (tee), and their progress bars are drawn there all the same."""
+    if sys.stderr.isatty():
+        env["BENCH_TTY"] = "1"
+
+
+def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | None) -> None:
+    """What the ranks could not say themselves: a collective NCCL's watchdog ended, from
+    their output (it aborts the rank; a rank's own error, if any, comes first), else the
+    rank ``killed`` by a signal (rank, signal number), as their launcher saw it."""
+    timed_out = nccl_watchdog_timeout(output)
+    if timed_out is not None and not scratch.has_errors():
+        scratch.collective_timeout(*timed_out)
+    elif killed is not None:
+        scratch.signal_death(*killed)

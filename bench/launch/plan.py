@@ -1,0 +1,156 @@
+"""A run's plan, made before anything starts: the strategy, topology, launcher, loader
+workers, the record's skeleton, each checked with one line naming the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.config.run_config import RunConfig, Topology, group_timeout, host_slots
+from bench.data.datasets import model_spec
+from bench.launch.preflight import (
+    check_launch_options,
+    check_output_writable,
+    check_processes_fit,
+    check_srun_task,
+    check_strategy_options,
+    default_workers,
+    resolve_device,
+    resolve_strategy,
+    shares_gpus,
+)
+from bench.launch.slurm import default_rdzv_id, slurm_task
+from bench.measure.flops import cached_train_flops_per_image
+from bench.models.registry import check_model_builds
+from bench.records.files import (
+    new_run_id,
+)
+from bench.records.run_record import RunRecord
+from bench.tools.errors import (
+    ConfigError,
+)
+from bench.tools.faults import Fault, defect_from_env
+from bench.train.build import tf32_label
+from bench.train.mllog import check_mllog_path
+
+
+def watchdog_timeout(timeout: float) -> float:
+    """The watchdog ends a run whose ranks stopped beating a little after the collectives'
+    own timeout (which, when it fires first, names the waiting rank and the phase)."""
+    return timeout + max(5.0, 0.1 * timeout)
+
+
+def shared_run_id(strategy: str, world: int, device_type: str, run_tag: str) -> str:
+    """A run id every machine of one multi-node run computes alike."""
+    import datetime as _dt
+
+    day = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d")
+    return f"{day}-{strategy}-{world}{device_type}-{run_tag}"
+
+
+class RunPlan:
+    """What a validated ``bench run`` will do; built before anything is written. Its
+    ``cfg`` is derived from the one given (defaults resolved), never that one changed."""
+
+    reserve: Path | None = None  # room kept for the record's closing (open_record makes it)
+
+    def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
+        cfg.validate()
+        Fault.from_env()  # the test hooks' variables are read by every rank: checked here
+        defect_from_env()
+        self.spec = model_spec(cfg)  # the data's classes and the run's image size
+        check_model_builds(self.spec)
+        self.strategy = resolve_strategy(cfg)
+        self.device_type = resolve_device(cfg)
+        resolved: dict[str, Any] = {
+            "precision": cfg.precision or self.strategy.default_precision(self.device_type)
+        }
+        if resolved["precision"] == "fp16" and self.device_type != "cuda":
+            raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
+        self.slurm = slurm_task() if cfg.use_slurm else None
+        self.launcher = self.strategy.launcher
+        if self.slurm is not None:
+            check_srun_task(self.strategy, " (or --no-slurm)")
+            resolved.update(nodes=self.slurm.nodes, node_rank=0)
+            self.launcher = "slurm"
+        cfg = cfg.derive(**resolved)
+        self.topology = Topology(
+            device_type=self.device_type, gpus=cfg.gpus, nodes=cfg.nodes, hosts=cfg.hosts,
+            rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None,
+            timeout=group_timeout(cfg.timeout, cfg.compile, cfg.gpus * cfg.nodes),
+            backend=cfg.backend or ("nccl" if self.device_type == "cuda" else "gloo"),
+            gpu_shared=self.slurm is None and shares_gpus(cfg, self.device_type),
+        )
+        self.strategy.check(self.topology, cfg.features)
+        check_strategy_options(cfg, self.strategy)
+        check_launch_options(cfg, self.strategy, self.launcher)
+        self.processes = self.strategy.num_processes(self.topology)
+        self.replicas = self.strategy.num_replicas(self.topology)
+        self.local_processes = self.processes
+        if self.slurm is not None:
+            self.processes, self.replicas = 1, self.slurm.world_size
+            self.local_processes = self.slurm.local_world_size
+        if cfg.nodes > 1 and self.slurm is None and cfg.rdzv_id is None:
+            cfg = cfg.derive(rdzv_id=default_rdzv_id(cfg.rdzv_endpoint or "", cfg.to_dict()))
+        self.cfg = cfg
+        # Loader workers are this machine's: per replica here (every node feeds its own).
+        self.replicas_here = max(1, self.replicas // cfg.nodes)
+        self.workers_per_replica = (
+            cfg.workers if cfg.workers is not None else default_workers(self.device_type,
+                                                                        self.replicas_here)
+        )
+        self.workers_per_process = self.loader_workers_per_process(self.workers_per_replica)
+        # horovodrun starts every host's slots from here; one machine holds its own
+        on_one_machine = max(host_slots(cfg.hosts)) if cfg.hosts else self.local_processes
+        check_processes_fit(on_one_machine, self.workers_per_process,
+                            max(1, self.replicas_here // self.local_processes))
+        self.per_replica_batch = cfg.check_batch_split(self.replicas)
+        cfg.check_batch_split(self.processes)
+        if cfg.mllog:  # checked before anything is written
+            check_mllog_path(cfg.mllog, "run-id")
+        if not probe_output:  # a dry check (bench sweep validates every combination first)
+            return
+        self.runs, self.created_dirs = check_output_writable(cfg.output)
+        self.port = cfg.master_port
+        # One record per run, whatever the number of machines: every node (or Slurm task)
+        # derives the same run id, and only global rank 0 fills it.
+        self.writes_record = True
+        if self.slurm is not None:
+            self.run_id = shared_run_id(cfg.strategy, self.replicas, self.device_type,
+                                        f"slurm{self.slurm.job_id}.{self.slurm.step_id}")
+            self.writes_record = self.slurm.rank == 0
+            self.port = cfg.master_port or self.slurm.default_port()
+        elif cfg.nodes > 1:
+            self.run_id = shared_run_id(cfg.strategy, self.replicas, self.device_type,
+                                        cfg.rdzv_id)
+        else:
+            self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
+        self.record_path = self.runs / f"{self.run_id}.json"
+        if cfg.mllog:
+            self.cfg = cfg.derive(mllog=check_mllog_path(cfg.mllog, self.run_id))
+
+    def loader_workers_per_process(self, per_replica: int) -> int:
+        """A process's loader workers for ``per_replica`` workers per replica on this
+        machine (DataParallel's one process feeds all its replicas)."""
+        return per_replica * self.replicas_here // self.local_processes
+
+    @property
+    def precision_label(self) -> str:
+        label = self.strategy.precision_label(self.cfg.precision)
+        if self.device_type != "cuda":
+            return label
+        return tf32_label(label, self.cfg.tf32 != "off")  # torch's default: TF32 convolutions
+
+    def skeleton(self, argv: list[str]) -> RunRecord:
+        return RunRecord.skeleton(
+            self.record_path, cfg=self.cfg, run_id=self.run_id, launcher=self.launcher,
+            device_type=self.device_type, replicas=self.replicas, processes=self.processes,
+            per_replica_batch=self.per_replica_batch,
+            workers_per_replica=self.workers_per_replica,
+            workers_per_process=self.workers_per_process,
+            precision=self.precision_label,
+            strategy_options=self.strategy.record_options(), command=argv,
+            backend=self.strategy.process_group_backend(self.topology),
+            gpu_shared=self.topology.gpu_shared,
+            train_flops_per_image=cached_train_flops_per_image(self.spec),
+        )

@@ -1,0 +1,114 @@
+"""What ``bench run`` prints of a run: what starts and where its record goes; and the line
+when it ends ok: its pace, the GPUs' clocks and energy, top-1 and the target, and, where the
+loader set the pace, the ``bench loader`` line that finds a worker count that feeds faster."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from bench.config.options import run_parser
+from bench.records.describe import input_bound
+from bench.records.run_record import RunRecord
+from bench.tools import terminal
+from bench.tools.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bench.launch.plan import RunPlan
+
+
+def print_start(plan: RunPlan, record: RunRecord) -> None:
+    """Say what starts, and where the record goes; note CPU processes beyond the cores."""
+    cfg = plan.cfg
+    where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
+    print(
+        f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
+        f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
+        f"launcher {plan.launcher}\n"
+        f"bench: record {plan.record_path}",
+        flush=True,
+    )
+    if plan.workers_per_process and forks_can_deadlock():
+        print(terminal.fill(f"bench: note: Python {platform.python_version()} can deadlock a "
+                            "DataLoader worker as it forks (CPython gh-112275, fixed in 3.11.10 "
+                            "and 3.12): such a run fails after --timeout",
+                            subsequent_indent="  "), file=sys.stderr)
+    cores = os.cpu_count() or 1
+    if plan.device_type == "cpu" and plan.local_processes > cores:
+        print(f"bench: note: {plan.local_processes} CPU processes on {cores} cores compete "
+              "for them: this run's times say little about scaling", file=sys.stderr)
+        if plan.writes_record:
+            record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
+            record.write()
+
+
+def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
+    """Whether this CPython's forked child can hang at its start for good: another thread
+    held the runtime's thread-state lock at the fork (gh-112275), as a rank's loader worker
+    once did here, on 3.11.7. Fixed in 3.12 and backported in September 2024 (3.9.20,
+    3.11.10; 3.10.15 assumed from the same backports)."""
+    fixed = {(3, 9): 20, (3, 10): 15, (3, 11): 10}
+    return version[:2] in fixed and version[2] < fixed[version[:2]]
+
+
+def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
+    summary = final.summary
+    median, speed = summary.get("median_epoch_time_s"), summary.get("median_images_per_s")
+    timing = (f"median epoch {median:.2f}s  {speed:.0f} img/s" if median is not None
+              else "no timed epoch (the only epoch is the warm-up)")
+    share = summary.get("gpu_clock_share")
+    clock = f"  GPU clock {100 * share:.0f} % of max" if share is not None else ""
+    if summary.get("gpu_slowdowns"):
+        clock += f" ({', '.join(summary['gpu_slowdowns'])})"
+    if summary.get("images_per_joule"):
+        clock += f"  {summary['images_per_joule']:.1f} img/J"
+    feed = final.data.get("loader_alone_images_per_s")
+    bound = input_bound(speed, feed)
+    if bound:
+        clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
+    print(f"bench: ok  {timing}{clock}  final top1 "
+          f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
+    if bound and loader == "torch":
+        print("bench: the loader set the pace; which worker count feeds faster:\n  "
+              + loader_sweep_command(final.data["command"], workers_per_replica))
+
+
+# The bench run options that shape the input pipeline (a loader sweep takes them all; the
+# rest would only lengthen the line)
+_PIPELINE_OPTIONS = {"--strategy", "--gpus", "--cpu", "--data", "--data-dir", "--no-download",
+                     "--synthetic-difficulty", "--synthetic-classes", "--image-size",
+                     "--train-limit", "--loader", "--batch-size", "--grad-accum", "--seed",
+                     "--model", "--channels-last", "--backend", "--no-slurm"}
+
+
+def loader_sweep_command(command: list[str], workers: int) -> str:
+    """The ``bench loader`` line that measures this run's input pipeline at its worker count
+    and at 2x and 4x it (``command``: the record's ``bench run ...``)."""
+    parser = run_parser()  # its errors raise ConfigError instead of exiting
+    args: list[str] = []
+    try:
+        given, _ = parser.parse_known_args(command[2:])
+    except ConfigError:  # not a command line bench run wrote: no options to repeat
+        given = None
+    for action in parser._actions if given is not None else []:
+        flag = action.option_strings[0]
+        value = getattr(given, action.dest)
+        if flag in _PIPELINE_OPTIONS and value != action.default:
+            args += [flag] if action.nargs == 0 else [flag, str(value)]
+    counts = sorted({workers, max(1, 2 * workers), max(2, 4 * workers)})
+    return shlex.join(["bench", "loader", *args, "--workers", ",".join(map(str, counts))])
+
+
+def _target_outcome(record: dict) -> str:
+    """'  90 % reached in 41.2 s (3 epochs)', or that it was not; empty without a target."""
+    target = record.get("target_top1")
+    if target is None:
+        return ""
+    if not record.get("reached_target"):
+        return f"  {target:g} % not reached"
+    epochs = record["epochs_to_target"]
+    return (f"  {target:g} % reached in {record['time_to_target_s']:.1f} s "
+            f"({epochs} epoch{'s' if epochs > 1 else ''})")

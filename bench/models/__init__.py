@@ -1,0 +1,2 @@
+"""Models: the registry of what a run can train (registry), the CIFAR ResNet-18
+(resnet_cifar), parameters counted and fingerprinted (parameters)."""

@@ -1,0 +1,100 @@
+"""`bench project`: each measured strategy at 8 to 4,096 GPUs on paper (bench.project.scaling),
+and `--validate`: the same model's prediction of runs that were measured, with its error."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from bench.project.scaling import (
+    RESNET18_BN_LAYERS,
+    Workload,
+)
+from bench.records.describe import median_step_s
+from bench.records.gradient_timeline import GradientTimeline
+
+SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
+
+MAX_GPUS, MAX_GPUS_PER_NODE = 2**20, 1024  # where a projection stops meaning anything
+_HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gradients
+
+
+def comm_hook(rec: dict[str, Any]) -> str:
+    """The run's ``--ddp-comm-hook`` ("none" without one, or for records before it)."""
+    return (rec.get("ddp_options") or {}).get("comm_hook", "none")
+
+
+def allreduced_bytes(rec: dict[str, Any]) -> int:
+    """Bytes one step all-reduces: the gradient in the precision it travels in (fp16 for
+    apex O2/O3, Horovod's fp16 compression and DDP's cast hooks), or the elements a
+    low-rank compression sends (PowerSGD, as its run recorded them)."""
+    compressed = rec.get("compressed_gradient_elements")
+    if isinstance(compressed, int) and compressed > 0:
+        return 4 * compressed
+    half = rec.get("precision") in _HALF_BYTES or (
+        rec.get("strategy") == "horovod" and (rec.get("config") or {}).get(
+            "hvd_compression") == "fp16") or (
+        comm_hook(rec) in ("fp16", "bf16"))
+    return ((rec.get("model") or {}).get("parameters") or 0) * (2 if half else 4)
+
+
+def workload_of(rec: dict[str, Any]) -> Workload | None:
+    """What the model needs from a record; None when it lacks the compute step."""
+    compute = rec.get("compute_step_s")
+    if not isinstance(compute, (int, float)):
+        compute = median_step_s(rec) if rec.get("world_size") == 1 else math.nan
+    parameters = (rec.get("model") or {}).get("parameters")
+    if math.isnan(compute) or not parameters:
+        return None
+    delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
+                  for m in [SLOW_COMM.search(note)] if m), 0.0)
+    layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
+    hook = comm_hook(rec)
+    compressing = hook in ("fp16", "bf16", "powersgd")  # each fp32 bucket compressed
+    return Workload(
+        strategy=rec["strategy"], compute_step_s=float(compute),
+        gradient_bytes=allreduced_bytes(rec),
+        bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
+        grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
+        batchnorm_layers=RESNET18_BN_LAYERS if layers is None else layers,
+        hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")),
+        parameter_bytes=4 * parameters,
+        bucketed_bytes=4 * parameters if compressing else None,
+        collectives_per_bucket=3 if hook == "powersgd" else 1,
+        hook_work_s=rec.get("hook_work_s") or 0.0,
+        blocking_comm=hook == "powersgd" and rec.get("backend") == "gloo")
+
+
+def run_options(rec: dict[str, Any], work: Workload) -> str:
+    """What sets a measured run apart within its strategy and precision, in few characters:
+    speed options, gradient accumulation, a bucket cap other than DDP's 25 MB, an injected
+    delay (a test hook, carried into the projection)."""
+    from bench.records.describe import short_options, speed_options
+
+    parts = [] if speed_options(rec) == "—" else [short_options(speed_options(rec))]
+    if work.grad_accum > 1:
+        parts.append(f"accum {work.grad_accum}")
+    if rec.get("strategy", "").startswith("ddp") and work.bucket_bytes != 25 * 2**20:
+        parts.append(f"buckets {work.bucket_bytes / 2**20:g} MB")
+    if work.hook_delay_s:
+        parts.append(f"slow comm {1000 * work.hook_delay_s:g} ms")
+    return ",".join(parts) or "—"
+
+
+def series_key(rec: dict[str, Any], work: Workload) -> tuple:
+    """Runs that one projection stands for: workload, device, strategy, precision, options."""
+    from bench.records.describe import workload
+
+    return (workload(rec), rec.get("device"), rec["strategy"], rec.get("precision"),
+            run_options(rec, work))
+
+
+def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest probe of the run's device, backend, ranks and nodes."""
+    from bench.records.probes import probe_kind
+
+    same = [p for p in probes if probe_kind(p) == probe_kind(rec)]
+    return same[-1] if same else None
+
+

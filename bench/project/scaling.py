@@ -1,0 +1,288 @@
+"""A model of data-parallel scaling: the step time of each strategy at N GPUs from what one run
+measured (its compute-only step, its gradient size and buckets) and a network (a preset from
+published link rates, or the user's own ``bench probe``).
+
+All-reduce follows NCCL's own cost model (src/graph/tuning.cc, ``ncclTopoTuneModel``): a
+collective costs a base latency plus a latency per ring step (2(N-1) steps for an all-reduce,
+2(M-1) of them across the M nodes) plus bytes over the algorithm bandwidth, busbw * N / 2(N-1);
+the tree (LL protocol) serves latency-bound sizes, and NCCL takes the faster. DDP's buckets are
+simulated as backward makes them ready; SyncBatchNorm adds two blocking small collectives per
+BatchNorm layer; FSDP moves 1.5x DDP's bytes; Horovod fuses into 64 MiB buffers each cycle.
+
+Left out, and said with every projection: the input pipeline, stragglers, network congestion
+and contention between jobs, and any change of compute with N (the per-GPU batch is held at the
+measured run's, as large-scale training does)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bench.records.gradient_timeline import GradientTimeline
+
+LEFT_OUT = ("input pipeline, stragglers, congestion and other jobs on the network; per-GPU "
+            "batch held at the measured run's (global batch grows with N)")
+
+# NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc): latencies in microseconds.
+RING_SIMPLE_BASE_US = 8.4
+RING_SIMPLE_HOP_US = {"nvlink": 3.4, "pci": 5.7, "net": 9.6}
+TREE_LL_BASE_US = 4.4
+TREE_LL_HOP_US = {"nvlink": 0.52, "pci": 1.0, "net": 5.0}
+TREE_LL_BANDWIDTH_SHARE = 0.9 / 3.8 * 0.5  # tree busbw * .9, LL / 3.8, algbw = busbw * .5
+TREE_SIMPLE_HOP_US = {"nvlink": 28.0, "pci": 28.0, "net": 50.0}
+TREE_SIMPLE_BANDWIDTH_SHARE = 0.9 * 0.5
+
+FORWARD_SHARE = 1 / 3  # of the compute step: forward ~ 1/3, backward ~ 2/3 of the FLOPs
+HOROVOD_FUSION_BYTES = 64 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
+HOROVOD_CYCLE_S = 0.001  # HOROVOD_CYCLE_TIME default (1 ms)
+RESNET18_BN_LAYERS = 20  # 1 stem + 2 per basic block x 8 + 3 downsample
+SYNCBN_MESSAGE_BYTES = 2 * 512 * 4  # mean and variance of the widest layer, fp32
+
+
+@dataclass(frozen=True)
+class Network:
+    """Per-GPU all-reduce bus bandwidth inside a node and per node across nodes (GB/s, as
+    nccl-tests reports busbw), and the hop kind inside a node."""
+
+    name: str
+    intra_busbw_gbps: float
+    inter_node_gbps: float
+    intra_hop: str  # "nvlink" | "pci"
+    source: str
+    fixed_latency_s: float | None = None  # a measured network (probe): per ring step
+
+    def busbw(self, nodes: int) -> float:
+        """Bytes/s a ring achieves: the intra-node links, and across nodes the slower of
+        those and each node's network."""
+        gbps = self.intra_busbw_gbps if nodes == 1 else min(self.intra_busbw_gbps,
+                                                            self.inter_node_gbps)
+        return gbps * 1e9
+
+
+# Link rates from the vendors' figures, times 0.8 for what nccl-tests typically achieves of a
+# link's rate (an assumption, stated; use --intra-busbw/--inter-busbw or a probe for yours).
+_ACHIEVED = 0.8
+NETWORKS = {
+    "h100-nvlink-ndr": Network(
+        "h100-nvlink-ndr", 450 * _ACHIEVED, 8 * 50 * _ACHIEVED, "nvlink",
+        "NVLink 4 on H100 SXM: 900 GB/s bidirectional per GPU (H100 datasheet); DGX H100: "
+        "8 x ConnectX-7 InfiniBand NDR 400 Gb/s per node (DGX H100 user guide)"),
+    "a100-nvlink-hdr": Network(
+        "a100-nvlink-hdr", 300 * _ACHIEVED, 8 * 25 * _ACHIEVED, "nvlink",
+        "NVLink 3 on A100 SXM: 600 GB/s bidirectional per GPU (A100 datasheet); DGX A100: "
+        "8 x InfiniBand HDR 200 Gb/s per node (DGX A100 user guide)"),
+    "pcie-ethernet-100g": Network(
+        "pcie-ethernet-100g", 32 * _ACHIEVED, 12.5 * _ACHIEVED, "pci",
+        "PCIe 4.0 x16: 32 GB/s per direction (PCI-SIG); one 100 Gb/s Ethernet port per node"),
+}
+
+
+def allreduce_s(size: int, ranks: int, nodes: int, net: Network) -> float:
+    """Seconds for one all-reduce of ``size`` bytes over ``ranks`` GPUs on ``nodes`` nodes."""
+    if ranks <= 1 or size <= 0:
+        return 0.0
+    steps, inter = 2 * (ranks - 1), 2 * (nodes - 1)
+    busbw = net.busbw(nodes)
+    if net.fixed_latency_s is not None:  # measured: latency per step, busbw fitted
+        return steps * net.fixed_latency_s + size * steps / ranks / busbw
+    intra_hop = RING_SIMPLE_HOP_US[net.intra_hop]
+    ring = (RING_SIMPLE_BASE_US + (steps - inter) * intra_hop
+            + inter * RING_SIMPLE_HOP_US["net"]) * 1e-6 + size * steps / ranks / busbw
+    per_node, levels = ranks // nodes, math.ceil(math.log2(nodes))
+    tree_ll = (TREE_LL_BASE_US + 2 * ((per_node - 1) * TREE_LL_HOP_US[net.intra_hop]
+                                      + levels * TREE_LL_HOP_US["net"])
+               ) * 1e-6 + size / (busbw * TREE_LL_BANDWIDTH_SHARE)
+    tree_simple = 2 * ((per_node - 1) * TREE_SIMPLE_HOP_US[net.intra_hop]
+                       + levels * TREE_SIMPLE_HOP_US["net"]
+                       ) * 1e-6 + size / (busbw * TREE_SIMPLE_BANDWIDTH_SHARE)
+    return min(ring, tree_ll, tree_simple)
+
+
+def even_buckets(total: int, cap: int) -> list[int]:
+    """Bucket sizes without a measured timeline: ``cap`` bytes each, the rest last."""
+    sizes, rest = [], total
+    while rest > 0:
+        sizes.append(min(cap, rest))
+        rest -= sizes[-1]
+    return sizes
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the projection takes from one measured run (per rank, per optimizer step)."""
+
+    strategy: str
+    compute_step_s: float  # the step with gradient sync off
+    gradient_bytes: int  # bytes all-reduced per step (precision and compression included)
+    bucket_bytes: int  # DDP's bucket cap
+    grad_accum: int = 1
+    syncbn: bool = False
+    batchnorm_layers: int = RESNET18_BN_LAYERS  # SyncBatchNorm: two collectives each
+    hook_delay_s: float = 0.0  # BENCH_SLOW_COMM_MS: a blocking wait before each bucket
+    # a comm hook's own work per step (PowerSGD's products and orthogonalisation, the casts),
+    # spread over the buckets in proportion to their bytes: it holds up backward
+    hook_work_s: float = 0.0
+    # each bucket's collectives hold up backward until they finish (PowerSGD over gloo: bench
+    # waits for each bucket in turn, docs/running.md); else they overlap it
+    blocking_comm: bool = False
+    timeline: GradientTimeline | None = None  # measured; None: ready evenly over backward
+    # fp32 parameters (ddp-zero broadcasts them after each step, whatever compresses the
+    # gradient); None: as many bytes as the gradient
+    parameter_bytes: int | None = None
+    # A DDP comm hook compresses each bucket of the fp32 gradient: DDP forms its buckets
+    # from these bytes (None: from gradient_bytes), each sending its share of gradient_bytes
+    bucketed_bytes: int | None = None
+    # all-reduces per bucket, one after the other (PowerSGD: uncompressed vectors, the
+    # factors P, then Q), each with a share of the bucket's bytes
+    collectives_per_bucket: int = 1
+
+    @property
+    def sent_fraction(self) -> float:
+        """Bytes sent per byte bucketed (1 without a compressing hook)."""
+        return self.gradient_bytes / (self.bucketed_bytes or self.gradient_bytes)
+
+    def forward_s(self) -> float:
+        """Seconds from the step's start to the last micro-step's backward."""
+        if self.timeline is not None:
+            return self.timeline.backward_start * self.compute_step_s
+        return self.compute_step_s - self.backward_s()
+
+    def backward_s(self) -> float:
+        """Seconds of the last micro-step's backward."""
+        if self.timeline is not None:
+            return (self.timeline.backward_end - self.timeline.backward_start
+                    ) * self.compute_step_s
+        return (1 - FORWARD_SHARE) * self.compute_step_s / self.grad_accum
+
+    def buckets(self, cap: int) -> list[tuple[float, float]]:
+        """(bytes sent, seconds into the step when ready) of each bucket, DDP closing one at
+        ``cap`` bytes of the gradient it buckets: from the measured timeline, else evenly
+        over backward."""
+        c, sent = self.compute_step_s, self.sent_fraction
+        total = self.bucketed_bytes or self.gradient_bytes
+        if self.timeline is not None:
+            per_element = total / self.timeline.elements
+            return [(size * sent, when * c)
+                    for size, when in self.timeline.buckets(cap, per_element)]
+        start, backward = self.forward_s(), self.backward_s()
+        done, out = 0, []
+        for size in even_buckets(total, cap):
+            done += size
+            out.append((size * sent, start + backward * done / total))
+        return out
+
+
+@dataclass(frozen=True)
+class Projection:
+    strategy: str
+    gpus: int
+    nodes: int
+    step_s: float
+    compute_step_s: float
+    exposed_s: float
+    bottleneck: str
+
+    @property
+    def efficiency(self) -> float:
+        return self.compute_step_s / self.step_s
+
+    @property
+    def exposed_fraction(self) -> float:
+        return self.exposed_s / self.step_s
+
+
+def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
+                    per_bucket_extra: float = 0.0) -> tuple[float, float]:
+    """(step seconds, seconds of it spent on communication that compute did not hide): each
+    bucket's all-reduce starts when it is ready and the one before has finished; the
+    optimizer runs after backward and the last all-reduce."""
+    c = w.compute_step_s
+    backward_end = w.forward_s() + w.backward_s()
+    comm_end, delay, k = 0.0, 0.0, w.collectives_per_bucket
+    total = sum(size for size, _ in buckets) or 1.0
+    for size, ready in buckets:
+        # a blocking hook, and the hook's own work, hold up backward itself
+        delay += w.hook_delay_s + w.hook_work_s * size / total
+        comm_end = max(comm_end, ready + delay) + k * comm(size / k) + per_bucket_extra
+        if w.blocking_comm:  # backward resumes when this bucket's collectives are done
+            delay = comm_end - ready
+    step = max(backward_end + delay, comm_end) + (c - backward_end)
+    return step, step - c
+
+
+def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
+            measured_allreduce=None) -> Projection:
+    """One strategy at ``gpus`` GPUs; ``measured_allreduce(bytes) -> s`` replaces the model's
+    all-reduce (validation against a probe of the same machines)."""
+    nodes = max(1, math.ceil(gpus / gpus_per_node))
+    c = w.compute_step_s
+    if gpus == 1:
+        return Projection(w.strategy, 1, 1, c, c, 0.0, "compute")
+    if w.strategy == "dp":
+        if gpus > gpus_per_node:
+            return Projection("dp", gpus, nodes, math.inf, c, math.inf,
+                              "1 process, 1 node max")
+        return Projection("dp", gpus, nodes, math.nan, c, math.nan,
+                          "1 process: measure it")
+
+    def comm(size: int) -> float:
+        if measured_allreduce is not None:
+            return measured_allreduce(size)
+        return allreduce_s(size, gpus, nodes, net)
+
+    syncbn = (2 * w.batchnorm_layers * comm(SYNCBN_MESSAGE_BYTES)
+              if w.syncbn and gpus > 1 else 0.0)
+    if w.strategy == "fsdp":
+        # all-gather in forward, again in backward, reduce-scatter: 1.5 all-reduces of bytes,
+        # prefetched under forward and backward; the first all-gather is never hidden
+        forward_ag = comm(w.gradient_bytes) / 2
+        backward = comm(w.gradient_bytes)
+        exposed = (max(0.0, forward_ag - w.forward_s())
+                   + max(0.0, backward - w.backward_s())
+                   # five units (the stem + four stages): the first all-gather and the
+                   # last reduce-scatter are never hidden
+                   + forward_ag / 5 + (backward - forward_ag) / 5)
+        step = c + exposed
+    elif w.strategy == "horovod":
+        step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,
+                                        per_bucket_extra=HOROVOD_CYCLE_S / 2)
+    else:  # DDP and its variants
+        step, exposed = overlapped_step(w, w.buckets(w.bucket_bytes), comm)
+        if w.strategy == "ddp-zero":  # each rank broadcasts its updated shard after the
+            # step: an all-gather of the parameters, half an all-reduce's traffic, unhidden
+            gather = comm(w.parameter_bytes or w.gradient_bytes) / 2
+            step += gather
+            exposed += gather
+    step += syncbn
+    exposed += syncbn
+    return Projection(w.strategy, gpus, nodes, step, c, exposed,
+                      _bottleneck(w, step, exposed, syncbn, gpus, nodes, net))
+
+
+def _bottleneck(w: Workload, step: float, exposed: float, syncbn: float, gpus: int,
+                nodes: int, net: Network) -> str:
+    if exposed < 0.05 * step:
+        return "compute"
+    if syncbn > 0.5 * exposed:
+        return "SyncBN collectives"
+    if w.hook_delay_s * len(w.buckets(w.bucket_bytes)) > 0.5 * exposed:
+        return "injected delay"
+    bandwidth = w.gradient_bytes * 2 * (gpus - 1) / gpus / net.busbw(nodes)
+    latency = allreduce_s(w.gradient_bytes, gpus, nodes, net) - bandwidth
+    return "all-reduce bandwidth" if bandwidth >= latency else "collective latency"
+
+
+def network_from_probe(probe: dict) -> Network:
+    """The user's own network from a ``bench probe`` record: busbw of the largest message
+    and the latency per ring step from the smallest (a fit of NCCL's form to the curve)."""
+    points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])
+    ranks = probe["world_size"]
+    steps = 2 * (ranks - 1)
+    (small, t_small), (large, t_large) = points[0], points[-1]
+    per_byte = (t_large - t_small) / (large - small)
+    busbw = steps / ranks / per_byte / 1e9
+    latency = max(0.0, t_small - small * per_byte) / steps
+    label = f"probe {probe.get('probe_id')} ({probe['device']} {probe['backend']} N={ranks})"
+    return Network(label, busbw, busbw, "pci",
+                   f"measured by bench probe: {busbw:.2f} GB/s bus bandwidth, "
+                   f"{1e6 * latency:.0f} µs per ring step", fixed_latency_s=latency)

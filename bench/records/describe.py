@@ -1,0 +1,183 @@
+"""What a record says, in the words report, project and compare share: its workload, its
+speed options, its median step, its epochs summarised, whether input bound it, its GPU clock."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from bench.config.run_config import GPU_LOADER_WORKERS
+from bench.models.registry import DEFAULT_MODEL, short_name
+
+
+def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run-level figures. Epoch time is the median excluding the first (warm-up) epoch; a
+    one-epoch run has none (None), rather than passing its warm-up off as the median. Memory
+    has two peaks: over every epoch, and over the timed ones (the warm-up's cuDNN autotuning
+    can allocate GiBs that training never needs again: 7.7 vs 2.5 GiB for ResNet-18 on an
+    H100); a one-epoch run's steady peak is its only epoch's."""
+    if not epochs:
+        return {}
+    timed = epochs[1:]
+    top1 = [e["top1"] for e in epochs]
+    return gpu_clock_figures(timed or epochs) | {
+        "median_epoch_time_s": statistics.median(e["train_time_s"] for e in timed) if timed
+        else None,
+        "median_images_per_s": statistics.median(e["images_per_s"] for e in timed) if timed
+        else None,
+        "timed_epochs": len(timed),
+        # the share of a timed epoch the loop waited for batches (records since it was kept)
+        "input_wait_share": statistics.median(
+            e["input_wait_s"] / e["train_time_s"] for e in timed) if timed and all(
+            e.get("input_wait_s") is not None for e in timed) else None,
+        "final_top1": top1[-1],
+        "best_top1": max(top1),
+        "final_top5": epochs[-1].get("top5"),
+        "total_train_time_s": sum(e["train_time_s"] for e in epochs),
+        "peak_mem_bytes": max(e["peak_mem_bytes"] for e in epochs),
+        "steady_peak_mem_bytes": max(e["peak_mem_bytes"] for e in timed or epochs),
+    }
+
+
+def gpu_clock_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The timed epochs' GPU clocks (CUDA records that sampled them): the median epoch's
+    SM clock as a share of the maximum, every clock-lowering reason seen, the median
+    epoch's GPU utilization (%), and its energy (J, all GPUs) and training images per
+    joule."""
+    sampled = [e["gpu_clocks"] for e in epochs if e.get("gpu_clocks")]
+    shares = [s for s in map(clock_share, sampled) if not math.isnan(s)]
+    busy = [c["util_pct_median"] for c in sampled if c.get("util_pct_median") is not None]
+    measured = [e for e in epochs if (e.get("gpu_clocks") or {}).get("energy_j")]
+    if not sampled:
+        return {}
+    return {"gpu_clock_share": statistics.median(shares) if shares else None,
+            "gpu_slowdowns": sorted({r for c in sampled for r in c.get("slowdowns", [])}),
+            "gpu_util_median": statistics.median(busy) if busy else None,
+            "energy_j_per_epoch": statistics.median(e["gpu_clocks"]["energy_j"]
+                                                    for e in measured) if measured else None,
+            "images_per_joule": statistics.median(
+                e["images_per_s"] * e["train_time_s"] / e["gpu_clocks"]["energy_j"]
+                for e in measured) if measured else None}
+
+
+ABNORMAL = ("hw slowdown", "sw thermal", "hw thermal", "power brake")
+
+
+def clock_share(entry: dict[str, Any] | None) -> float:
+    """An epoch's median SM clock as a share of the maximum (NaN when not sampled)."""
+    if not entry or not entry.get("sm_mhz_median") or not entry.get("sm_mhz_max"):
+        return math.nan
+    return entry["sm_mhz_median"] / entry["sm_mhz_max"]
+
+
+# Loader workers per replica that a row's options do not name: bench run's defaults where the
+# machine has the cores (bench.launch.preflight.default_workers). Any other count is another row.
+USUAL_WORKERS = {"cuda": GPU_LOADER_WORKERS, "cpu": 0}
+
+
+def median_of(values: list[float]) -> float:
+    """Median of the values that exist (NaN when none do)."""
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else math.nan
+
+
+def median_step_s(rec: dict[str, Any]) -> float:
+    """The run's step time: the median of its epochs' median steps, the warm-up epoch left
+    out when there are others (NaN when no epoch measured one)."""
+    epochs = rec.get("per_epoch") or []
+    return median_of([as_number(e.get("step_time_p50_s")) for e in epochs[1:] or epochs])
+
+
+def gpu_model(rec: dict[str, Any]) -> str | None:
+    """The GPU model a CUDA run was measured on ('H200', 'H100 80GB HBM3'; 'GPU' for a
+    record that does not say), from its record's env; None on CPU."""
+    if rec.get("device") != "cuda":
+        return None
+    names = dict.fromkeys((rec.get("env") or {}).get("gpus") or [])
+    return " + ".join(name.removeprefix("NVIDIA ") for name in names) or "GPU"
+
+
+def workload(rec: dict[str, Any], gpu: bool = True) -> str:
+    """What was trained, and (``gpu``) on which GPU model: only runs of the same workload
+    are compared with each other (an H100's epoch is neither a repeat of an H200's nor its
+    baseline)."""
+    width = (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
+    model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
+    model = model if width == 1.0 else f"{model} x{width:g}"
+    config = rec.get("config") or {}
+    size = rec.get("train_size") or config.get("train_limit") or 50_000
+    data = rec.get("dataset") or config.get("data") or "?"
+    if data == "synthetic" and config.get("synthetic_difficulty"):
+        data += f" d={config['synthetic_difficulty']:g}"
+    if data.startswith("synthetic") and config.get("synthetic_classes", 100) != 100:
+        data += f" {config['synthetic_classes']} classes"
+    pixels = (rec.get("model") or {}).get("image_size") or 32
+    pixels = "" if pixels == 32 else f" {pixels}px"
+    model_gpu = gpu_model(rec) if gpu else None
+    return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
+            + (f" on {model_gpu}" if model_gpu else ""))
+
+
+def workload_and_device(rec: dict[str, Any]) -> str:
+    """The workload and where it ran, once: a GPU workload already names its GPU."""
+    return workload(rec) + ("" if gpu_model(rec) else f" — {rec.get('device')}")
+
+
+def speed_options(rec: dict[str, Any]) -> str:
+    """The run's options that change how it computes or communicates (speed options, and
+    the strategies' own: compression, FSDP's resharding), "—" for none."""
+    chosen = []
+    strategy_options = rec.get("ddp_options") or {}
+    hook = strategy_options.get("comm_hook", "none")
+    if hook != "none":
+        rank = strategy_options.get("powersgd_rank", 1)
+        chosen.append(f"{hook} hook" + (f" r={rank}" if hook == "powersgd" else ""))
+    if (rec.get("config") or {}).get("hvd_compression", "none") != "none" and rec.get(
+            "strategy") == "horovod":
+        chosen.append(f"{rec['config']['hvd_compression']} compression")
+    if strategy_options.get("reshard_after_forward") is False:
+        chosen.append("no reshard")
+    if rec.get("loader") == "gpu":
+        chosen.append("gpu loader")
+    elif rec.get("workers_per_replica") not in (None, USUAL_WORKERS.get(rec.get("device"))):
+        chosen.append(f"{rec['workers_per_replica']} workers")
+    if rec.get("channels_last"):
+        chosen.append("channels_last")
+    if rec.get("compile"):
+        mode = rec.get("compile_mode") or "default"
+        graphs = rec.get("cudagraphs")
+        # a mode whose CUDA graphs were skipped ran as plain compiled code: not the same row
+        chosen.append("compile" + ("" if mode == "default" else f" {mode}")
+                      + (" (no CUDA graphs)" if graphs not in (None, "used") else ""))
+    if rec.get("optimizer_impl") not in (None, "default"):
+        chosen.append(f"{rec['optimizer_impl']} SGD")
+    return ", ".join(chosen) or "—"
+
+
+_SHORT_OPTIONS = {"gpu loader": "gpu-data", "channels_last": "NHWC", " SGD": "", ", ": ",",
+                  "compile reduce-overhead": "compile:ro",
+                  " max-autotune-no-cudagraphs": ":max-nocg", "compile max-autotune": "compile:max",
+                  " (no CUDA graphs)": "-nograph"}
+
+
+def short_options(text: str) -> str:
+    """A row's speed options in few characters (terminal rows, plot labels)."""
+    for long, short in _SHORT_OPTIONS.items():
+        text = text.replace(long, short)
+    return text
+
+
+INPUT_BOUND_SHARE = 0.85  # training at this share of what the input pipeline feeds alone
+
+
+def input_bound(images_per_s: float | None, loader_alone: float | None) -> bool:
+    """Whether a run trained at INPUT_BOUND_SHARE or more of the img/s its input pipeline
+    feeds alone: then the pipeline, not the strategy, set its pace. False where either
+    figure is missing (None, NaN)."""
+    return (isinstance(images_per_s, (int, float)) and isinstance(loader_alone, (int, float))
+            and loader_alone > 0 and images_per_s >= INPUT_BOUND_SHARE * loader_alone)
+
+
+def as_number(value: float | None) -> float:
+    return math.nan if value is None else value

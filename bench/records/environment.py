@@ -1,0 +1,90 @@
+"""What a record says of the machine: CPU, driver, library versions (read without importing
+the libraries where that is slow)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def torchvision_version() -> str | None:
+    """torchvision's ``__version__`` (with its local label, e.g. ``+cu132``), read from its
+    version.py: importing torchvision costs a second (it imports torch's compiler), which
+    every run would pay for one string. None where it is not installed."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+    except OSError:
+        text = ""
+    found = re.search(r"^__version__ = ['\"]([^'\"]+)['\"]", text, re.M)
+    if found:
+        return found.group(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchvision")
+    except PackageNotFoundError:
+        return None
+
+
+def capture_env(device_type: str) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "torchvision": torchvision_version(),  # only the CIFAR download needs torchvision
+        "python": sys.version.split()[0],
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "nccl": None,
+        "gpus": [],
+        "driver": None,
+    }
+    if device_type == "cuda":
+        env["cudnn"] = torch.backends.cudnn.version()
+        try:
+            env["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # NCCL missing from this build
+            env["nccl"] = None
+        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        env["driver"] = _nvidia_driver()
+    return env

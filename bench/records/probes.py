@@ -1,0 +1,90 @@
+"""`bench probe`'s records read back: their schema check, their kind, their table, and the
+ideal all-reduce time they imply (for the report's comm ceiling and the projection)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bench.records.files import read_record
+from bench.records.schema import NUMBER, wrong_type
+
+KIB, MIB = 1024, 1024 * 1024
+
+
+def bus_factor(world: int) -> float:
+    """nccl-tests' all-reduce bus-bandwidth factor 2(n-1)/n."""
+    return 2 * (world - 1) / world
+
+
+def probe_table(record: dict[str, Any]) -> str:
+    lines = [f"{'size':>10} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    for r in record["results"]:
+        size = r["bytes"]
+        label = f"{size / MIB:.1f} MiB" if size >= MIB else f"{size // KIB} KiB"
+        mark = "  <- one gradient" if size == record["gradient_bytes"] else ""
+        lines.append(f"{label:>10} {1000 * r['time_s']:>10.3f} {r['algbw_GBps']:>13.3f} "
+                     f"{r['busbw_GBps']:>13.3f}{mark}")
+    return "\n".join(lines) + "\n"
+
+
+def probe_kind(record: dict[str, Any]) -> tuple:
+    """What a probe measured, and what a run is matched to its probes by: device, backend,
+    ranks and nodes (of a probe record or a run record alike)."""
+    return (record.get("device"), record.get("backend"), record.get("world_size"),
+            record.get("nodes") or 1)
+
+
+def load_probes(results: str | Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """The all-reduce probes under ``results/probes``; a file that is no probe, or whose
+    figures cannot be (a size or a time of zero, a bandwidth that is not a positive number),
+    is left out, with a line in ``warnings`` when a list is given."""
+    folder = Path(results) / "probes"
+    probes = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = read_record(path)
+        except (OSError, ValueError) as exc:
+            problem = f"not readable JSON ({exc})"
+        else:
+            problem = probe_problem(data)
+        if problem is None:
+            probes.append(data)
+        elif warnings is not None:
+            warnings.append(f"skipped {path}: {problem}")
+    return probes
+
+
+def probe_problem(data: Any) -> str | None:
+    """What makes this JSON unusable as an all-reduce probe, or None."""
+    if not isinstance(data, dict) or data.get("kind") != "allreduce-probe":
+        return "not an all-reduce probe (kind is not allreduce-probe)"
+    world = data.get("world_size")
+    if wrong_type(world, int) or world < 2:
+        return f"world_size is {world!r}, not a count of 2 ranks or more"
+    if not isinstance(data.get("device"), str):
+        return "device missing or not a string"
+    results = data.get("results")
+    if not isinstance(results, list) or not results:
+        return "results missing or empty"
+    for i, point in enumerate(results):
+        if not isinstance(point, dict):
+            return f"results[{i}] is not an object"
+        for key in ("bytes", "time_s", "busbw_GBps"):
+            value = point.get(key)
+            if wrong_type(value, NUMBER) or value <= 0:
+                return f"results[{i}].{key} is {value!r}, not a positive number"
+    return None
+
+
+def ideal_allreduce_s(probe: dict[str, Any], size: int) -> float:
+    """The probe's all-reduce time at ``size`` bytes, interpolated log-log between sizes."""
+    points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])
+    for (b0, t0), (b1, t1) in zip(points, points[1:]):
+        if b0 <= size <= b1:
+            if b0 == b1:
+                return t0
+            f = (math.log(size) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return points[-1][1] * size / points[-1][0] if size > points[-1][0] else points[0][1]

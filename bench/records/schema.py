@@ -1,0 +1,136 @@
+"""A run record's fields and their types: what every record holds, what some may, and the
+one-line problem that makes a file not a record."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+RECORD_VERSION = 1
+
+
+# Fields every record carries (a finished run fills them all; see docs/records.md).
+RECORD_FIELDS = (
+    "record_version", "run_id", "started_at", "finished_at", "status", "error", "strategy",
+    "launcher", "device", "gpus_requested", "world_size", "processes", "nodes", "precision",
+    "norm", "bn_batch_size", "global_batch", "per_rank_batch", "per_process_batch", "lr",
+    "base_lr", "lr_schedule", "warmup_epochs", "optimizer", "epochs", "dataset", "train_size",
+    "test_size", "seed", "workers_per_replica", "workers_per_process", "threads_per_process",
+    "steps_per_epoch", "model", "command", "config", "env", "notes", "per_epoch", "summary",
+    "replicas_identical", "param_fingerprint", "grad_accum", "loader", "channels_last",
+    "compile", "compile_mode", "compile_time_s", "cudagraphs", "optimizer_impl",
+    "cudnn_benchmark",
+    "initial_param_fingerprint", "initial_reference_fingerprint", "initial_replicas_identical",
+    "allow_tf32", "owner",
+    "target_top1", "reached_target", "time_to_target_s", "train_time_to_target_s",
+    "epochs_to_target", "backend", "gpu_shared", "comm_probe_steps", "compute_step_s",
+    "exposed_comm_fraction", "comm_probe_note", "gradient_timeline",
+    "loader_probe_steps", "loader_alone_images_per_s",
+    "gradient_buckets", "compressed_gradient_elements",
+    "train_flops_per_image", "peak_tflops_per_gpu",
+    "profile_steps", "profile_trace",
+)
+
+
+EPOCH_FIELDS = (
+    "epoch", "warmup", "train_time_s", "eval_time_s", "images_per_s", "train_images",
+    "train_loss", "test_loss", "top1", "top5", "test_images", "peak_mem_bytes", "lr_last",
+    "data_order_sha1", "step_time_p50_s", "step_time_p90_s", "input_wait_s", "achieved_tflops",
+    "mfu",
+)
+
+
+ENV_FIELDS = (
+    "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_count", "cuda",
+    "cudnn", "nccl", "gpus", "driver",
+)
+
+
+NUMBER = (int, float)
+
+
+_EPOCHNUMBERS = ("train_time_s", "images_per_s", "top1", "peak_mem_bytes")
+
+
+# Optional fields the readers use, by where they are, with the type each must have when it
+# is there (None is "not recorded"). Checked once, on loading, so that no reader meets a
+# string where it does arithmetic (each used to be a traceback).
+_OPTIONAL = {
+    (): {"started_at": str, "device": str, "precision": str, "gpus_requested": int,
+         "processes": int, "grad_accum": int, "global_batch": int, "train_size": int,
+         "seed": int, "epochs": int, "nodes": int, "config": dict, "model": dict, "env": dict,
+         "target_top1": NUMBER, "time_to_target_s": NUMBER, "reached_target": bool,
+         "dataset": str, "norm": str, "loader": str, "workers_per_replica": int,
+         "channels_last": bool, "compile": bool, "compile_mode": str, "cudagraphs": str,
+         "optimizer_impl": str, "gpu_shared": bool, "ddp_options": dict, "owner": dict,
+         "compute_step_s": NUMBER, "exposed_comm_fraction": NUMBER,
+         "loader_alone_images_per_s": NUMBER, "gradient_timeline": dict,
+         "gradient_buckets": list, "train_flops_per_image": NUMBER,
+         "peak_tflops_per_gpu": NUMBER, "notes": list, "tag": str, "error": str,
+         "initial_param_fingerprint": str, "initial_reference_fingerprint": str,
+         "initial_replicas_identical": bool, "replicas_identical": bool,
+         "per_rank_batch": int, "lr": NUMBER, "backend": str},
+    ("model",): {"name": str, "width": NUMBER, "parameters": int, "num_classes": int,
+                 "image_size": int},
+    ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER},
+    ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int},
+}
+
+
+_EPOCH_OPTIONAL = {"eval_time_s": NUMBER, "top5": NUMBER, "train_loss": NUMBER,
+                   "test_loss": NUMBER, "input_wait_s": NUMBER, "mfu": NUMBER,
+                   "achieved_tflops": NUMBER, "gpu_clocks": dict, "warmup": bool,
+                   "step_time_p50_s": NUMBER, "step_time_p90_s": NUMBER,
+                   "data_order_sha1": str, "test_images": int, "train_images": int}
+
+
+def _kind_name(kind) -> str:
+    return "a number" if kind is NUMBER else ("a list" if kind is list else kind.__name__)
+
+
+def wrong_type(value: Any, kind) -> bool:
+    """Whether VALUE is not of KIND (NUMBER: a finite int or float; a bool is no number)."""
+    if kind is bool:
+        return not isinstance(value, bool)
+    return not isinstance(value, kind) or isinstance(value, bool) or (
+        isinstance(value, float) and not math.isfinite(value))
+
+
+def record_problem(rec: Any) -> str | None:
+    """What makes this JSON unusable as a run record for the report, or None. The types of
+    every field the report reads are checked here, once, so it never tracebacks on one."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    for key, kind in (("run_id", str), ("status", str), ("strategy", str),
+                      ("world_size", int), ("per_epoch", list)):
+        if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
+            return f"{key} missing or not {_kind_name(kind)}"
+    if rec["world_size"] < 1:
+        return f"world_size is {rec['world_size']}, not a count of processes"
+    for where, fields in _OPTIONAL.items():
+        holder = rec.get(where[0]) if where else rec
+        if not isinstance(holder, dict):
+            continue  # absent (the type of the holder itself is checked at the top level)
+        for key, kind in fields.items():
+            value = holder.get(key)
+            if value is not None and wrong_type(value, kind):
+                name = ".".join((*where, key))
+                return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
+    if rec.get("reached_target") and rec.get("time_to_target_s") is None:
+        return "reached_target without time_to_target_s"
+    for i, epoch in enumerate(rec["per_epoch"]):
+        if not isinstance(epoch, dict):
+            return f"per_epoch[{i}] is not an object"
+        for key in _EPOCHNUMBERS:
+            value = epoch.get(key)
+            if value is None or wrong_type(value, NUMBER):
+                return f"per_epoch[{i}].{key} missing or not a number"
+        for key, kind in _EPOCH_OPTIONAL.items():
+            value = epoch.get(key)
+            if value is not None and wrong_type(value, kind):
+                return f"per_epoch[{i}].{key} is {type(value).__name__}, not {_kind_name(kind)}"
+        if not 0 <= epoch["top1"] <= 1:
+            return f"per_epoch[{i}].top1 is {epoch['top1']!r}, not a fraction"
+        if epoch["train_time_s"] <= 0 or epoch["images_per_s"] < 0:
+            return f"per_epoch[{i}] has a time or speed of {epoch['train_time_s']!r} s"
+    return None

@@ -1,0 +1,41 @@
+"""Folders a command creates, and takes back when it turns out it should leave nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from bench.tools.errors import ConfigError
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, deepest first: what a
+    ``mkdir(parents=True)`` of it would create."""
+    folder = Path(folder).absolute()
+    return [p for p in (folder, *folder.parents) if not p.exists()]
+
+
+def remove_created(folders: list[Path]) -> None:
+    """Remove the folders (deepest first) that are still empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def file_to_write(flag: str, path: str, example: str) -> Path:
+    """PATH as a file a command may create or replace, checked before any work is done: it
+    is no folder and its folder exists and is writable; otherwise a ConfigError naming FLAG
+    (EXAMPLE: a file name to suggest inside a folder given by mistake)."""
+    resolved = Path(path).expanduser().absolute()
+    if resolved.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file, e.g. "
+                          f"{Path(path) / example}")
+    if not resolved.parent.is_dir():
+        what = "is not a folder" if resolved.parent.exists() else "does not exist"
+        raise ConfigError(f"{flag} {path}: {resolved.parent} {what}; create that folder or "
+                          "choose another path")
+    if not os.access(resolved.parent, os.W_OK):
+        raise ConfigError(f"{flag} {path}: cannot write in {resolved.parent}; choose another "
+                          "path")
+    return resolved

@@ -1,0 +1,199 @@
+"""The per-rank entry point, the same for 1 and N processes and for every strategy.
+
+Started as ``python -m bench.train.rank SPEC.json`` by torchrun / torch.distributed.launch /
+horovodrun, or called in-process (inline, mp.spawn, an srun task). It joins the strategy's
+group, builds the rank's parts, hands them to the ``Trainer`` and reports a failure with the
+phase it happened in. Rank 0 alone writes the record."""
+
+from __future__ import annotations
+
+import os
+
+from bench.tools.lifetime import die_with_parent
+
+if __name__ == "__main__":
+    # Started by a launcher agent (torchrun, torch.distributed.launch, horovodrun): arm the
+    # death signal before the slow imports below, so that killing bench while this rank
+    # imports torch takes it down too (a parent already gone: exit at once).
+    die_with_parent(os.getppid())
+
+import contextlib
+import gc
+import re
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+import strategies
+from bench.data.loaders import build_loaders
+from bench.models.registry import mlperf_model_name
+from bench.records.run_record import RunRecord
+from bench.tools.errors import CannotWrite, ConfigError
+from bench.tools.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
+from bench.train.build import build_model_and_optimizer
+from bench.train.mllog import MLPerfLog
+from bench.train.out_of_memory import is_out_of_memory, out_of_memory_line
+from bench.train.schedule import BatchSplit
+from bench.train.scratch import Heartbeat, RankError
+from bench.train.spec import WorkerSpec
+from bench.train.trainer import Trainer
+from bench.train.verify_steps import run_verify
+from strategies.base import Strategy, cpu_threads_per_process
+
+
+def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) -> Trainer:
+    """Threads, model and optimizer, loaders and (rank 0) the record, for a joined rank."""
+    cfg = spec.config
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", strategy.world_size))
+    threads = cpu_threads_per_process(local_processes)
+    torch.set_num_threads(threads)
+    slow_communication_from_env(strategy)
+    parts = build_model_and_optimizer(cfg, strategy)
+    split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
+    loaders = build_loaders(cfg, strategy, micro_batch=split.micro,
+                            eval_batch=split.eval_batch,
+                            workers=spec.workers_per_process, augment=cfg.verify_steps is None)
+    defect = defect_from_env()
+    if defect:
+        inject_defect(defect, parts, loaders.sampler, strategy)
+    record, mllog = None, None
+    if strategy.is_main:
+        record = (RunRecord.load(spec.record_path) if spec.record_path.exists()
+                  else RunRecord(spec.record_path, dict(spec.record)))
+        if spec.scratch.exists():  # tells this machine's launcher that global rank 0 ran here
+            spec.scratch.rank0_here.touch()
+        if cfg.mllog and cfg.verify_steps is None:
+            mllog = open_mllog(cfg, strategy, loaders)
+    return Trainer(cfg, strategy, parts, loaders, split, record, heartbeat, Fault.from_env(),
+                   threads=threads, workers=spec.workers_per_process, mllog=mllog)
+
+
+def open_mllog(cfg, strategy: Strategy, loaders) -> MLPerfLog:
+    """The run's MLPerf log, opened with what MLPerf logs before init ends."""
+    device = (torch.cuda.get_device_name(strategy.device) if strategy.device.type == "cuda"
+              else "cpu")
+    c = MLPerfLog.constants_module()
+    return MLPerfLog.open(
+        cfg.mllog, benchmark=f"{mlperf_model_name(cfg.model)}-{cfg.data}",
+        platform=f"{strategy.replicas}x{device} ({cfg.strategy})",
+        hyperparameters={
+            c.GLOBAL_BATCH_SIZE: cfg.batch_size, c.GRADIENT_ACCUMULATION_STEPS: cfg.grad_accum,
+            c.OPT_NAME: c.SGD, c.OPT_BASE_LR: cfg.peak_lr, c.OPT_WEIGHT_DECAY: cfg.weight_decay,
+            c.OPT_LR_WARMUP_EPOCHS: cfg.warmup_epochs, c.EPOCH_COUNT: cfg.epochs,
+            c.SEED: cfg.seed, c.TRAIN_SAMPLES: loaders.train_size,
+            c.EVAL_SAMPLES: loaders.test_size,
+        },
+        target_top1=cfg.target_top1)
+
+
+def _error_line(exc: BaseException) -> str:
+    """The exception's first line; bad input found only once the run is under way (an image
+    that does not decode) is its message alone, as bad input is at the start."""
+    text = str(exc).strip().splitlines()
+    if isinstance(exc, (ConfigError, CannotWrite)) and text:
+        return text[0]
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+_LOADER_TIMEOUT = re.compile(r"DataLoader timed out after (\d+(?:\.\d+)?) seconds")
+
+
+def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
+                phase: str) -> RankError:
+    """The line that names the failure and its phase, and whether it says what to do."""
+    line, explained = _error_line(exc), isinstance(exc, (ConfigError, CannotWrite))
+    if is_out_of_memory(exc):
+        explained = True
+        with contextlib.suppress(Exception):  # a group never joined has no batch split
+            cfg = spec.config
+            split = BatchSplit.of(cfg.batch_size, cfg.grad_accum, strategy)
+            line = out_of_memory_line(exc, cfg, strategy.device, split, phase)
+    stuck = _LOADER_TIMEOUT.search(line) if isinstance(exc, RuntimeError) else None
+    if stuck:
+        waited = float(stuck.group(1))
+        line = f"its DataLoader workers served no batch for {waited:g} s (--timeout): one is stuck"
+    if "timed out" in line.lower() or "timeout" in line.lower():
+        line, explained = f"timeout: {line}", True
+    return RankError(f"{line} [in {phase}]", explained, traceback.format_exc())
+
+
+def _launched_rank(default: str) -> str:
+    """This rank's number as its launcher set it (horovodrun: HOROVOD_RANK, not RANK), for
+    its files in the scratch folder."""
+    return os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or default
+
+
+def run_rank(spec_path: str | Path) -> None:
+    """Everything one rank does, whatever started it."""
+    # FSDP2 calls torch's own deprecated reduce_scatter_tensor (torch 2.14): a warning from
+    # torch to itself, in the middle of bench's table, that no user can act on
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.reduce_scatter_tensor` is deprecated")
+    spec = WorkerSpec.read(spec_path)
+    cfg, scratch = spec.config, spec.scratch
+    strategy = strategies.get(cfg.strategy, cfg.strategy_options)
+    if scratch.exists():
+        scratch.pid(_launched_rank("0")).write_text(str(os.getpid()))
+    heartbeat = Heartbeat(scratch)
+    clean = False
+    try:
+        strategy.setup(spec.topology)
+        heartbeat.bind(strategy.rank)
+        # Beat before the build: a model factory or data set that never returns in a rank is
+        # then bounded by --timeout like a stuck collective (the watchdog only sees ranks
+        # that beat once; this rank had not, and such a run waited for ever).
+        heartbeat("build: model and data", force=True)
+        trainer = build_trainer(spec, strategy, heartbeat)
+        if spec.config.verify_steps is not None:
+            run_verify(trainer)
+        else:
+            trainer.run()
+        # The DDP wrapper must be gone before its process group is destroyed: gloo aborts
+        # the process now and then otherwise ("terminate called without an active exception").
+        fault = trainer.fault
+        del trainer
+        gc.collect()
+        clean = True
+        if fault is not None and fault.exits_after_the_run(strategy.rank):
+            os._exit(1)
+    except BaseException as exc:
+        rank = _launched_rank(str(strategy.rank))
+        if scratch.exists():
+            with contextlib.suppress(OSError):
+                scratch.write_error(rank, _rank_error(exc, spec, strategy, heartbeat.phase))
+        raise
+    finally:
+        strategy.teardown(clean)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # torch.distributed.launch (legacy) passes --local-rank=N / --local_rank=N unless --use-env.
+    spec_path = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith(("--local-rank", "--local_rank")):
+            value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            i += 0 if "=" in arg else 1
+            os.environ["LOCAL_RANK"] = value
+            os.environ["BENCH_LOCAL_RANK_ARG"] = arg if "=" in arg else f"{arg} {value}"
+        else:
+            spec_path = arg
+        i += 1
+    if spec_path is None:
+        raise SystemExit("usage: python -m bench.train.rank SPEC.json (started by `bench run`)")
+    run_rank(spec_path)
+
+
+if __name__ == "__main__":
+    from bench.tools.streams import guard_standard_streams
+
+    guard_standard_streams()  # a rank's lines must not end it (an ASCII-only encoding)
+    main()
+    from bench.tools.quick_exit import exit_now
+
+    exit_now(0)

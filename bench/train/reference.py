@@ -1,0 +1,167 @@
+"""The plain loop ``bench verify`` compares every strategy with: one process, no wrapper,
+the same recipe, initial weights and global batches.
+
+BatchNorm. A replica normalises with the statistics of the images it sees. Under per-replica
+BN (DataParallel, DDP/Horovod on CPU, ``--no-syncbn``) each of W replicas sees B/W images, so
+the network computes a different function from one that sees all B at once: comparing such a
+strategy with a full-batch reference would flag a difference that is not a bug. The reference
+therefore reproduces the strategy's BatchNorm grouping: it runs the global batch as W separate
+forward passes over exactly the images each replica gets (the sampler's rank shards for DDP and
+Horovod, DataParallel's contiguous scatter chunks), averages their losses and takes one step.
+That is mathematically what the strategy must compute; SyncBN strategies are compared with
+W = 1. Augmentation is off (each rank's random crops differ by design).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bench.config.run_config import RunConfig
+from bench.data.datasets import dataset, model_spec
+from bench.train.schedule import lr_at
+from strategies.base import epoch_sampler
+from strategies.precision import Precision
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a strategy cut each global batch into BatchNorm forward passes."""
+
+    processes: int = 1  # sampler shards (DistributedSampler ranks)
+    replicas_per_process: int = 1  # DataParallel scatters a process batch into this many
+    accum: int = 1  # micro-batches per optimizer step
+    sync: bool = False  # SyncBatchNorm: one statistic over all replicas' micro-batch
+
+    def describe(self) -> str:
+        replicas = self.processes * self.replicas_per_process
+        kind = "sync" if self.sync else f"{replicas} replica{'s' if replicas > 1 else ''}"
+        return f"BN {kind} x {self.accum} micro"
+
+
+def layout_of(meta: dict) -> Layout:
+    return Layout(
+        processes=meta["processes"],
+        replicas_per_process=meta["world_size"] // meta["processes"],
+        accum=meta.get("grad_accum", 1),
+        sync=meta["norm"] == "syncbn",
+    )
+
+
+def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
+              precision: str = "fp32", float64: bool = True,
+              device: str = "cpu") -> tuple[list[float], dict[str, torch.Tensor], int | None]:
+    """The plain loop: one process, no wrapper, same recipe and batches, and the strategy's
+    BatchNorm grouping: each group is one forward pass; their mean losses are averaged.
+    fp32 runs in float64; mixed precision under the same autocast dtype and loss scaler
+    (same initial scale); returns the losses, the parameters and the steps the scaler
+    skipped (None without one)."""
+    dtype = torch.float64 if float64 else torch.float32
+    torch.manual_seed(cfg.seed)
+    model = model_spec(cfg).build().to(device=device, dtype=dtype)
+    mixed = Precision(precision, torch.device(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
+                                nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
+    data = dataset(cfg, "train", augment=False)
+    orders = []
+    for rank in range(layout.processes):
+        sampler = epoch_sampler(data, cfg.seed, layout.processes, rank)
+        sampler.set_epoch(0)
+        orders.append(list(sampler))
+    model.train()
+    with _compressed_like(cfg, model) as net:
+        losses = _reference_steps(cfg, steps, layout, net, optimizer, mixed, data, orders,
+                                  device, dtype)
+    params = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
+    return losses, params, mixed.scaler_state()["scaler_skipped_steps"]
+
+
+@contextlib.contextmanager
+def _compressed_like(cfg: RunConfig, model: nn.Module):
+    """The reference model, or — under ``--ddp-comm-hook`` — the same model in a one-process
+    DDP with the same hook, so that the reference compresses its gradient as the strategy
+    does. PowerSGD is linear in the gradient given its (all-reduced, hence shared) factors
+    and error-feedback memory, so W ranks compressing their own gradients and averaging the
+    factors compute what one process compressing the averaged gradient computes: the check
+    stays exact (float64). fp16 / bf16 casts differ by where the rounding falls (before or
+    after the sum): a tolerance set from measurement (docs/verify.md)."""
+    if cfg.ddp_comm_hook == "none":
+        yield model
+        return
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bench.tools.ports import MASTER_ADDR, free_port
+    from strategies.ddp import register_comm_hook
+
+    dist.init_process_group("gloo", init_method=f"tcp://{MASTER_ADDR}:{free_port()}",
+                            rank=0, world_size=1)
+    # The hook's callbacks run on the group's gloo threads and hold the group: the thread
+    # that drops the last reference runs its destructor, which joins every gloo thread, and
+    # one joining itself aborts the process ('Resource deadlock avoided', seen once under
+    # load). Kept here, the group is never freed by one of its own threads.
+    _RETIRED_GROUPS.append(dist.group.WORLD)
+    try:
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb)
+        register_comm_hook(wrapped, cfg.strategy_options.ddp, "gloo")
+        yield wrapped
+    finally:
+        dist.destroy_process_group()
+
+
+_RETIRED_GROUPS: list = []  # one idle 1-rank gloo group per hooked reference (see above)
+
+
+def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Module, optimizer,
+                     mixed: Precision, data, orders: list[list[int]], device: str,
+                     dtype: torch.dtype) -> list[float]:
+    """The reference's optimizer steps; returns each step's loss. A DDP-wrapped reference
+    (a comm hook) communicates once per step, after the last BatchNorm group's backward."""
+    per_process = cfg.batch_size // layout.processes
+    micro = per_process // layout.accum
+    part = micro // layout.replicas_per_process
+    steps_per_epoch = len(orders[0]) // per_process
+    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    last_only = getattr(model, "no_sync", None)
+    losses = []
+    for step in range(steps):
+        groups = []
+        for m in range(layout.accum):
+            start = step * per_process + m * micro
+            chunks = [order[start : start + micro] for order in orders]
+            if layout.sync:
+                groups.append([i for chunk in chunks for i in chunk])
+            else:
+                groups += [c[r * part : (r + 1) * part] for c in chunks
+                           for r in range(layout.replicas_per_process)]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps_per_epoch * cfg.epochs, warmup, cfg.peak_lr)
+        optimizer.zero_grad()
+        total = 0.0
+        for k, idx in enumerate(groups):
+            images = torch.stack([data[i][0] for i in idx]).to(device, dtype)
+            labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
+            hold = last_only() if last_only and k < len(groups) - 1 else contextlib.nullcontext()
+            with hold:
+                with mixed.autocast():
+                    loss = nn.functional.cross_entropy(model(images), labels) / len(groups)
+                mixed.backward(loss)
+            total += loss.item()
+        mixed.step(optimizer)
+        losses.append(total)
+    return losses
+
+
+def compare(losses: list[float], params: dict[str, torch.Tensor], ref_losses: list[float],
+            ref_params: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """Max relative per-step loss difference; relative difference of all parameters."""
+    if len(losses) != len(ref_losses) or set(params) != set(ref_params):
+        return math.inf, math.inf
+    loss_diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses))
+    mine = torch.cat([params[k].double().reshape(-1) for k in ref_params])
+    ref = torch.cat([v.double().reshape(-1) for v in ref_params.values()])
+    return loss_diff, float((mine - ref).norm() / ref.norm())
