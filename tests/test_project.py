@@ -9,7 +9,7 @@ import json
 import statistics
 
 import pytest
-from conftest import assert_ok, only_record, run_bench
+from conftest import ROOT, assert_ok, only_record, run_bench
 
 from bench.project.scaling import Network, Workload, allreduce_s, project
 from bench.records.gradient_timeline import GradientTimeline
@@ -300,3 +300,33 @@ def test_powersgds_own_work_and_blocking_collectives_over_gloo_hold_up_backward(
     assert step(backend="gloo") - 0.1 == pytest.approx(1.0e-3, rel=1e-4)
     assert step(backend="nccl", hook_work_s=0.01) - 0.1 == pytest.approx(0.01 + 437.856e-6,
                                                                          rel=1e-4)
+
+
+def test_validation_prints_the_null_models_beside_the_model(tmp_path):
+    """On the committed runs (no training: records only): each point's "no communication"
+    error is its compute-only step against its measured step, read here from the record
+    itself, and "no overlap" adds at least what the gradient's all-reduce costs, so it is
+    never below "no communication"; the summary and `bench project` name both."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "results", results)
+    proc = run_bench("project", str(results), "--validate")
+    assert proc.returncode == 0, proc.stderr
+    assert "no comm" in proc.stdout and "no ovl." in proc.stdout
+    data = json.loads((results / "projection-validation.json").read_text())
+    by_id = {}
+    for path in (results / "runs").glob("*.json"):
+        rec = json.loads(path.read_text())
+        by_id[rec["run_id"]] = rec
+    for point in data["points"]:
+        rec = by_id[point["run_id"]]
+        epochs = rec["per_epoch"][1:] or rec["per_epoch"]
+        measured = statistics.median(e["step_time_p50_s"] for e in epochs)
+        expected = 100 * (rec["compute_step_s"] - measured) / measured
+        assert abs(point["no_communication_error_pct"] - expected) < 1e-6, point
+        assert point["no_overlap_error_pct"] >= point["no_communication_error_pct"]
+    said = proc.stderr.replace("\n  ", " ")  # as wrapped at 120 columns
+    assert "no communication" in said and "no overlap" in said
+    shown = run_bench("project", str(results))
+    assert "the null models' median: no communication" in shown.stdout.replace("\n  ", " ")

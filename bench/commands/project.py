@@ -17,6 +17,7 @@ from bench.config.options import parse_list
 from bench.project.from_records import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
+    allreduced_bytes,
     comm_hook,
     matching_probe,
     run_options,
@@ -227,9 +228,14 @@ def _count(value: int | None) -> str:
 def _calibration(root: Path) -> str:
     try:
         data = json.loads((root / VALIDATION_FILE).read_text())
-        return (f"last validated {data['date']}: median error {data['median_error_pct']:.1f} "
+        line = (f"last validated {data['date']}: median error {data['median_error_pct']:.1f} "
                 f"%, worst {data['worst_error_pct']:.1f} % over {len(data['points'])} "
-                "measured runs (`bench project --validate`)")
+                "measured runs")
+        if "no_communication_median_error_pct" in data:
+            line += (f"; the null models' median: no communication "
+                     f"{data['no_communication_median_error_pct']:.1f} %, no overlap "
+                     f"{data['no_overlap_median_error_pct']:.1f} %")
+        return line + " (`bench project --validate`)"
     except (OSError, ValueError, KeyError, TypeError):
         return "not yet validated on these results: run `bench project RESULTS --validate`"
 
@@ -257,6 +263,7 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
             continue
         predicted = predict_measured(rec, work, probe)
         error = 100 * (predicted.step_s - measured) / measured
+        no_comm, no_overlap = null_models(rec, work, probe)
         points.append({"run_id": rec["run_id"], "strategy": rec["strategy"],
                        "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
                        "bucket_cap_mb": work.bucket_bytes / 2**20,
@@ -268,29 +275,58 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
                        "gradient_timeline": work.timeline is not None,
                        "compute_ms": 1000 * work.compute_step_s,
                        "predicted_ms": 1000 * predicted.step_s, "measured_ms": 1000 * measured,
-                       "error_pct": error})
+                       "error_pct": error,
+                       "no_communication_error_pct": 100 * (no_comm - measured) / measured,
+                       "no_overlap_error_pct": 100 * (no_overlap - measured) / measured})
     if not points:
         raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
                           "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
                           "same device, backend, ranks and nodes in RESULTS/probes")
     width = max(len(p["run_id"]) for p in points)
-    row = "{:<" + str(width) + "} {:>2} {:>5} {:>6} {:<8} {:>5} {:>8} {:>9} {:>8} {:>7}"
-    print(row.format("run", "N", "nodes", "bucket", "hook", "delay", "compute", "predicted",
-                     "measured", "error"))
-    print(row.format("", "", "", "MB", "", "ms", "ms", "ms", "ms", "").rstrip())
+    row = ("{:<" + str(width) + "} {:>5} {:>6} {:<8} {:>5} {:>8} {:>9} {:>8} {:>7}"
+           " {:>7} {:>7}")
+    print(row.format("run", "N", "bucket", "hook", "delay", "compute", "predicted",
+                     "measured", "error", "no comm", "no ovl."))
+    print(row.format("", "", "MB", "", "ms", "ms", "ms", "ms", "", "error", "error").rstrip())
     for p in points:
-        print(row.format(p["run_id"], p["world_size"], p["nodes"], f"{p['bucket_cap_mb']:g}",
+        ranks = (str(p["world_size"]) if p["nodes"] == 1
+                 else f"{p['world_size']}/{p['nodes']}n")  # ranks / nodes
+        print(row.format(p["run_id"], ranks, f"{p['bucket_cap_mb']:g}",
                          p["comm_hook"], f"{p['injected_delay_ms']:g}",
                          f"{p['compute_ms']:.1f}", f"{p['predicted_ms']:.1f}",
-                         f"{p['measured_ms']:.1f}", f"{p['error_pct']:+.1f}%"))
-    errors = [abs(p["error_pct"]) for p in points]
-    summary = {"date": _dt.date.today().isoformat(), "points": points,
-               "median_error_pct": statistics.median(errors), "worst_error_pct": max(errors)}
+                         f"{p['measured_ms']:.1f}", f"{p['error_pct']:+.1f}%",
+                         f"{p['no_communication_error_pct']:+.1f}%",
+                         f"{p['no_overlap_error_pct']:+.1f}%"))
+    summary = {"date": _dt.date.today().isoformat(), "points": points}
+    for key, name in (("error_pct", ""), ("no_communication_error_pct", "no_communication_"),
+                      ("no_overlap_error_pct", "no_overlap_")):
+        errors = [abs(p[key]) for p in points]
+        summary[f"{name}median_error_pct"] = statistics.median(errors)
+        summary[f"{name}worst_error_pct"] = max(errors)
     write_atomic(root / VALIDATION_FILE, summary)
-    print(f"median |error| {summary['median_error_pct']:.1f} %, worst "
-          f"{summary['worst_error_pct']:.1f} % over {len(points)} runs (goal: within 15 %); "
-          f"kept in {root / VALIDATION_FILE}", file=sys.stderr)
+    print(terminal.fill(
+        f"median |error| {summary['median_error_pct']:.1f} %, worst "
+        f"{summary['worst_error_pct']:.1f} % over {len(points)} runs; the null models "
+        f"(median / worst): no communication {summary['no_communication_median_error_pct']:.1f}"
+        f" / {summary['no_communication_worst_error_pct']:.1f} %, no overlap "
+        f"{summary['no_overlap_median_error_pct']:.1f} / "
+        f"{summary['no_overlap_worst_error_pct']:.1f} %; kept in {root / VALIDATION_FILE}",
+        subsequent_indent="  "), file=sys.stderr)
     return 0
+
+
+def null_models(rec: dict[str, Any], work: Workload, probe: dict[str, Any]
+                ) -> tuple[float, float]:
+    """The obvious guesses a prediction must beat (seconds per step): "no communication"
+    (the compute-only step) and "no overlap" (the compute-only step, then every byte the
+    step all-reduces at the probe's speed, and any injected wait of every bucket, none of it
+    hidden behind backward)."""
+    from bench.records.probes import ideal_allreduce_s
+
+    buckets = len(work.buckets(work.bucket_bytes))
+    exchange = ideal_allreduce_s(probe, allreduced_bytes(rec))
+    return (work.compute_step_s,
+            work.compute_step_s + exchange + buckets * work.hook_delay_s + work.hook_work_s)
 
 
 
