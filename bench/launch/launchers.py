@@ -134,11 +134,12 @@ def agent_log_dir(folder: Path) -> str:
 
 
 def host_the_rendezvous(node_rank: int) -> list[str]:
-    """Node 0 runs where --rdzv-endpoint points and hosts the rendezvous store: said, not
-    guessed (torch matches the endpoint against the machine's host name, which an address of
-    another interface, or a network namespace's, never matches: every node then waited for a
-    store nobody started)."""
-    return ["--rdzv-conf=is_host=1"] if node_rank == 0 else []
+    """Node 0 runs where --rdzv-endpoint points and hosts the rendezvous store; the others
+    only connect to it. Said, not guessed: torch matches the endpoint against the machine's
+    host name, which an address of another interface (or a network namespace's) never
+    matches, and every node then waited for a store nobody started; and two nodes on one
+    host both matched 127.0.0.1, raced to start it, and the loser failed."""
+    return [f"--rdzv-conf=is_host={int(node_rank == 0)}"]
 
 
 def launch_torchrun(launch: Launch) -> int:
