@@ -10,11 +10,10 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from bench.records.describe import short_options
-from bench.records.files import load_record_file, load_records
+from bench.records.files import load_source
 from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
 from bench.report.views import SAID_BY_WORKLOAD, said_once
@@ -45,17 +44,7 @@ MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
 
 def load_side(path: str) -> list[dict[str, Any]]:
     """A results folder (its runs/) or one record file."""
-    where = Path(path)
-    if where.is_file():
-        try:
-            return [load_record_file(where)]
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path} is not a usable run record ({exc})") from None
-    if not where.is_dir():
-        raise ConfigError(f"{path} is neither a results folder nor a record file")
-    records, warnings = load_records(where)
-    for line in warnings:
-        print(f"bench compare: {line}", file=sys.stderr)
+    records = load_source(path, "compare")
     if not records:
         raise ConfigError(f"{path} holds no run records; point it at a `bench run --output` "
                           "folder or a record file")

@@ -34,7 +34,7 @@ from bench.project.scaling import (
     project,
 )
 from bench.records.describe import median_step_s
-from bench.records.files import write_atomic
+from bench.records.files import load_source, write_atomic
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
 from bench.tools.folders import file_to_write
@@ -60,20 +60,9 @@ def resolve_network(name: str | None, intra: float | None, inter: float | None,
 
 
 def _records(source: str) -> tuple[list[dict[str, Any]], Path]:
-    from bench.records.files import load_record_file, load_records
-
+    """The records and the results folder they came from."""
     path = Path(source)
-    if path.is_file():
-        try:
-            return [load_record_file(path)], path.parent.parent
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{source} is not a usable run record ({exc})") from None
-    if not path.is_dir():
-        raise ConfigError(f"{source} is neither a results folder nor a record file")
-    records, warnings = load_records(source)
-    for line in warnings:
-        print(f"bench project: {line}", file=sys.stderr)
-    return records, path
+    return load_source(source, "project"), path.parent.parent if path.is_file() else path
 
 
 def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Workload]]:

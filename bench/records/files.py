@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,3 +207,22 @@ def load_record_file(path: str | Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- environment
 
 
+
+
+def load_source(source: str | Path, command: str) -> list[dict[str, Any]]:
+    """The records of a results folder (the files it skips said on stderr as ``bench
+    COMMAND: ...``) or of one record file; a path that is neither is one line naming it."""
+    from bench.tools.errors import ConfigError
+
+    path = Path(source)
+    if path.is_file():
+        try:
+            return [load_record_file(path)]
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{source} is not a usable run record ({exc})") from None
+    if not path.is_dir():
+        raise ConfigError(f"{source} is neither a results folder nor a record file")
+    records, warnings = load_records(path)
+    for line in warnings:
+        print(f"bench {command}: {line}", file=sys.stderr)
+    return records
