@@ -11,6 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+# OpenMP's threads spin while they wait for work (GOMP's default): with two xdist workers on
+# two cores, a process of two threads beside any busy one loses most of its time to the
+# spinning (one epoch measured 30x slower, 0.44 s alone, 13 s beside one busy process;
+# 1.1 s with passive waiting). The tests check what bench does, not how fast it trains, so
+# every process they start waits passively; set before torch (and its libgomp) loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np
 import pytest
 import torch

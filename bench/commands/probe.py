@@ -111,7 +111,7 @@ def _wait(agent_proc: subprocess.Popen) -> int:
 def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output: str,
               model: str = DEFAULT_MODEL,
               nodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-              timeout: float = 300.0, max_mib: float = 256.0) -> int:
+              timeout: float = 300.0, max_mib: float = 256.0, tag: str | None = None) -> int:
     import torch
 
     from bench.launch.launchers import agent, agent_log_dir, host_the_rendezvous
@@ -200,6 +200,8 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
         "results": measured["results"], "env": capture_env(device),
         "topology": topology_text() if device == "cuda" else None,
     }
+    if tag:
+        record["tag"] = tag
     path = folder / f"{probe_id}.json"
     write_atomic(path, record)
     print(probe_table(record), end="")
@@ -247,10 +249,13 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                             "probed)")
     probe.add_argument("--output", default="results",
                        help="results folder; the record goes to OUTPUT/probes/")
+    probe.add_argument("--tag", default=None,
+                       help="names the network probed: bench project matches it to the runs "
+                            "of the same --tag (untagged probes: to any run)")
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     return run_probe(gpus=args.gpus, cpu=args.cpu, backend=args.backend, width=args.width,
                      model=args.model, output=args.output, nodes=args.nodes,
                      node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                     timeout=args.timeout, max_mib=args.max_size)
+                     timeout=args.timeout, max_mib=args.max_size, tag=args.tag)

@@ -91,10 +91,14 @@ def series_key(rec: dict[str, Any], work: Workload) -> tuple:
 
 
 def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest probe of the run's device, backend, ranks and nodes."""
+    """The newest probe of the run's device, backend, ranks and nodes, and of its network: a
+    probe's ``--tag`` names the network it measured (``testbed-1000mbit``), and a run with the
+    same tag crossed it; any other run takes the newest untagged probe."""
     from bench.records.probes import probe_kind
 
     same = [p for p in probes if probe_kind(p) == probe_kind(rec)]
-    return same[-1] if same else None
+    named = [p for p in same if rec.get("tag") and p.get("tag") == rec.get("tag")]
+    untagged = [p for p in same if not p.get("tag")]
+    return (named or untagged or [None])[-1]
 
 
