@@ -30,10 +30,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.testbed import Testbed, unavailable  # noqa: E402
 
 RATES_MBIT = (100, 1000, 10000)
-WIDTHS = (0.25, 1.0)  # 2.8 MB and 44.7 MB of fp32 gradients
+WIDTHS = (0.25, 0.5)  # 2.8 MB and 11.2 MB of fp32 gradients
 BUCKET_CAPS_MB = (1, 25)
-OTHERS_RATE_MBIT = 1000  # the other strategies and options: where communication is a share
-OTHERS_WIDTH = 1.0
+OTHERS_RATE_MBIT = 100  # the other strategies and options: where communication leads
+OTHERS_WIDTH = 0.5
+# 16 px images: a quarter of the compute of 32 px at the same gradient, so that the rates
+# span steps from compute-bound (10 Gbit/s) to communication-bound (100 Mbit/s) on one core
+IMAGE_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def _on_both_nodes(net: Testbed, argv: list[str], timeout: float) -> list[str]:
 
 def probe(net: Testbed, rate_mbit: float, output: Path, port: int) -> None:
     _on_both_nodes(net, ["probe", "--cpu", "--gpus", "1", "--nodes", "2", "--rdzv-endpoint",
-                         f"{net.address(0)}:{port}", "--width", "1", "--max-size", "48",
+                         f"{net.address(0)}:{port}", "--width", "0.5", "--max-size", "16",
                          "--timeout", "600", "--tag", tag(rate_mbit), "--output", str(output)],
                    timeout=1800)
 
@@ -102,7 +105,8 @@ def probe(net: Testbed, rate_mbit: float, output: Path, port: int) -> None:
 def run(net: Testbed, point: Point, output: Path, port: int, args: argparse.Namespace) -> str:
     argv = ["run", "--strategy", point.strategy, "--cpu", "--gpus", "1", "--nodes", "2",
             "--rdzv-endpoint", f"{net.address(0)}:{port}", "--data", "synthetic",
-            "--synthetic-difficulty", "0", "--train-limit", str(args.train_limit),
+            "--synthetic-difficulty", "0", "--image-size", str(IMAGE_SIZE),
+            "--train-limit", str(args.train_limit),
             "--test-limit", "64", "--epochs", str(args.epochs), "--batch-size", "32",
             "--width", f"{point.width:g}", "--comm-probe-steps", str(args.probe_steps),
             "--no-progress", "--timeout", "900", "--tag", tag(point.rate_mbit),

@@ -329,4 +329,6 @@ def test_validation_prints_the_null_models_beside_the_model(tmp_path):
     said = proc.stderr.replace("\n  ", " ")  # as wrapped at 120 columns
     assert "no communication" in said and "no overlap" in said
     shown = run_bench("project", str(results))
-    assert "the null models' median: no communication" in shown.stdout.replace("\n  ", " ")
+    said = shown.stdout.replace("\n  ", " ")
+    assert f"validated on {results} (" in said, said
+    assert "the null models (median / worst): no communication" in said, said

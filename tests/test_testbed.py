@@ -51,22 +51,23 @@ def test_a_probe_across_two_nodes_measures_the_rate_of_their_link(rate_mbit, tmp
 
 def test_the_projection_predicts_ddp_over_a_slow_link_and_the_null_models_do_not(tmp_path):
     """bench's own two-node path (torchrun's c10d rendezvous on node 0's address, one rank a
-    node) over a 50 Mbit/s link: a probe tagged with the network, two DDP runs with the same
+    node) over a 25 Mbit/s link: a probe tagged with the network, two DDP runs with the same
     tag (one record each: the nodes share the folder), then `bench project --validate`. A
-    quarter-width ResNet-18 sends 2.8 MB a step, ~0.45 s at this rate, several times its
-    compute here: the model must land within 35 % of each measured step (load beside the
-    test included), where "no communication" is off by more than half, and the validation
-    must say where communication dominates."""
-    tag = "testbed-50mbit"
-    with testbed.Testbed(nodes=2, rate_mbit=50, index=3) as net:
+    quarter-width ResNet-18 on 16 px images sends 2.8 MB a step, ~0.9 s at this rate,
+    several times its compute here: the model must land within 35 % of each measured step
+    (load beside the test included), where "no communication" misses by more than that, and
+    the validation must say where communication dominates."""
+    tag = "testbed-25mbit"
+    with testbed.Testbed(nodes=2, rate_mbit=25, index=3) as net:
         _both_nodes(net, ["probe", "--cpu", "--gpus", "1", "--nodes", "2", "--rdzv-endpoint",
                           f"{net.address(0)}:29400", "--width", "0.25", "--max-size", "4",
                           "--timeout", "120", "--tag", tag, "--output", str(tmp_path)])
         for port, cap in ((29401, "1"), (29402, "25")):
             _both_nodes(net, ["run", "--strategy", "ddp", "--cpu", "--gpus", "1",
                               "--nodes", "2", "--rdzv-endpoint", f"{net.address(0)}:{port}",
-                              "--epochs", "2", "--data", "synthetic", "--train-limit", "256",
-                              "--test-limit", "16", "--width", "0.25", "--bucket-cap-mb", cap,
+                              "--epochs", "2", "--data", "synthetic", "--image-size", "16",
+                              "--train-limit", "256", "--test-limit", "16", "--width", "0.25",
+                              "--bucket-cap-mb", cap,
                               "--comm-probe-steps", "4", "--no-progress", "--tag", tag,
                               "--output", str(tmp_path)])
     recs = [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*.json"))]
@@ -82,9 +83,9 @@ def test_the_projection_predicts_ddp_over_a_slow_link_and_the_null_models_do_not
     assert len(validation["points"]) == 2, validation
     for point in validation["points"]:
         assert point["network"] == tag, point
-        assert point["comm_share"] >= 0.25, point  # the link, not the cores, sets the pace
+        assert point["comm_share"] >= 0.35, point  # the link, not the cores, sets the pace
         assert abs(point["error_pct"]) <= 35, (point, done.stdout)
-        assert point["no_communication_error_pct"] <= -50, (point, done.stdout)
+        assert point["no_communication_error_pct"] < -35, (point, done.stdout)
     assert validation["comm_heavy_runs"] == 2
     assert "where communication is 25% of the step or more (2 runs)" in done.stderr.replace(
         "\n  ", " "), done.stderr
