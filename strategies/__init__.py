@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -50,8 +51,10 @@ def get(name: str, options: StrategyOptions | None = None) -> Strategy:
     try:
         factory = REGISTRY[name]
     except KeyError:
+        close = difflib.get_close_matches(name, list(REGISTRY), n=2)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise KeyError(
-            f"unknown strategy {name!r}; choose one of: {', '.join(REGISTRY)}"
+            f"unknown strategy {name!r}; {hint}choose one of: {', '.join(REGISTRY)}"
         ) from None
     return factory(options or StrategyOptions())
 

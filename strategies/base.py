@@ -4,6 +4,7 @@ launcher's business (``bench/launch/launchers.py``); a strategy only names its l
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -228,12 +229,34 @@ class Strategy:
         """Leave the group; ``clean`` when every rank got here without an error."""
 
 
+def order_seed(seed: int, epoch: int) -> int:
+    """The permutation seed of (seed, epoch) (bench.records.schema.DATA_ORDER_RULE): a hash
+    of both, so that no two pairs share an order. torch's own rule, ``seed + epoch``, gave
+    seed s at epoch e seed s+1's order of epoch e-1: the repeats of a sweep (seeds S, S+1,
+    ...) trained on shifted copies of one sequence of orders, and were not independent."""
+    digest = hashlib.sha256(f"{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # a non-negative 63-bit seed
+
+
+class EpochSampler(DistributedSampler):
+    """DistributedSampler whose epoch ``e`` of seed ``s`` draws the permutation of
+    ``order_seed(s, e)``; the rest (shards, drop_last, padding) is DistributedSampler's."""
+
+    def __iter__(self):
+        seed, epoch = self.seed, self.epoch
+        self.seed, self.epoch = order_seed(seed, epoch), 0
+        try:
+            return super().__iter__()  # builds the whole list of indices before it returns
+        finally:
+            self.seed, self.epoch = seed, epoch
+
+
 def epoch_sampler(dataset, seed: int, world_size: int, rank: int) -> DistributedSampler:
     """Every strategy draws the same global order: one permutation per (seed, epoch), rank r
     taking positions r, r+W, ... With drop_last the tail that does not fill all ranks is
     dropped, so with per-rank batch B/W the global batch k is the same set of images for
     every world size W."""
-    return DistributedSampler(
+    return EpochSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
     )
 

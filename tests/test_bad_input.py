@@ -32,6 +32,10 @@ _WORKERS_BEYOND = str(int(_MEMORY / (50 * 2**20)) + 1)
 
 CASES = {
     "unknown strategy": (["run", "--strategy", "nope", *BASE], "choose one of: dp, ddp"),
+    "a strategy misspelt": (["run", "--strategy", "fdsp", *BASE],
+                            "unknown strategy 'fdsp'; did you mean fsdp"),
+    "an image folder not given": (["run", "--strategy", "ddp", "--cpu", "--data", "imagefolder"],
+                                  "--data imagefolder needs --data-dir DIR"),
     "unknown option": (["run", "--strategy", "ddp", "--frobnicate", *BASE],
                        "--frobnicate; see `bench run --help`"),
     "unknown option to report": (["report", "--frobnicate", "--results", "{here}"],

@@ -20,6 +20,7 @@ from bench.data.device_loader import DeviceLoader, random_crop_flip
 from bench.data.image_sets import CifarTensorDataset, ImageSet
 from bench.data.loaders import Indexed, unchanged_randomness
 from bench.report import summary_table
+from strategies.base import order_seed
 
 N = 100  # label i marks image i, so the labels show which images a rank drew
 
@@ -38,9 +39,9 @@ def test_shards_match_distributed_sampler(world):
                                   rank=rank, aug_seed=rank)
             loader.sampler.set_epoch(epoch)
             labels = [int(v) for _, y, _ in loader for v in y]
+            # DistributedSampler's shards of the permutation the run draws for (5, epoch)
             ref = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True,
-                                     seed=5, drop_last=True)
-            ref.set_epoch(epoch)
+                                     seed=order_seed(5, epoch), drop_last=True)
             expected = list(ref)[: len(loader) * 8]
             assert labels == expected
             drawn.append(labels)

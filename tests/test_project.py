@@ -18,12 +18,19 @@ NET = Network("test", 400.0, 400.0, "nvlink", "hand-written")
 
 
 def test_a_large_all_reduce_takes_the_ring_a_small_one_at_scale_the_tree():
-    # ring/Simple: 8.4 us + 14 hops x 3.4 us + 100 MB x 14/8 / 400 GB/s
+    """Figures worked out by hand from NCCL 2.30's tuning.cc tables."""
+    # ring/Simple: 8.4 us + 14 hops x 3.4 us + 100 MB x 14/8 / 400 GB/s (the Simple tree:
+    # 8.4 + 2 x 7 x 4.0 us + 100 MB / (400 GB/s x .92 x .5 x .9) = 668 us)
     assert allreduce_s(100_000_000, 8, 1, NET) == pytest.approx(56e-6 + 437.5e-6)
-    # 1 KiB over 4,096 GPUs on 512 nodes: the ring's 8,190 hops cost 34 ms; the LL tree
-    # 4.4 + 2 (7 x 0.52 + 9 x 5.0) us plus 1 KiB at 400 GB/s x 0.9 / 3.8 x 0.5
-    tree = (4.4 + 2 * (7 * 0.52 + 9 * 5.0)) * 1e-6 + 1024 / (400e9 * 0.9 / 3.8 * 0.5)
+    # 1 KiB over 4,096 GPUs on 512 nodes: the ring's 8,190 steps cost ms; the LL tree
+    # 6.8 + 2 (7 x 0.6 + 9 x 5.0) us plus 1 KiB at 400 GB/s x .92 / 3.8 x .5, times NCCL's
+    # correction at 2^4 x 64 bytes (0.9)
+    tree = (6.8 + 2 * (7 * 0.6 + 9 * 5.0)) * 1e-6 + 1024 / (400e9 * 0.92 / 3.8 * 0.5 * 0.9)
     assert allreduce_s(1024, 4096, 512, NET) == pytest.approx(tree)
+    # 100 MB over 16 GPUs on 2 nodes: the Simple ring, its 30 steps 28 inside a node at
+    # 3.4 us, 2 across at 14 us, x1.4 for a multi-node ring, plus 100 MB x 30/16 / 400 GB/s
+    ring = (8.4 + 28 * 3.4 + 2 * 14.0) * 1.4e-6 + 100e6 * 30 / 16 / 400e9
+    assert allreduce_s(100_000_000, 16, 2, NET) == pytest.approx(ring)
     assert allreduce_s(1024, 1, 1, NET) == 0.0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_ok, only_record, run_bench
+from conftest import assert_ok, only_record, records, run_bench
 from torch.utils.data import DataLoader
 
 import strategies
@@ -48,6 +48,23 @@ def test_global_batches_are_the_same_for_every_world_size(world):
     for step in range(N // global_batch):
         together = {i for s in shards for i in s[step * per_rank : (step + 1) * per_rank]}
         assert together == set(single[step * global_batch : (step + 1) * global_batch])
+
+
+def test_repeats_of_a_sweep_train_on_independent_orders(tmp_path):
+    """A sweep's repeats train seeds S, S+1, S+2: every (seed, epoch) must draw an order of
+    its own. Under torch's rule (seed + epoch) seed S's epoch 2 was seed S+1's epoch 1, and
+    5 repeats were shifted copies of one sequence of orders."""
+    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--repeats", "3", "--cpu",
+                     "--epochs", "3", "--data", "synthetic", "--train-limit", "64",
+                     "--test-limit", "8", "--image-size", "16", "--width", "0.125",
+                     "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0",
+                     "--output", str(tmp_path), timeout=600)
+    assert_ok(proc)
+    recs = records(tmp_path)
+    assert sorted(r["seed"] for r in recs) == [0, 1, 2], [r["seed"] for r in recs]
+    digests = [e["data_order_sha1"] for r in recs for e in r["per_epoch"]]
+    assert len(digests) == 9 and len(set(digests)) == 9, digests
+    assert {r["data_order_rule"] for r in recs} == {"sha256(seed, epoch)"}
 
 
 def _digests(out, strategy: str = "ddp", defect: str | None = None, gpus: int = 2):

@@ -256,7 +256,10 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
         predicted = predict_measured(rec, work, probe)
         error = 100 * (predicted.step_s - measured) / measured
         no_comm, no_overlap = null_models(rec, work, probe)
-        points.append({"run_id": rec["run_id"], "strategy": rec["strategy"],
+        width = (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
+        label = f"{rec['strategy']} x{width:g}" + (f" accum {work.grad_accum}"
+                                                    if work.grad_accum > 1 else "")
+        points.append({"run_id": rec["run_id"], "label": label, "strategy": rec["strategy"],
                        "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
                        "network": rec.get("tag") if probe.get("tag") else None,
                        "point": repr((series_key(rec, work), comm_hook(rec), work.syncbn,
@@ -350,8 +353,8 @@ def _validation_table(points: list[dict[str, Any]]) -> str:
     measured step, the spread of its repeats and the null models' errors."""
     row = ("{:<22} {:>5} {:>6} {:<6} {:>5} {:>7} {:>9} {:>8} {:>6} {:>4} {:>7} {:>7}"
            " {:>7}")
-    lines = [row.format("run", "N", "bucket", "hook", "delay", "compute", "predicted",
-                        "measured", "spread", "comm", "error", "no comm", "no ovl."),
+    lines = [row.format("run (ids in the json)", "N", "bucket", "hook", "delay", "compute",
+                        "predicted", "measured", "spread", "comm", "error", "no comm", "no ovl."),
              row.format("", "", "MB", "", "ms", "ms", "ms", "ms", "±%", "", "", "error",
                         "error").rstrip()]
     network = "-"
@@ -363,7 +366,7 @@ def _validation_table(points: list[dict[str, Any]]) -> str:
                  else f"{p['world_size']}/{p['nodes']}n")  # ranks / nodes
         spread = "—" if p["spread_pct"] is None else f"{p['spread_pct'] / 2:.1f}"
         lines.append(row.format(
-            p["run_id"].split("-", 1)[-1][:22], ranks, f"{p['bucket_cap_mb']:g}",
+            p.get("label", p["run_id"])[:22], ranks, f"{p['bucket_cap_mb']:g}",
             p["comm_hook"][:6], f"{p['injected_delay_ms']:g}", f"{p['compute_ms']:.1f}",
             f"{p['predicted_ms']:.1f}", f"{p['measured_ms']:.1f}", spread,
             f"{p['comm_share']:.0%}", f"{p['error_pct']:+.1f}%",

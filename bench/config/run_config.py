@@ -318,6 +318,9 @@ class RunConfig:
         if self.synthetic_classes != 100 and self.data != "synthetic":
             raise ConfigError("--synthetic-classes applies to --data synthetic; the classes of "
                               f"--data {self.data} are its own")
+        if self.data == "imagefolder" and Path(self.data_dir) == default_data_dir():
+            raise ConfigError("--data imagefolder needs --data-dir DIR: the folder of your "
+                              "images, as DIR/train/CLASS/*.jpg and DIR/val/CLASS/*.jpg")
         if self.data == "imagefolder" and self.loader == "gpu":
             raise ConfigError("--loader gpu holds a set of fixed-size images; an ImageFolder is "
                               "decoded per image: use --loader torch")

@@ -2,10 +2,13 @@
 measured (its compute-only step, its gradient size and buckets) and a network (a preset from
 published link rates, or the user's own ``bench probe``).
 
-All-reduce follows NCCL's own cost model (src/graph/tuning.cc, ``ncclTopoTuneModel``): a
-collective costs a base latency plus a latency per ring step (2(N-1) steps for an all-reduce,
-2(M-1) of them across the M nodes) plus bytes over the algorithm bandwidth, busbw * N / 2(N-1);
-the tree (LL protocol) serves latency-bound sizes, and NCCL takes the faster. DDP's buckets are
+All-reduce follows NCCL's own cost model (NCCL 2.30, src/graph/tuning.cc): a collective costs
+a base latency plus a latency per step (2(N-1) steps for a ring all-reduce, 2(M-1) of them
+across the M nodes at the network's latency, the rest at least the network's overhead, x1.4
+for a multi-node Simple ring; 2(log2 M) network hops and 2(N/M - 1) hops inside a node for a
+tree) plus bytes over the algorithm bandwidth (a ring's busbw * N / 2(N-1); a tree's busbw *
+.92 * .5, times NCCL's correction for medium sizes; LL halves a ring's bandwidth and divides
+a tree's by 3.8), and NCCL takes the fastest of ring and tree, LL and Simple. DDP's buckets are
 simulated as backward makes them ready; SyncBatchNorm adds two blocking small collectives per
 BatchNorm layer; FSDP moves 1.5x DDP's bytes; Horovod fuses into 64 MiB buffers each cycle.
 
@@ -23,14 +26,35 @@ from bench.records.gradient_timeline import GradientTimeline
 LEFT_OUT = ("input pipeline, stragglers, congestion and other jobs on the network; per-GPU "
             "batch held at the measured run's (global batch grows with N)")
 
-# NCCL's tuning model (NVIDIA/nccl src/graph/tuning.cc): latencies in microseconds.
-RING_SIMPLE_BASE_US = 8.4
-RING_SIMPLE_HOP_US = {"nvlink": 3.4, "pci": 5.7, "net": 9.6}
-TREE_LL_BASE_US = 4.4
-TREE_LL_HOP_US = {"nvlink": 0.52, "pci": 1.0, "net": 5.0}
-TREE_LL_BANDWIDTH_SHARE = 0.9 / 3.8 * 0.5  # tree busbw * .9, LL / 3.8, algbw = busbw * .5
-TREE_SIMPLE_HOP_US = {"nvlink": 28.0, "pci": 28.0, "net": 50.0}
-TREE_SIMPLE_BANDWIDTH_SHARE = 0.9 * 0.5
+# NCCL's tuning model, from NVIDIA/nccl 2.30 (master 5067397, June 2026; src/graph/tuning.cc,
+# ncclTopoTuneModel and ncclTopoGetAlgoTime): latencies in microseconds by (algorithm,
+# protocol). LL128 is left out (NVLink only, and chosen per GPU architecture).
+BASE_US = {("ring", "ll"): 6.6, ("ring", "simple"): 8.4,  # baseLatencies
+           ("tree", "ll"): 6.8, ("tree", "simple"): 8.4}
+HOP_US = {  # hwLatencies: one step over NVLink, PCIe, or the network
+    "nvlink": {("tree", "ll"): 0.6, ("tree", "simple"): 4.0,
+               ("ring", "ll"): 0.6, ("ring", "simple"): 3.4},
+    "pci": {("tree", "ll"): 1.0, ("tree", "simple"): 4.0,
+            ("ring", "ll"): 1.0, ("ring", "simple"): 5.7},
+    "net": {("tree", "ll"): 5.0, ("tree", "simple"): 14.0,
+            ("ring", "ll"): 2.7, ("ring", "simple"): 14.0},
+}
+# A multi-node ring's steps inside a node cost at least the network's overhead (1 us on an
+# Intel host, 2 on AMD; x3 for Simple), and its Simple latency grows x1.4 once each channel's
+# share of the message is 64 bytes or more ("plateau effect of ring"; x1.9 before Ampere).
+NET_OVERHEAD_US = 1.0
+RING_PLATEAU = 1.4
+ASSUMED_CHANNELS = 16  # NCCL's channels per communicator: only the plateau's onset uses it
+TREE_BANDWIDTH = 0.92  # a tree all-reduce reaches .92 of the bus bandwidth
+LL_BANDWIDTH = {"ring": 0.5, "tree": 1 / 3.8}  # LL's flags halve a ring's bytes, cost a tree more
+# Trees do not follow the model at medium sizes: NCCL scales their bandwidth by a factor per
+# power of two of the size, 64 B to 256 MiB (treeCorrectionFactor; LL and Simple rows).
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+           1.0, 1.0, 1.0, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7,
+               .8, .9, .9, .9),
+}
 
 FORWARD_SHARE = 1 / 3  # of the compute step: forward ~ 1/3, backward ~ 2/3 of the FLOPs
 HOROVOD_FUSION_BYTES = 64 * 1024 * 1024  # HOROVOD_FUSION_THRESHOLD default
@@ -77,25 +101,51 @@ NETWORKS = {
 }
 
 
+def _log2i(n: int) -> int:
+    """NCCL's log2i: the floor of log2 (0 for 0 and 1)."""
+    return max(0, int(n).bit_length() - 1)
+
+
+def _nccl_allreduce_s(size: int, ranks: int, nodes: int, net: Network, algorithm: str,
+                      protocol: str) -> float:
+    """One (algorithm, protocol)'s time for an all-reduce, as ncclTopoGetAlgoTime has it:
+    latency plus bytes over the algorithm bandwidth."""
+    key = (algorithm, protocol)
+    per_node, busbw = ranks // nodes, net.busbw(nodes)
+    intra = HOP_US[net.intra_hop][key]
+    if algorithm == "ring":
+        steps, inter_steps = 2 * (ranks - 1), 2 * (nodes - 1)
+        if nodes > 1:
+            intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "simple" else 1))
+        # with one rank a node every step's latency is exposed: the tree's network latency
+        inter = HOP_US["net"][("tree" if per_node == 1 else "ring", protocol)]
+        latency = BASE_US[key] + (steps - inter_steps) * intra + inter_steps * inter
+        if (protocol == "simple" and nodes > 1
+                and size / (ASSUMED_CHANNELS * ranks) >= 64):
+            latency *= RING_PLATEAU
+        bandwidth = busbw * (LL_BANDWIDTH["ring"] if protocol == "ll" else 1.0)
+        algbw = bandwidth * ranks / steps
+    else:
+        latency = BASE_US[key] + 2 * ((per_node - 1) * intra
+                                      + _log2i(nodes) * HOP_US["net"][key])
+        bandwidth = busbw * TREE_BANDWIDTH * (LL_BANDWIDTH["tree"] if protocol == "ll" else 1.0)
+        algbw = bandwidth * 0.5
+        log_size = _log2i(int(size) >> 6)
+        if 0 <= log_size < 23 and size >= 64:
+            algbw *= TREE_CORRECTION[protocol][log_size]
+    return latency * 1e-6 + size / algbw
+
+
 def allreduce_s(size: int, ranks: int, nodes: int, net: Network) -> float:
-    """Seconds for one all-reduce of ``size`` bytes over ``ranks`` GPUs on ``nodes`` nodes."""
+    """Seconds for one all-reduce of ``size`` bytes over ``ranks`` GPUs on ``nodes`` nodes:
+    NCCL's fastest of ring and tree, LL and Simple, by its own cost model."""
     if ranks <= 1 or size <= 0:
         return 0.0
-    steps, inter = 2 * (ranks - 1), 2 * (nodes - 1)
-    busbw = net.busbw(nodes)
+    steps = 2 * (ranks - 1)
     if net.fixed_latency_s is not None:  # measured: latency per step, busbw fitted
-        return steps * net.fixed_latency_s + size * steps / ranks / busbw
-    intra_hop = RING_SIMPLE_HOP_US[net.intra_hop]
-    ring = (RING_SIMPLE_BASE_US + (steps - inter) * intra_hop
-            + inter * RING_SIMPLE_HOP_US["net"]) * 1e-6 + size * steps / ranks / busbw
-    per_node, levels = ranks // nodes, math.ceil(math.log2(nodes))
-    tree_ll = (TREE_LL_BASE_US + 2 * ((per_node - 1) * TREE_LL_HOP_US[net.intra_hop]
-                                      + levels * TREE_LL_HOP_US["net"])
-               ) * 1e-6 + size / (busbw * TREE_LL_BANDWIDTH_SHARE)
-    tree_simple = 2 * ((per_node - 1) * TREE_SIMPLE_HOP_US[net.intra_hop]
-                       + levels * TREE_SIMPLE_HOP_US["net"]
-                       ) * 1e-6 + size / (busbw * TREE_SIMPLE_BANDWIDTH_SHARE)
-    return min(ring, tree_ll, tree_simple)
+        return steps * net.fixed_latency_s + size * steps / ranks / net.busbw(nodes)
+    return min(_nccl_allreduce_s(size, ranks, nodes, net, algorithm, protocol)
+               for algorithm in ("ring", "tree") for protocol in ("ll", "simple"))
 
 
 def even_buckets(total: int, cap: int) -> list[int]:

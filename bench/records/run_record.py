@@ -19,7 +19,7 @@ from bench.records.environment import capture_env
 from bench.records.files import read_record, utc_now, write_atomic
 from bench.records.peaks import peak_tflops
 from bench.records.provenance import source_commit, this_process
-from bench.records.schema import RECORD_VERSION
+from bench.records.schema import DATA_ORDER_RULE, RECORD_VERSION
 
 LR_SCHEDULE = "linear warm-up for warmup_epochs, then cosine to 0; updated every step"
 
@@ -124,6 +124,7 @@ class RunRecord:
             "train_size": None,
             "test_size": None,
             "seed": cfg.seed,
+            "data_order_rule": DATA_ORDER_RULE,
             "workers_per_replica": workers_per_replica,
             "workers_per_process": workers_per_process,
             "syncbn_requested": cfg.syncbn,

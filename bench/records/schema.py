@@ -8,6 +8,11 @@ from typing import Any
 
 RECORD_VERSION = 1
 
+# How a run's training order is drawn (strategies.base.order_seed; each record names it as
+# ``data_order_rule``). A record without one drew ``seed + epoch``: torch's DistributedSampler
+# as it comes, under which seed s's epoch e repeated seed s+1's epoch e-1.
+DATA_ORDER_RULE = "sha256(seed, epoch)"
+
 
 # Fields every record carries (a finished run fills them all; see docs/records.md).
 RECORD_FIELDS = (
@@ -28,7 +33,7 @@ RECORD_FIELDS = (
     "loader_probe_steps", "loader_alone_images_per_s",
     "gradient_buckets", "compressed_gradient_elements",
     "train_flops_per_image", "peak_tflops_per_gpu",
-    "profile_steps", "profile_trace",
+    "profile_steps", "profile_trace", "data_order_rule",
 )
 
 
@@ -69,7 +74,7 @@ _OPTIONAL = {
          "peak_tflops_per_gpu": NUMBER, "notes": list, "tag": str, "error": str,
          "initial_param_fingerprint": str, "initial_reference_fingerprint": str,
          "initial_replicas_identical": bool, "replicas_identical": bool,
-         "per_rank_batch": int, "lr": NUMBER, "backend": str},
+         "per_rank_batch": int, "lr": NUMBER, "backend": str, "data_order_rule": str},
     ("model",): {"name": str, "width": NUMBER, "parameters": int, "num_classes": int,
                  "image_size": int},
     ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER},

@@ -204,7 +204,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             compute_step_s=median_of(list(ok["compute_step_s"])),
             mfu=median_of(list(ok["mfu"])),
             step_time_s=median_of(list(ok["step_time_s"])),
-            comm_ceiling=comm_ceiling(probes or [], use.iloc[-1]),
+            comm_ceiling=comm_ceiling(probes or [], use.iloc[-1],
+                                      (by_id.get(use["run_id"].iloc[-1]) or {}).get("tag")),
             projected_efficiency=projected_efficiency(
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
@@ -244,15 +245,16 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     return table.iloc[order].reset_index(drop=True)
 
 
-def comm_ceiling(probes: list[dict[str, Any]], run) -> str | None:
+def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> str | None:
     """The ideal time to all-reduce what this row's step sends (from the newest ``bench
-    probe`` of the same device, backend, ranks and nodes, as ``bench project`` picks it)
-    beside the measured step."""
+    probe`` of the same device, backend, ranks, nodes and network ``tag``, as ``bench
+    project`` picks it) beside the measured step."""
     from bench.project.from_records import matching_probe
     from bench.records.probes import ideal_allreduce_s
 
     probe = matching_probe({"device": run["device"], "backend": run["backend"],
-                            "world_size": run["world_size"], "nodes": run["nodes"]}, probes)
+                            "world_size": run["world_size"], "nodes": run["nodes"],
+                            "tag": tag}, probes)
     if probe is None or not run["gradient_bytes"] or run["world_size"] < 2:
         return None
     ideal = ideal_allreduce_s(probe, run["gradient_bytes"])
