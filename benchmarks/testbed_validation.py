@@ -126,7 +126,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2, help="the first is the warm-up")
     parser.add_argument("--train-limit", type=int, default=384,
-                        help="images an epoch (2 ranks x 32 a step: 6 steps)")
+                        help="images an epoch (a global batch of 32: 12 steps)")
     parser.add_argument("--probe-steps", type=int, default=6,
                         help="--comm-probe-steps: the compute-only step each run measures")
     args = parser.parse_args()

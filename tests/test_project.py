@@ -106,7 +106,8 @@ def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
     shown = run_bench("project", str(tmp_path), "--network", "probe", "--gpus", "2,16",
                       "--plot", str(plot))
     assert shown.returncode == 0, shown.stderr
-    assert "last validated" in shown.stdout and "(projected from its runs" in shown.stdout
+    assert f"validated on {tmp_path} (" in shown.stdout.replace("\n  ", " ")
+    assert "(projected from its runs" in shown.stdout
     assert "slow comm 30 ms" in shown.stdout and "injected delay" in shown.stdout
     assert plot.read_bytes()[:4] == b"\x89PNG"
     report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")

@@ -51,16 +51,16 @@ def test_a_probe_across_two_nodes_measures_the_rate_of_their_link(rate_mbit, tmp
 
 def test_the_projection_predicts_ddp_over_a_slow_link_and_the_null_models_do_not(tmp_path):
     """bench's own two-node path (torchrun's c10d rendezvous on node 0's address, one rank a
-    node) over a 25 Mbit/s link: a probe tagged with the network, two DDP runs with the same
+    node) over a 50 Mbit/s link: a probe tagged with the network, two DDP runs with the same
     tag (one record each: the nodes share the folder), then `bench project --validate`. A
-    quarter-width ResNet-18 on 16 px images sends 2.8 MB a step, ~0.9 s at this rate,
+    quarter-width ResNet-18 on 16 px images sends 2.8 MB a step, ~0.45 s at this rate,
     several times its compute here: the model must land within 35 % of each measured step
     (load beside the test included), where "no communication" misses by more than that, and
     the validation must say where communication dominates."""
-    tag = "testbed-25mbit"
-    with testbed.Testbed(nodes=2, rate_mbit=25, index=3) as net:
+    tag = "testbed-50mbit"
+    with testbed.Testbed(nodes=2, rate_mbit=50, index=3) as net:
         _both_nodes(net, ["probe", "--cpu", "--gpus", "1", "--nodes", "2", "--rdzv-endpoint",
-                          f"{net.address(0)}:29400", "--width", "0.25", "--max-size", "4",
+                          f"{net.address(0)}:29400", "--width", "0.25", "--max-size", "1",
                           "--timeout", "120", "--tag", tag, "--output", str(tmp_path)])
         for port, cap in ((29401, "1"), (29402, "25")):
             _both_nodes(net, ["run", "--strategy", "ddp", "--cpu", "--gpus", "1",
