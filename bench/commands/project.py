@@ -33,7 +33,7 @@ from bench.project.scaling import (
     network_from_probe,
     project,
 )
-from bench.records.describe import median_step_s
+from bench.records.describe import median_step_s, model_width
 from bench.records.files import load_source, write_atomic
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
@@ -256,9 +256,8 @@ def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root:
         predicted = predict_measured(rec, work, probe)
         error = 100 * (predicted.step_s - measured) / measured
         no_comm, no_overlap = null_models(rec, work, probe)
-        width = (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
-        label = f"{rec['strategy']} x{width:g}" + (f" accum {work.grad_accum}"
-                                                    if work.grad_accum > 1 else "")
+        label = f"{rec['strategy']} x{model_width(rec):g}" + (f" accum {work.grad_accum}"
+                                                               if work.grad_accum > 1 else "")
         points.append({"run_id": rec["run_id"], "label": label, "strategy": rec["strategy"],
                        "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
                        "network": rec.get("tag") if probe.get("tag") else None,

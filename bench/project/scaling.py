@@ -102,8 +102,8 @@ NETWORKS = {
 
 
 def _log2i(n: int) -> int:
-    """NCCL's log2i: the floor of log2 (0 for 0 and 1)."""
-    return max(0, int(n).bit_length() - 1)
+    """NCCL's log2i (log2Down): the floor of log2, -1 for 0."""
+    return int(n).bit_length() - 1
 
 
 def _nccl_allreduce_s(size: int, ranks: int, nodes: int, net: Network, algorithm: str,
@@ -131,7 +131,7 @@ def _nccl_allreduce_s(size: int, ranks: int, nodes: int, net: Network, algorithm
         bandwidth = busbw * TREE_BANDWIDTH * (LL_BANDWIDTH["tree"] if protocol == "ll" else 1.0)
         algbw = bandwidth * 0.5
         log_size = _log2i(int(size) >> 6)
-        if 0 <= log_size < 23 and size >= 64:
+        if 0 <= log_size < 23:
             algbw *= TREE_CORRECTION[protocol][log_size]
     return latency * 1e-6 + size / algbw
 

@@ -98,11 +98,16 @@ def gpu_model(rec: dict[str, Any]) -> str | None:
     return " + ".join(name.removeprefix("NVIDIA ") for name in names) or "GPU"
 
 
+def model_width(rec: dict[str, Any]) -> float:
+    """The ResNet-18 channel multiplier a run trained (1.0 where its record does not say)."""
+    return (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
+
+
 def workload(rec: dict[str, Any], gpu: bool = True) -> str:
     """What was trained, and (``gpu``) on which GPU model: only runs of the same workload
     are compared with each other (an H100's epoch is neither a repeat of an H200's nor its
     baseline)."""
-    width = (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
+    width = model_width(rec)
     model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
     model = model if width == 1.0 else f"{model} x{width:g}"
     config = rec.get("config") or {}
