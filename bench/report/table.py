@@ -22,6 +22,7 @@ from bench.records.describe import (
 from bench.records.provenance import current_status
 from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
+from bench.report.verdict import add_verdict_fields
 from bench.tools.stats import mean_ci
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
@@ -242,7 +243,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     table = add_parity(table, reference)
     rows = table[GROUP_KEYS].to_dict("records")
     order = sorted(range(len(rows)), key=lambda i: report_order(rows[i]))  # stable
-    return table.iloc[order].reset_index(drop=True)
+    return add_verdict_fields(table.iloc[order].reset_index(drop=True))
 
 
 def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> str | None:

@@ -92,10 +92,25 @@ def _cells(table) -> list[list[str]]:
     return rows
 
 
+def _verdicts(table) -> dict[str, list[str]]:
+    """Each workload's verdict sentences (bench.report.verdict), in the table's order."""
+    if "verdict" not in table:
+        return {}
+    out: dict[str, list[str]] = {}
+    for r in table.to_dict("records"):
+        out.setdefault(r["workload"], list(r["verdict"] or []))
+    return out
+
+
 def to_markdown(table) -> str:
+    """Every column, one table; each workload's verdict below it."""
     header = [h for _, h in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in _cells(table)]
+    verdict = [f"- **{name}**: " + " ".join(sentences)
+               for name, sentences in _verdicts(table).items() if sentences]
+    if verdict:
+        lines += ["", "**Verdict**", "", *verdict]
     return "\n".join(lines) + "\n"
 
 
@@ -238,6 +253,7 @@ def to_text(table, width: int = 120) -> str:
     header = [h for _, h in TERMINAL_COLUMNS]
     picked = [COLUMN_INDEX[c] for c, _ in TERMINAL_COLUMNS]
     blocks: dict[str, list[list[str]]] = {}
+    answers = _verdicts(table)
     for record, cells in zip(table.to_dict("records"), _cells(table)):
         row = [cells[i] for i in picked]
         options = [] if row[4] == "—" else [row[4]]
@@ -283,6 +299,9 @@ def to_text(table, width: int = 120) -> str:
             if reason:  # why a row is not ok (or what it is flagged for), on lines of its own
                 out += terminal.wrap(f"{f'{status}: ' if status else ''}{reason}", width,
                                      initial_indent="    ", subsequent_indent="      ")
+        for i, sentence in enumerate(answers.get(block, [])):
+            out += terminal.wrap(sentence, width, initial_indent="→ " if i == 0 else "  ",
+                                 subsequent_indent="    ")
     if unscaled:
         out += terminal.wrap("(speed-up and eff.: against the same strategy, precision and "
                              "options at N=1; — where no such run is in the results)", width)
@@ -321,6 +340,7 @@ def to_markdown_blocks(table) -> str:
     each with the columns that differ; `results/summary.md` keeps every column."""
     header = [h for _, h in README_COLUMNS]
     picked = [COLUMN_INDEX[c] for c, _ in README_COLUMNS]
+    answers = _verdicts(table)
     blocks: dict[str, list[list[str]]] = {}
     for record, cells in zip(table.to_dict("records"), _cells(table)):
         row = [cells[i] for i in picked]
@@ -347,6 +367,8 @@ def to_markdown_blocks(table) -> str:
                 "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
         out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
         out.append("")
+        if answers.get(block):
+            out += ["**Verdict:** " + " ".join(answers[block]), ""]
     return "\n".join(out)
 
 

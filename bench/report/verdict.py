@@ -1,0 +1,249 @@
+"""The answer under each workload's table: which strategy is fastest at each N, by how much,
+and whether that margin is beyond the run-to-run noise the records show; which rows' top-1
+differs from the reference beyond chance, and which cannot be judged. Every sentence says
+what it rests on (runs per row, the test, the spread), so none claims more than the data
+carries."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bench.records.describe import short_options
+from bench.tools.stats import welch
+
+SIGNIFICANT = 0.05  # a two-sided p below this is "beyond noise"
+
+
+@dataclass(frozen=True)
+class SpeedCall:
+    """The fastest row at one N of a workload, against the next fastest."""
+
+    world_size: int
+    fastest: str
+    runner_up: str | None
+    margin: float  # fastest img/s / runner-up img/s (NaN without a runner-up)
+    beyond_noise: bool | None  # None: the records cannot tell
+    basis: str  # what the call rests on, in words
+    tied: tuple[str, ...] = ()  # other rows within noise of the fastest
+    trailing: tuple[str, ...] = ()  # rows within noise of the runner-up (fastest beyond it)
+    flagged: bool = False  # the fastest row carries a plausibility flag
+
+
+@dataclass
+class WorkloadVerdict:
+    """Speed calls per N and the accuracy judgement of one workload's rows."""
+
+    speed: list[SpeedCall] = field(default_factory=list)
+    reference: str | None = None
+    differs: list[tuple[str, float, float]] = field(default_factory=list)
+    not_shown: list[tuple[str, float, float, float]] = field(default_factory=list)
+    one_run: list[str] = field(default_factory=list)
+    other_schedule: list[str] = field(default_factory=list)
+
+
+def _label(r: dict, precisions: set[str]) -> str:
+    """A row's name within its N: the strategy, and what sets it apart from the others."""
+    parts = [r["strategy"]]
+    if r.get("gpus_requested") not in (None, r["world_size"]):
+        parts[0] += f" ({r['gpus_requested']} asked)"
+    if len(precisions) > 1:
+        parts.append(str(r["precision"]))
+    options = short_options(str(r.get("options") or "—"))
+    if options != "—":
+        parts.append(options)
+    if (r.get("grad_accum") or 1) > 1:
+        parts.append(f"accum {r['grad_accum']}")
+    return " ".join(parts)
+
+
+def _rates(r: dict) -> list[float]:
+    return [v for v in r.get("run_images_per_s") or [] if isinstance(v, float)
+            and math.isfinite(v)]
+
+
+def device_noise(rows: list[dict]) -> tuple[float, int] | None:
+    """The widest run-to-run spread (fastest run's img/s over the slowest's) among the rows
+    with repeats, and how many such rows: what one run of this device can move by. None
+    without a repeated row."""
+    spreads = [max(v) / min(v) for v in map(_rates, rows) if len(v) >= 2 and min(v) > 0]
+    return (max(spreads), len(spreads)) if spreads else None
+
+
+def _compare(fast: dict, slow: dict, noise: tuple[float, int] | None) -> tuple[bool | None, str]:
+    """Whether ``fast`` beats ``slow`` beyond noise, and on what grounds."""
+    a, b = _rates(fast), _rates(slow)
+    if len(a) >= 2 and len(b) >= 2:
+        _, p = welch(a, b)
+        return p < SIGNIFICANT, f"{len(a)} and {len(b)} runs, Welch p {p:.2g}"
+    margin = fast["images_per_s"] / slow["images_per_s"]
+    runs = "1 run each" if len(a) < 2 and len(b) < 2 else "1 run on one side"
+    if noise is None:
+        return None, f"{runs}, and no repeated row on this device to say how much runs vary"
+    spread, count = noise
+    within = margin <= spread
+    return (not within), (f"{runs}; repeated rows on this device spread up to "
+                          f"{100 * (spread - 1):.0f}% ({count} row{'s' * (count != 1)})")
+
+
+def _finished_by_n(rows: list[dict]) -> dict[int, list[dict]]:
+    """A workload's finished rows with a speed (ranks on their own GPUs) per N, fastest
+    first."""
+    by_n: dict[int, list[dict]] = {}
+    for r in rows:
+        if (r["status"] == "ok" and not r.get("gpu_shared")
+                and isinstance(r.get("images_per_s"), float)
+                and math.isfinite(r["images_per_s"])):
+            by_n.setdefault(int(r["world_size"]), []).append(r)
+    return {n: sorted(group, key=lambda r: -r["images_per_s"])
+            for n, group in sorted(by_n.items())}
+
+
+def speed_calls(rows: list[dict], noise: tuple[float, int] | None) -> list[SpeedCall]:
+    """One call per N with two or more finished rows (the rows of one workload)."""
+    calls = []
+    for n, group in _finished_by_n(rows).items():
+        if len(group) < 2:
+            continue
+        precisions = {str(r["precision"]) for r in group}
+        fast, second = group[0], group[1]
+        beyond, basis = _compare(fast, second, noise)
+        tied = tuple(_label(r, precisions) for r in group[1:]
+                     if _compare(fast, r, noise)[0] is False)
+        trailing = tuple(_label(r, precisions) for r in group[2:]
+                         if beyond and _compare(second, r, noise)[0] is False)
+        calls.append(SpeedCall(n, _label(fast, precisions), _label(second, precisions),
+                               fast["images_per_s"] / second["images_per_s"], beyond, basis,
+                               tied, trailing, bool(fast.get("flags"))))
+    return calls
+
+
+def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
+    """Sort the finished rows by what their top-1 against the reference can say."""
+    finished = [r for r in rows if r["status"] == "ok"]
+    precisions = {str(r["precision"]) for r in finished}
+    several_n = len({r["world_size"] for r in finished}) > 1
+    for r in finished:
+        label = _label(r, precisions) + (f" N={r['world_size']}" if several_n else "")
+        if r.get("is_reference"):
+            verdict.reference = label
+        elif r.get("other_epochs"):
+            verdict.other_schedule.append(label)
+        elif not math.isfinite(r.get("delta_top1", math.nan)):
+            continue
+        elif not math.isfinite(r.get("p_value", math.nan)):
+            verdict.one_run.append(label)
+        elif r["p_value"] < SIGNIFICANT:
+            verdict.differs.append((label, r["delta_top1"], r["p_value"]))
+        else:
+            verdict.not_shown.append((label, r["delta_top1"], r["p_value"],
+                                      r.get("final_top1_ci", math.nan)))
+
+
+def verdicts(table) -> dict[str, WorkloadVerdict]:
+    """Each workload's verdict, from the summary table."""
+    rows = table.to_dict("records")
+    noise_by_device: dict[str, tuple[float, int] | None] = {}
+    for device in {r["device"] for r in rows}:
+        noise_by_device[device] = device_noise([r for r in rows if r["device"] == device
+                                                and r["status"] == "ok"])
+    out: dict[str, WorkloadVerdict] = {}
+    for r in rows:
+        out.setdefault(r["workload"], WorkloadVerdict())
+    for name, verdict in out.items():
+        block = [r for r in rows if r["workload"] == name]
+        verdict.speed = speed_calls(block, noise_by_device.get(block[0]["device"]))
+        accuracy_verdict(block, verdict)
+    return out
+
+
+def _names(labels: list[str]) -> str:
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
+def speed_sentence(call: SpeedCall) -> str:
+    flag = " (its row is flagged: see the warnings)" if call.flagged else ""
+    head = (f"N={call.world_size}: {call.fastest} is fastest{flag}, "
+            f"{call.margin:.2f}× {call.runner_up} (next)")
+    if call.beyond_noise is True:
+        rest = (f" {_names([call.runner_up, *call.trailing])} are within noise of each other."
+                if call.trailing else "")
+        return f"{head}, beyond noise ({call.basis}).{rest}"
+    if call.beyond_noise is False:
+        return (f"{head}, within noise ({call.basis}): "
+                f"{_names([call.fastest, *call.tied])} cannot be told apart.")
+    return f"{head}; not judged against noise: {call.basis}."
+
+
+def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
+    if verdict.reference is None:
+        return []
+    out = []
+    if verdict.differs:
+        out.append("Top-1 differs from " + verdict.reference + " beyond chance: " + _names(
+            [f"{label} {delta:+.2f} points (p {p:.2g})" for label, delta, p in verdict.differs])
+            + ".")
+    if verdict.not_shown:
+        cis = [ci for *_, ci in verdict.not_shown if math.isfinite(ci)]
+        width = (f"; their 95 % CIs are ±{min(cis):.2f} to ±{max(cis):.2f} points, so a "
+                 "difference smaller than that is not ruled out" if cis else "")
+        out.append("No difference in top-1 from " + verdict.reference + " is shown for "
+                   + _names([f"{label} ({delta:+.2f}, p {p:.2g})"
+                             for label, delta, p, _ in verdict.not_shown]) + width + ".")
+    if verdict.one_run:
+        out.append("Top-1 against " + verdict.reference + " cannot be judged with one run: "
+                   + _names(verdict.one_run) + ".")
+    if verdict.other_schedule:
+        out.append("Not compared (another number of epochs): "
+                   + _names(verdict.other_schedule) + ".")
+    return out
+
+
+def verdict_sentences(verdict: WorkloadVerdict) -> list[str]:
+    """The verdict in sentences: speed per N, then accuracy."""
+    return [speed_sentence(c) for c in verdict.speed] + accuracy_sentences(verdict)
+
+
+def add_verdict_fields(table):
+    """The verdict as fields of each row (``bench report --format json``): speed_rank (1:
+    fastest at its workload and N), speed_vs_fastest (img/s over the fastest's), speed_call
+    ('fastest'; 'within noise', 'slower' or 'not judged' against the fastest),
+    accuracy_call ('reference', 'differs', 'not shown to differ', 'one run', 'another
+    schedule') and the workload's verdict sentences."""
+    found = verdicts(table)
+    rows = table.to_dict("records")
+    noise = {d: device_noise([r for r in rows if r["device"] == d and r["status"] == "ok"])
+             for d in {r["device"] for r in rows}}
+    place: dict[int, tuple[int, float, str]] = {}
+    for name in found:
+        block = [(i, r) for i, r in enumerate(rows) if r["workload"] == name]
+        for group in _finished_by_n([r for _, r in block]).values():
+            fast = group[0]
+            for rank, r in enumerate(group, 1):
+                i = next(i for i, q in block if q is r)
+                if rank == 1:
+                    call = "fastest" if len(group) > 1 else None
+                else:
+                    beyond = _compare(fast, r, noise[r["device"]])[0]
+                    call = {True: "slower", False: "within noise", None: "not judged"}[beyond]
+                place[i] = (rank, r["images_per_s"] / fast["images_per_s"], call)
+    table["speed_rank"] = [place[i][0] if i in place else None for i in range(len(rows))]
+    table["speed_vs_fastest"] = [place[i][1] if i in place else None for i in range(len(rows))]
+    table["speed_call"] = [place[i][2] if i in place else None for i in range(len(rows))]
+    table["accuracy_call"] = [_accuracy_call(r) for r in rows]
+    table["verdict"] = [verdict_sentences(found[r["workload"]]) for r in rows]
+    return table
+
+
+def _accuracy_call(r: dict) -> str | None:
+    if r["status"] != "ok":
+        return None
+    if r.get("is_reference"):
+        return "reference"
+    if r.get("other_epochs"):
+        return "another schedule"
+    if not math.isfinite(r.get("delta_top1", math.nan)):
+        return None
+    if not math.isfinite(r.get("p_value", math.nan)):
+        return "one run"
+    return "differs" if r["p_value"] < SIGNIFICANT else "not shown to differ"

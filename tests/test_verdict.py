@@ -1,0 +1,99 @@
+"""The verdict under each workload's table: the fastest row at each N with its margin and
+whether the repeats put that margin beyond noise; which rows' top-1 differs from the
+reference, which do not, and which one run cannot judge. Every expected figure here is
+worked out by hand from the records below."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_bench
+from report_records import record, write_runs
+
+from bench.report.readme import readme_block
+from bench.report.table import summary_table
+from bench.report.views import to_markdown, to_text
+
+
+def run(run_id, strategy, world, seconds, final, precision="fp32"):
+    """A run whose timed epoch took SECONDS (1,000 / SECONDS img/s), ending at FINAL %."""
+    rec = record(run_id, strategy, world, [9.0, seconds], [0.1, final / 100])
+    rec["precision"] = precision
+    return rec
+
+
+def three_runs_each():
+    # ddp-amp: 2,000 img/s (0.50 s, ± 1 %), ddp and ddp-spawn ~1,000 img/s with spreads that
+    # overlap: the first pair differs far beyond its noise, the second is a tie
+    runs = [run(f"ref{i}", "ddp", 1, 2.0, f) for i, f in enumerate((70.0, 70.2, 69.8))]
+    runs += [run(f"amp{i}", "ddp-amp", 2, s, f, "bf16")
+             for i, (s, f) in enumerate(zip((0.495, 0.50, 0.505), (65.0, 65.2, 64.8)))]
+    runs += [run(f"ddp{i}", "ddp", 2, s, f)
+             for i, (s, f) in enumerate(zip((0.98, 1.00, 1.02), (70.1, 69.9, 70.0)))]
+    runs += [run(f"spawn{i}", "ddp-spawn", 2, s, 70.0)
+             for i, s in enumerate((0.99, 1.01, 1.03))]
+    runs += [run("fsdp0", "fsdp", 2, 1.0, 70.0)]
+    return runs
+
+
+def test_the_fastest_row_is_named_with_its_margin_and_the_noise_it_beats():
+    table = summary_table(three_runs_each())
+    text = to_text(table)
+    flat = " ".join(text.split())
+    # 2,000 img/s against ddp's median 1,000 (ddp-spawn: 1,000/1.01 = 990): 2.00x, with
+    # spreads of 1-2 % a side Welch's p is far below 0.05
+    assert "N=2: ddp-amp bf16 is fastest, 2.00× ddp fp32 (next), beyond noise (3 and 3 runs" \
+        in flat, text
+    # ddp, ddp-spawn (overlapping repeats) and fsdp (one run, 1 % from ddp, inside the 4 %
+    # spread of ddp-spawn's repeats) are within noise of each other
+    assert "ddp fp32, fsdp fp32 and ddp-spawn fp32 are within noise of each other" in flat
+    rows = {(r["strategy"], r["world_size"]): r for r in table.to_dict("records")}
+    assert rows[("ddp-amp", 2)]["speed_rank"] == 1
+    assert rows[("ddp-amp", 2)]["speed_call"] == "fastest"
+    assert rows[("ddp", 2)]["speed_call"] == "slower"
+    assert abs(rows[("ddp", 2)]["speed_vs_fastest"] - 0.5) < 1e-9
+    # fsdp: one run, judged against the widest spread of a repeated row on this device
+    # (ddp-spawn: 1/0.99 over 1/1.03 = 1.040): 2.0x is beyond it
+    assert rows[("fsdp", 2)]["speed_call"] == "slower"
+    assert rows[("ddp-spawn", 2)]["speed_call"] == "slower"  # 2.02x, Welch p << 0.05
+    # N=1 has one row: nothing to compare
+    assert not isinstance(rows[("ddp", 1)]["speed_call"], str) and "N=1:" not in flat
+
+
+def test_top1_is_judged_only_where_the_repeats_allow():
+    table = summary_table(three_runs_each())
+    flat = " ".join(to_text(table).split())
+    # ddp-amp: 65.0 against 70.0 with SD 0.2 each side: differs, Welch p << 0.05
+    assert "Top-1 differs from ddp fp32 N=1 beyond chance: ddp-amp bf16 N=2 -5.00 points" in flat
+    # ddp N=2: 70.0 against 70.0: no difference shown, and the CI it could not rule out
+    assert "No difference in top-1 from ddp fp32 N=1 is shown for ddp fp32 N=2 (+0.00" in flat
+    assert "so a difference smaller than that is not ruled out" in flat
+    assert "cannot be judged with one run: fsdp fp32 N=2." in flat
+    calls = {(r["strategy"], r["world_size"]): r["accuracy_call"]
+             for r in table.to_dict("records")}
+    assert calls == {("ddp", 1): "reference", ("ddp", 2): "not shown to differ",
+                     ("ddp-amp", 2): "differs", ("ddp-spawn", 2): "not shown to differ",
+                     ("fsdp", 2): "one run"}
+
+
+def test_one_run_each_with_no_repeats_on_the_device_is_not_judged_against_noise():
+    table = summary_table([run("a", "ddp", 2, 1.0, 50.0), run("b", "ddp-spawn", 2, 0.5, 50.0),
+                           run("c", "ddp", 1, 2.0, 50.0)])
+    flat = " ".join(to_text(table).split())
+    assert ("N=2: ddp-spawn is fastest, 2.00× ddp (next); not judged against noise: 1 run "
+            "each, and no repeated row on this device") in flat, flat
+    assert "beyond noise" not in flat and "within noise" not in flat
+
+
+def test_the_verdict_is_in_every_format(tmp_path):
+    table = summary_table(three_runs_each())
+    assert "**Verdict**" in to_markdown(table) and "ddp-amp bf16 is fastest" in to_markdown(table)
+    block = readme_block(three_runs_each(), [])
+    assert "**Verdict:** N=2: ddp-amp bf16 is fastest" in block, block
+    results = write_runs(tmp_path / "results", three_runs_each())
+    proc = run_bench("report", "--results", str(results), "--format", "json", "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    fastest = [r for r in rows if r["speed_call"] == "fastest"]
+    assert [(r["strategy"], r["world_size"]) for r in fastest] == [("ddp-amp", 2)]
+    assert any("beyond noise" in s for s in fastest[0]["verdict"])
