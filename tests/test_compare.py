@@ -64,6 +64,26 @@ def test_one_run_a_side_or_overlapping_runs_are_not_a_regression(tmp_path):
     assert "| img/s A [range] |" in markdown.splitlines()[0]
 
 
+def test_a_collapse_is_caught_with_one_run_a_side_and_b_flags_are_shown(tmp_path):
+    """Committed results against a demo on a loaded machine once read 112 -> 14 img/s
+    (0.12x) and `0 regressed`, exit 0. One run a side still cannot hide 8x: beyond the 35 %
+    one run moves by here (the parity rows' widest spread). B's flags follow its verdict."""
+    one_a = write_runs(tmp_path / "a", [repeat("x", "ddp", 2, 50, 10.0)])
+    crashed = _slower(repeat("y", "ddp", 2, 50, 10.0), 8.0)
+    crashed["oversubscribed"] = {"processes": 6, "cores": 2}
+    one_b = write_runs(tmp_path / "b", [crashed])
+    proc = run_bench("compare", str(one_a), str(one_b), "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["verdict"].startswith("REGRESSED: img/s -87.5 %, judged on one run a side: "
+                                     "beyond the 35 %"), row["verdict"]
+    assert "B's row is flagged: CPU oversubscribed" in row["verdict"]
+    # 30 % slower (1/1.3 = 0.77): inside the 35 % that one run moves by: not gated
+    near = write_runs(tmp_path / "c", [_slower(repeat("z", "ddp", 2, 50, 10.0), 1.3)])
+    proc = run_bench("compare", str(one_a), str(near), "--format", "json")
+    assert proc.returncode == 0 and "within the 35 %" in json.loads(proc.stdout)[0]["verdict"]
+
+
 def _at_clock(rec, mhz):
     """The record with every epoch at this median SM clock of a 1,980 MHz GPU."""
     clocks = {"samples": 20, "sm_mhz_median": mhz, "sm_mhz_low": mhz, "sm_mhz_max": 1980.0,

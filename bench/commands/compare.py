@@ -22,6 +22,12 @@ from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
 
 FORMATS = ("text", "markdown", "csv", "json")
+# What one run of a configuration can move by on its own, measured: the committed parity
+# rows (results/, `make parity`: 4 configurations x 5 runs on a 2-core CPU) spread by up to
+# 1.35x in img/s (fastest run over slowest). With one run a side, a change beyond this
+# (or beyond a wider spread that repeated rows of the same device show in A or B) is more
+# than noise made there; a GPU's runs vary less, so the bound errs towards silence.
+ONE_RUN_NOISE = 1.35
 WIDTH = 120
 # CSV and JSON: numbers stay numbers (a range or CI in its own fields); the time to target's
 # text says how it was scored ("36.15 (MLPerf, 5 runs, 1 missed)", "did not converge (...)").
@@ -96,7 +102,9 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
                    threshold: float) -> list[dict[str, Any]]:
     """One row per configuration in both A and B (and one per configuration in only one)."""
     out = []
-    for key, ra, rb in _pairs(summary_table(a), summary_table(b)):
+    table_a, table_b = summary_table(a), summary_table(b)
+    both = table_a.to_dict("records") + table_b.to_dict("records")
+    for key, ra, rb in _pairs(table_a, table_b):
         row = dict(zip(GROUP_KEYS, key))
         if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):
             row["verdict"] = "only in A" if rb is None else "only in B" if ra is None else (
@@ -111,20 +119,31 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
         tta, ttb = ra.get("time_to_target_s", math.nan), rb.get("time_to_target_s", math.nan)
         tt_ratio = ttb / tta if tta and not math.isnan(tta) and not math.isnan(ttb) else math.nan
         delta, p = welch(rb["finals"], ra["finals"])
-        reasons, unsure = [], []
+        reasons, unsure, flagged = [], [], []
+        noise = one_run_noise([r for r in both if r["device"] == rb["device"]
+                               and r["status"] == "ok"])
         if speed < 1 - threshold / 100:
             _gate(f"img/s -{100 * (1 - speed):.1f} %", ra["run_images_per_s"],
-                  rb["run_images_per_s"], higher_is_better=True, out=(reasons, unsure))
+                  rb["run_images_per_s"], higher_is_better=True, out=(reasons, unsure),
+                  ratio=1 / speed, noise=noise)
         if tt_ratio > 1 + threshold / 100:  # infinite: B did not converge where A did
             _gate(f"time to target +{100 * (tt_ratio - 1):.1f} %" if math.isfinite(tt_ratio)
                   else f"time to target: B {rb['time_to_target']}", ra["run_times_to_target"],
-                  rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure))
+                  rb["run_times_to_target"], higher_is_better=False, out=(reasons, unsure),
+                  ratio=tt_ratio, noise=noise)
         if delta < 0 and p < 0.05:
             reasons.append(f"top-1 {delta:+.2f} (p {p:.2g})")
-        for note in (clock_note(ra.get("clock_share", math.nan),
-                                rb.get("clock_share", math.nan)), input_note(ra, rb)):
+        said = []  # the flags a note below explains already
+        for flag, note in (("GPU clock", clock_note(ra.get("clock_share", math.nan),
+                                                    rb.get("clock_share", math.nan))),
+                           ("input-bound", input_note(ra, rb))):
             if note and (reasons or unsure):
                 (reasons or unsure).append(note)
+                said.append(flag)
+        flags = [f for f in str(rb.get("flags") or "").split(", ")
+                 if f and not any(f.startswith(s) for s in said)]
+        if flags:  # B's plausibility flags, beside its verdict
+            (reasons or unsure or flagged).append(f"B's row is flagged: {', '.join(flags)}")
         row.update(
             runs=f"{ra['runs']}/{rb['runs']}",
             images_per_s_a=_or_none(ra["images_per_s"], 1),
@@ -140,7 +159,8 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
             top1_ci_b=_or_none(rb.get("final_top1_ci"), 4),
             delta_top1=_or_none(delta, 4), p_value=_or_none(p, 6),
             verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
-                ("not gated: " + ", ".join(unsure)) if unsure else "ok"),
+                ("not gated: " + ", ".join(unsure)) if unsure else (
+                    "ok: " + ", ".join(flagged) if flagged else "ok")),
         )
         out.append(row)
     return out
@@ -167,17 +187,34 @@ def input_note(ra, rb) -> str | None:
             + (f", A's {feed_a:.0f}" if feed_a == feed_a else ""))
 
 
+def one_run_noise(rows: list[dict[str, Any]]) -> float:
+    """How far one run may move on its own: ONE_RUN_NOISE, or the widest spread of a row
+    with repeats (of the same device, in A or B) where that is wider."""
+    from bench.report.verdict import device_noise
+
+    measured = device_noise(rows)
+    return max(ONE_RUN_NOISE, measured[0] if measured else 0.0)
+
+
 def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,
-          out: tuple[list[str], list[str]]) -> None:
+          out: tuple[list[str], list[str]], ratio: float, noise: float) -> None:
     """A worse median is a regression only beyond both sides' run-to-run range; with one
-    run a side the noise is unknown and nothing is gated. A run that missed the target
-    counts, as an infinite time."""
+    run a side, only beyond ``noise`` (how far one run moves on its own: ``ratio`` is how
+    many times worse B is). A run that missed the target counts, as an infinite time."""
     reasons, unsure = out
     a = [v for v in runs_a if isinstance(v, (int, float)) and not math.isnan(v)]
     b = [v for v in runs_b if isinstance(v, (int, float)) and not math.isnan(v)]
     if min(len(a), len(b)) < 2:
-        unsure.append(f"{drop}, one run a side: run-to-run noise unknown (--repeats 3 on "
-                      "both sides to gate on it)")
+        bound = f"{100 * (noise - 1):.0f} %"
+        if not math.isfinite(ratio):  # B missed the target once: runs that missed it exist
+            unsure.append(f"{drop}, one run a side: one missed target is not judged "
+                          "(--repeats 3 on both sides to gate on it)")
+        elif ratio > noise:
+            reasons.append(f"{drop}, judged on one run a side: beyond the {bound} one run "
+                           "moves by on its own (repeats measured here)")
+        else:
+            unsure.append(f"{drop}, one run a side: within the {bound} one run moves by on "
+                          "its own (--repeats 3 on both sides to gate on it)")
     elif (max(b) < min(a)) if higher_is_better else (min(b) > max(a)):
         reasons.append(f"{drop}, outside both sides' run-to-run range")
     else:
