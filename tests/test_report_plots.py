@@ -60,6 +60,38 @@ def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():
     assert ticks == ["ddp\nN=2\ncpu fp32", "ddp\nN=2\ncpu fp32\naccum 4"], ticks
 
 
+def test_plots_do_not_mislead_where_a_probe_ran_slow_curves_coincide_or_one_run_has_no_ci():
+    """The demo drew ddp-spawn's bar at its compute-only probe (3.4 s) where its real step
+    was 2.4 s; top1.png had four legend entries and two visible lines (identical curves
+    over each other); time_vs_accuracy.png spanned 99.41-99.61 % (one test image looked
+    like a chasm) and said '± 95 % CI' with one run a row."""
+    from bench.report import figures_per_workload
+
+    def run(run_id, strategy, top1, step_s, compute_s):
+        rec = record(run_id, strategy, 2, [3.0, 2.0], [0.1, top1])
+        rec["per_epoch"] = [{**e, "step_time_p50_s": step_s} for e in rec["per_epoch"]]
+        return {**rec, "compute_step_s": compute_s}
+
+    records = [run("a", "ddp", 0.9941, 0.080, 0.050), run("b", "ddp-spawn", 0.9961, 0.080, 0.100),
+               run("c", "ddp-launch", 0.9961, 0.080, 0.050)]
+    figures = figures_per_workload(records)["synthetic 1000 img, batch 100, resnet18"]
+    ax = figures["where_time_goes"].axes[0]
+    # stacked bars: compute then exposed communication; ddp-spawn's is its measured 80 ms
+    compute, exposed = ax.containers[0], ax.containers[1]
+    heights = [c.get_height() + e.get_height() for c, e in zip(compute, exposed)]
+    assert [round(h, 6) for h in heights] == [80.0, 80.0, 80.0], heights
+    marks = [line for line in ax.lines if "slower than the step" in line.get_label()]
+    assert len(marks) == 1 and list(marks[0].get_ydata()) == [100.0]
+    # ddp-spawn and ddp-launch trained to the same top-1 at every epoch: one line, both named
+    lines = figures["top1"].axes[0].lines
+    assert [line.get_label() for line in lines] == [
+        "ddp N=2 fp32", "ddp-spawn N=2 fp32\n= ddp-launch N=2 fp32"]
+    ax = figures["time_vs_accuracy"].axes[0]
+    low, high = ax.get_ylim()
+    assert high - low >= 5.0 and low <= 99.41 and high >= 99.61
+    assert "CI" not in ax.get_ylabel().replace("no CI", "")
+
+
 def test_rows_that_differ_in_speed_options_are_lines_and_points_of_their_own():
     """The H200's workload drew plain bf16 and the fastest path (gpu loader, channels_last,
     compile, fused SGD) at N=1 as one scaling line, and named three time-vs-accuracy points

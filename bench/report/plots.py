@@ -115,6 +115,7 @@ def make_figures(records: list[dict[str, Any]],
     runs = run_rows(records)
     by_run = {rec.get("run_id"): rec for rec in records}
     groups = runs[runs["status"] == "ok"].groupby(GROUP_KEYS, dropna=False)
+    drawn: dict[tuple, list[str]] = {}  # a curve -> the rows that have it
     for _, group in sorted(groups, key=lambda kv: report_order(dict(zip(GROUP_KEYS, kv[0])))):
         curves = [[100 * e["top1"] for e in by_run[i].get("per_epoch") or []]
                   for i in group["run_id"]]
@@ -124,7 +125,12 @@ def make_figures(records: list[dict[str, Any]],
         mean = [statistics.fmean(c[e] for c in curves) for e in range(length)]
         label = row_label(next(group.itertuples()))
         label += f" ({len(curves)} runs)" if len(curves) > 1 else ""
-        ax.plot(range(1, length + 1), mean, "o-", label=label)
+        drawn.setdefault(tuple(round(v, 6) for v in mean), []).append(label)
+    for curve, labels in drawn.items():
+        # rows that trained to the same top-1 at every epoch draw one line, not several
+        # hidden under each other: the legend names them all
+        label = labels[0] + "".join(f"\n= {other}" for other in labels[1:])
+        ax.plot(range(1, len(curve) + 1), curve, "o-", label=label)
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test top-1 (%, mean over repeats)")
@@ -141,12 +147,18 @@ def make_figures(records: list[dict[str, Any]],
     fig, ax = plt.subplots(figsize=(7, 4))
     markers = "osD^v<>phX*"
     lengths = ok["epochs"].nunique() > 1  # then each point says its own
+    repeated = bool((ok["runs"] > 1).any()) if len(ok) else False
     for i, r in enumerate(ok.itertuples()):
         ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
         ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],
-                    capsize=3, label=_row_label(r) + (f", {r.epochs:g} epochs" if lengths else ""))
+                    capsize=3, label=_row_label(r) + (f", {r.epochs:g} epochs" if lengths else "")
+                    + (" (1 run)" if repeated and r.runs == 1 else ""))
+    _at_least_points(ax, [v for r in ok.itertuples() for v in (
+        r.final_top1 - (r.final_top1_ci if r.final_top1_ci == r.final_top1_ci else 0.0),
+        r.final_top1 + (r.final_top1_ci if r.final_top1_ci == r.final_top1_ci else 0.0))])
     ax.set_xlabel("total training time (s, median over runs)")
-    ax.set_ylabel("final top-1 (%, mean ± 95 % CI)")
+    ax.set_ylabel("final top-1 (%, mean ± 95 % CI)" if repeated
+                  else "final top-1 (%, one run per row: no CI)")
     ax.set_title("Time vs accuracy")
     if len(ok):
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -159,6 +171,20 @@ def make_figures(records: list[dict[str, Any]],
     for fig in figures.values():
         fig.tight_layout()
     return figures
+
+
+ACCURACY_SPAN = 5.0  # points: an accuracy axis never spans less (one test image is no chasm)
+
+
+def _at_least_points(ax, values: list[float], span: float = ACCURACY_SPAN) -> None:
+    """Widen a top-1 axis to at least ``span`` points around its data, within 0-100, so
+    that differences of a few test images look as small as they are."""
+    values = [v for v in values if v == v and math.isfinite(v)]
+    if not values or max(values) - min(values) >= span:
+        return
+    middle = (max(values) + min(values)) / 2
+    low = min(max(0.0, middle - span / 2), 100.0 - span)
+    ax.set_ylim(low - 0.5, low + span + 0.5)
 
 
 def _row_label(r) -> str:
@@ -211,11 +237,25 @@ def _where_time_goes_figure(ok):
 
     rows = [r for r in ok.itertuples() if not math.isnan(r.compute_step_s)]
     fig, ax = plt.subplots(figsize=(7, 4))
-    compute = [1000 * r.compute_step_s for r in rows]
+    # a compute-only probe slower than the real step (exposed communication < 0: a slowed
+    # probe, flagged in the report) cannot be part of it: the bar is the measured step, and
+    # the probe a mark above it
+    slow_probe = [r.compute_step_s > r.step_time_s for r in rows]  # False for a NaN step
+    compute = [1000 * (r.step_time_s if slow else r.compute_step_s)
+               for r, slow in zip(rows, slow_probe)]
     exposed = [max(0.0, 1000 * (r.step_time_s - r.compute_step_s)) for r in rows]
-    ax.bar(range(len(rows)), compute, color="tab:blue", label="compute (sync off)")
+    ax.bar(range(len(rows)), compute, color=["0.6" if slow else "tab:blue" for slow in slow_probe],
+           label="compute (sync off)")
     ax.bar(range(len(rows)), exposed, bottom=compute, color="tab:red",
            label="exposed communication")
+    above = [(i, 1000 * r.compute_step_s) for i, (r, slow) in enumerate(zip(rows, slow_probe))
+             if slow]
+    if above:
+        ax.bar([0], [0], color="0.6", label="measured step (split unknown)")
+        ax.plot(*zip(*above), "v", color="tab:red", markersize=9,
+                label=f"{_FLAG} its compute-only probe, slower than the step (suspect)")
+        ax.set_ylim(0, 1.3 * max([*(c + e for c, e in zip(compute, exposed)),
+                                  *(y for _, y in above)]))
     ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
                                                  f"{r.device} {r.precision}", *_sets_apart(r)])
                                       for r in rows], fontsize=7)
