@@ -126,9 +126,21 @@ def test_sbatch_script(tmp_path):
                      "#SBATCH --gpus-per-node=4", "#SBATCH --time=00:30:00"):
         assert expected in lines
     srun = [x for x in lines if x.startswith("srun ")]
-    # the interpreter that runs bench, not whatever `python` is on the compute nodes
+    # the interpreter that runs bench, not whatever `python` is on the compute nodes; the
+    # records and the CIFAR cache at absolute paths every node shares (left out, each node
+    # downloaded CIFAR into its own cache and records landed wherever the job started)
+    from bench.config.run_config import default_data_dir
+
     assert srun == [f"srun {shlex.quote(sys.executable)} -m bench run --strategy ddp --gpus 4 "
-                    "--nodes 2 --epochs 90"]
+                    f"--nodes 2 --epochs 90 --output {ROOT / 'results'} "
+                    f"--data-dir {shlex.quote(str(default_data_dir().resolve()))}"]
+    assert f"#SBATCH --chdir={ROOT}" in lines
+    # given, they are kept as given (relative ones mean the submit folder: --chdir)
+    proc = run_bench("slurm", "--nodes", "1", "--gpus", "1", "--strategy", "ddp", "--out",
+                     str(out), "--output", "runs-here", "--data", "synthetic")
+    assert_ok(proc)
+    (srun,) = [x for x in out.read_text().splitlines() if x.startswith("srun ")]
+    assert srun.endswith("--output runs-here --data synthetic"), srun
 
 
 def test_sbatch_refuses_what_cannot_run_as_tasks(tmp_path):

@@ -6,6 +6,7 @@ import argparse
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from bench.config.options import config_from_args, given, run_options_for
 from bench.records.files import write_text_atomic
@@ -58,9 +59,16 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     if args.nodes < 1 or args.gpus < 1:
         raise ConfigError("--nodes and --gpus must be at least 1")
     cfg.check_batch_split(args.nodes * args.gpus)
+    # Where the data and the records are, said in the script as absolute paths: left to
+    # their defaults, every node would fill its own home's CIFAR cache and each job's
+    # records would land wherever it started (and the job starts in this folder: --chdir)
+    shared = [] if given(passed_on, "--output") else ["--output", str(Path(cfg.output).resolve())]
+    if cfg.data != "synthetic" and not given(passed_on, "--data-dir"):
+        shared += ["--data-dir", str(Path(cfg.data_dir).resolve())]
     script = sbatch_script(strategy=args.strategy, nodes=args.nodes, gpus=args.gpus,
-                           time=args.time, job_name=args.job_name, run_args=passed_on,
-                           partition=args.partition, cpus_per_task=args.cpus_per_task)
+                           time=args.time, job_name=args.job_name,
+                           run_args=[*passed_on, *shared], partition=args.partition,
+                           cpus_per_task=args.cpus_per_task, workdir=str(Path.cwd()))
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
                           "--submit and copy the script there")

@@ -86,7 +86,8 @@ def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
 
 def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: str,
                   run_args: list[str], partition: str | None = None,
-                  cpus_per_task: int | None = None, python: str | None = None) -> str:
+                  cpus_per_task: int | None = None, python: str | None = None,
+                  workdir: str | None = None) -> str:
     """A ready sbatch script: one task per GPU, ``srun`` starts them, each is one rank. Each
     task runs the interpreter that runs bench now (a bare ``python`` may be another one, or
     none, on the compute nodes), unless ``python`` names another."""
@@ -103,6 +104,8 @@ def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: 
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
+    if workdir:  # relative paths in the run's options mean what they meant here
+        lines.append(f"#SBATCH --chdir={workdir}")
     lines += [
         "#SBATCH --output=%x-%j.out",
         "",
