@@ -4,11 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   ?= results/demo
-# Demo workload: the real ResNet-18 on a small synthetic set: the 1-process baseline, then 2
-# CPU processes per strategy (5 to 8 min on 2 cores).
+# Demo workload: the real ResNet-18 on a small synthetic set, the README's CPU workload:
+# a probe of the all-reduce, the 1-process baseline, then 2 CPU processes per strategy;
+# then every command on its folder: report (with its verdict), project (over the probe's
+# network) and compare (against the committed results). About 5 min on 2 cores.
 # 1,536 images are too few for the default (hard) synthetic set: the easy one (difficulty 0).
 DEMO_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0 --train-limit 1536 --test-limit 512 \
-             --epochs 3 --target-top1 90 --batch-size 64 --no-progress --output $(DEMO)
+             --epochs 3 --target-top1 90 --batch-size 64 --output $(DEMO)
 
 # The README's comparison table: every strategy on the same CPU workload, then the report.
 # Measured into TABLE_NEW, then they replace the table's earlier runs in results/ (the GPU and
@@ -37,11 +39,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	rm -rf $(DEMO)
 	$(BIN)/bench list
+	$(BIN)/bench probe --cpu --gpus 2 --output $(DEMO)
 	$(BIN)/bench run --strategy ddp --gpus 1 $(DEMO_ARGS)
-	$(BIN)/bench run --strategy dp --gpus 2 $(DEMO_ARGS)
 	$(BIN)/bench run --strategy ddp --gpus 2 $(DEMO_ARGS)
 	$(BIN)/bench run --strategy ddp-spawn --gpus 2 $(DEMO_ARGS)
+	$(BIN)/bench run --strategy ddp-amp --gpus 2 $(DEMO_ARGS)
 	$(BIN)/bench report --results $(DEMO)
+	$(BIN)/bench project $(DEMO) --network probe --gpus 8,64
+	@echo "bench compare results $(DEMO): the committed CPU rows against yours (exit 1: a row regressed)"
+	-$(BIN)/bench compare results $(DEMO)
 
 # Horovod 0.28.1 built from source for the installed torch (C++ standard raised, Gloo, no MPI):
 # fills .cache/horovod-wheelhouse (the only step that downloads; skipped when full), then

@@ -340,3 +340,28 @@ def test_validation_prints_the_null_models_beside_the_model(tmp_path):
     said = shown.stdout.replace("\n  ", " ")
     assert f"validated on {results} (" in said, said
     assert "the null models (median / worst): no communication" in said, said
+
+
+def test_a_run_whose_compute_probe_ran_slow_is_projected_with_a_warning(tmp_path):
+    """After `bench probe`, the demo projected ddp-spawn from a compute-only step of 3.4 s
+    whose real step was 2.4 s (exposed communication -42 %: a slowed probe, flagged in the
+    report) without a word. The same run with a probe below its step says nothing."""
+    import json
+
+    from conftest import ROOT
+
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
+    rec = json.loads(source.read_text())
+    step = statistics.median(e["step_time_p50_s"] for e in rec["per_epoch"][1:])
+    for name, compute in (("slowed", 1.42 * step), ("plain", 0.8 * step)):
+        variant = {**rec, "world_size": 2, "compute_step_s": compute,
+                   "exposed_comm_fraction": 1 - compute / step}
+        folder = tmp_path / name / "runs"
+        folder.mkdir(parents=True)
+        (folder / source.name).write_text(json.dumps(variant))
+        proc = run_bench("project", str(folder.parent), "--gpus", "8")
+        assert proc.returncode == 0, proc.stderr
+        warned = "ran slower than its measured step" in proc.stderr
+        assert warned == (name == "slowed"), (name, proc.stderr)
+        if warned:
+            assert "exposed communication -42 %" in " ".join(proc.stderr.split())

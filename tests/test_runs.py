@@ -204,3 +204,7 @@ def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tm
     assert proc.returncode == 0, seen.decode(errors="replace")[-2000:]
     text = seen.decode(errors="replace")
     assert "epoch 1/1" in text and "step" in text and "\r" in text, text[-2000:]
+    # how long the run will take: once from its first steps, then in the bar as it goes
+    # (8 steps: said after 5)
+    assert re.search(r"\[\S+\] about \d+ s for 1 epoch \(from the first 5 steps", text), text
+    assert re.search(r"run ≈ \d+ s left", text), text[-2000:]

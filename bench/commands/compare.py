@@ -16,18 +16,13 @@ from bench.records.describe import short_options
 from bench.records.files import load_source
 from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
+from bench.report.verdict import ONE_RUN_NOISE, device_noise
 from bench.report.views import SAID_BY_WORKLOAD, said_once
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
 
 FORMATS = ("text", "markdown", "csv", "json")
-# What one run of a configuration can move by on its own, measured: the committed parity
-# rows (results/, `make parity`: 4 configurations x 5 runs on a 2-core CPU) spread by up to
-# 1.35x in img/s (fastest run over slowest). With one run a side, a change beyond this
-# (or beyond a wider spread that repeated rows of the same device show in A or B) is more
-# than noise made there; a GPU's runs vary less, so the bound errs towards silence.
-ONE_RUN_NOISE = 1.35
 WIDTH = 120
 # CSV and JSON: numbers stay numbers (a range or CI in its own fields); the time to target's
 # text says how it was scored ("36.15 (MLPerf, 5 runs, 1 missed)", "did not converge (...)").
@@ -190,8 +185,6 @@ def input_note(ra, rb) -> str | None:
 def one_run_noise(rows: list[dict[str, Any]]) -> float:
     """How far one run may move on its own: ONE_RUN_NOISE, or the widest spread of a row
     with repeats (of the same device, in A or B) where that is wider."""
-    from bench.report.verdict import device_noise
-
     measured = device_noise(rows)
     return max(ONE_RUN_NOISE, measured[0] if measured else 0.0)
 

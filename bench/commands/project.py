@@ -113,6 +113,8 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     device = None if network == "probe" or intra is not None else "cuda"
     measured = [(rec, work) for rec, work in _newest_per_strategy(records)
                 if device is None or rec.get("device") == device]
+    for line in suspect_sources(measured):
+        print(terminal.fill(f"bench project: {line}", subsequent_indent="    "), file=sys.stderr)
     rows = [(rec, work, project(work, n, gpus_per_node, net)) for rec, work in measured
             for n in gpus]
     if not rows:
@@ -144,6 +146,25 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                  *_calibration(root)):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
+
+
+def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str]:
+    """The runs a projection starts from whose compute-only step ran slower than their real
+    step (exposed communication below zero, beyond the report's noise: the probe was slowed,
+    and the report flags the row): what each projects from is not a figure to trust."""
+    from bench.records.describe import workload
+    from bench.report.flags import EXPOSED_COMM_NOISE
+
+    lines = []
+    for rec, work in measured:
+        exposed = rec.get("exposed_comm_fraction")
+        if isinstance(exposed, (int, float)) and exposed < -EXPOSED_COMM_NOISE:
+            lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
+                         f"its compute-only step ({work.compute_step_s:.2f} s) ran slower than "
+                         f"its measured step ({median_step_s(rec):.2f} s; exposed "
+                         f"communication {100 * exposed:.0f} %), so its projection starts from a "
+                         "slowed probe: rerun it on an idle machine before trusting it")
+    return lines
 
 
 def _bottleneck(rec: dict[str, Any], p: Projection) -> str:

@@ -22,14 +22,21 @@ from bench.report.views import (
 )
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, ConfigError
+from bench.tools.folders import file_to_write
 
 
 def cmd_report(results: str, fmt: str = "text", write: bool = True,
-               readme: str | None = None, reference: str | None = None) -> int:
+               readme: str | None = None, reference: str | None = None,
+               html: str | None = None) -> int:
     """With ``reference`` None, each workload's ``ddp:1`` row is its reference where it has
-    one; a reference the user names must be the row of some workload."""
+    one; a reference the user names must be the row of some workload. ``html``: also write
+    the self-contained page there."""
     if reference is not None:
         parse_reference(reference)
+    if html is not None:
+        if Path(html).suffix.lower() not in (".html", ".htm"):
+            raise ConfigError(f"--html {html}: the page's file must end in .html")
+        file_to_write("--html", html, "report.html")
     if readme is not None:
         check_readme(Path(readme))
     if not Path(results).is_dir():
@@ -89,6 +96,11 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         plots = write_plots(records, root / "plots", probes)
         print(f"wrote {root / 'summary.csv'}, {root / 'summary.md'} and {len(plots)} plot files "
               f"under {root / 'plots'}", file=sys.stderr)
+    if html is not None:
+        from bench.report.html import html_page
+
+        write_text_atomic(Path(html), html_page(records, probes, table, str(results)))
+        print(f"wrote {html}", file=sys.stderr)
     if readme:
         changed = update_readme(Path(readme), records, probes)
         print(f"{readme}: table {'updated' if changed else 'already up to date'}",
@@ -110,10 +122,13 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                              "default), wide (every column), markdown, csv, json")
     report.add_argument("--no-write", action="store_true",
                         help="print only; do not write summary files")
+    report.add_argument("--html", default=None, metavar="FILE",
+                        help="also write the report as one self-contained HTML page (verdict, "
+                             "tables, inline plots, flags, machines, commands)")
     report.add_argument("--update-readme", nargs="?", const="README.md", default=None,
                         metavar="README", help="rewrite the README's comparison table")
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     return cmd_report(args.results, args.format, write=not args.no_write,
-                      readme=args.update_readme, reference=args.reference)
+                      readme=args.update_readme, reference=args.reference, html=args.html)

@@ -335,9 +335,9 @@ _README_UNSAID = frozenset({"accum 1", *SAID_BY_WORKLOAD})
 _README_UNSAID_AT_1 = frozenset({"speed-up 1.00×", "scaling eff. 100 %"})
 
 
-def to_markdown_blocks(table) -> str:
-    """The README's tables: one per workload under its name and what all its rows share,
-    each with the columns that differ; `results/summary.md` keeps every column."""
+def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[str]], list[str]]]:
+    """The README's view of the table, for Markdown and HTML alike: per workload its name,
+    what all its rows share, the columns that differ, the rows' cells and its verdict."""
     header = [h for _, h in README_COLUMNS]
     picked = [COLUMN_INDEX[c] for c, _ in README_COLUMNS]
     answers = _verdicts(table)
@@ -363,12 +363,22 @@ def to_markdown_blocks(table) -> str:
             names[delta] = "Δ top-1 vs ref"  # one run a row: no test, only the difference
             for row in rows:
                 row[delta] = row[delta].replace(" (p —)", "")
+        out.append((block, same, names, rows, answers.get(block, [])))
+    return out
+
+
+def to_markdown_blocks(table) -> str:
+    """The README's tables: one per workload under its name and what all its rows share,
+    each with the columns that differ, and its verdict; `results/summary.md` keeps every
+    column."""
+    out = []
+    for block, same, names, rows, verdict in workload_blocks(table):
         out += [f"**{block}**" + (f" — {', '.join(same)}" if same else ""), "",
                 "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
         out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
         out.append("")
-        if answers.get(block):
-            out += ["**Verdict:** " + " ".join(answers[block]), ""]
+        if verdict:
+            out += ["**Verdict:** " + " ".join(verdict), ""]
     return "\n".join(out)
 
 

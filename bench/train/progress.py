@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from bench.measure.gpu_clocks import epoch_suffix
@@ -20,6 +21,64 @@ def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
     drawn = sys.stderr.isatty() or os.environ.get("BENCH_TTY") == "1"
     return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step",
                 disable=not drawn, file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    """'45 s', '3 min 10 s', '2 h 05 min': a time left, as a person says it."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class RunClock:
+    """How long the run has left, from its pace so far (rank 0, with progress on): the
+    current epoch's steps, then the later epochs at the length of the last whole one
+    (evaluation included); in the first epoch, at its own pace, evaluation not counted."""
+
+    FIRST_SAY = 5  # steps of the first epoch before the run's length is said
+
+    def __init__(self, strategy: str, epochs: int, steps_per_epoch: int):
+        self.strategy, self.epochs, self.steps = strategy, epochs, steps_per_epoch
+        self.epoch, self.started, self.done, self.last_epoch_s = 0, 0.0, 0, None
+        self.said = False
+
+    def start_epoch(self, epoch: int) -> None:
+        now = time.perf_counter()
+        if self.started and epoch == self.epoch + 1:
+            self.last_epoch_s = now - self.started  # its training and its evaluation
+        self.epoch, self.started, self.done = epoch, now, 0
+
+    def left_s(self) -> float | None:
+        """Seconds the run has left, or None before a few steps show the pace."""
+        if self.done < min(self.FIRST_SAY, self.steps):
+            return None
+        per_step = (time.perf_counter() - self.started) / self.done
+        later = self.epochs - self.epoch - 1
+        per_epoch = self.last_epoch_s if self.last_epoch_s is not None else per_step * self.steps
+        return (self.steps - self.done) * per_step + later * per_epoch
+
+    def step(self, bar) -> None:
+        """One step done: the bar's 'run … left', and once, early in the first epoch, a
+        line with the whole run's expected length."""
+        self.done += 1
+        left = self.left_s()
+        if left is None:
+            return
+        if bar is not None:
+            bar.set_postfix_str(f"run ≈ {_duration(left)} left", refresh=False)
+        if not self.said and self.epoch == 0:
+            self.said = True
+            total = left + time.perf_counter() - self.started
+            line = (f"[{self.strategy}] about {_duration(total)} for {self.epochs} epoch"
+                    f"{'s' * (self.epochs != 1)} (from the first {self.done} steps, the "
+                    "warm-up's pace; evaluation not counted)")
+            if bar is not None and not bar.disable:
+                bar.write(line, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr, flush=True)
 
 
 def epoch_line(strategy: str, epochs: int, entry: dict[str, Any], width: int = 120) -> str:

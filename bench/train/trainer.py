@@ -31,7 +31,7 @@ from bench.tools.errors import Diverged
 from bench.tools.faults import Fault
 from bench.train.build import CUDA_GRAPH_MODES, CudaGraphWatch, ModelParts
 from bench.train.mllog import MLPerfLog, NoLog
-from bench.train.progress import epoch_line, progress_bar
+from bench.train.progress import RunClock, epoch_line, progress_bar
 from bench.train.schedule import BatchSplit, lr_at
 from bench.train.scratch import Heartbeat
 from strategies.base import Strategy
@@ -89,6 +89,7 @@ class Trainer:
         graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES and record is not None
         self.graphs = CudaGraphWatch() if graphs else None
         self.window = (0.0, 0.0)  # the last epoch's timed region (perf_counter)
+        self.run_clock: RunClock | None = None  # the time left, with progress on (rank 0)
 
     def run(self) -> None:
         """The timed run: warm-up compile, the epochs (train, evaluate, record), the
@@ -192,8 +193,10 @@ class Trainer:
         if cuda:
             for device in s.process_devices():
                 torch.cuda.reset_peak_memory_stats(device)
-        bar = progress_bar(self.record is not None and cfg.progress, self.steps_per_epoch,
-                           epoch, cfg.epochs)
+        shown = self.record is not None and cfg.progress
+        bar = progress_bar(shown, self.steps_per_epoch, epoch, cfg.epochs)
+        if shown and self.run_clock is None:
+            self.run_clock = RunClock(cfg.strategy, cfg.epochs, self.steps_per_epoch)
         step = epoch * self.steps_per_epoch
         self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
         s.barrier()
@@ -204,6 +207,8 @@ class Trainer:
         start = time.perf_counter()
         if epoch == 0:
             self.clock = start  # time to target runs from the first step, never paused
+        if self.run_clock is not None:
+            self.run_clock.start_epoch(epoch)
         marks: list[Any] = [step_mark(cuda)]
         # ---- timed region: no host syncs, no logging collectives ----
         history: list[torch.Tensor] = []  # every micro-batch's loss sum, for divergence
@@ -221,6 +226,8 @@ class Trainer:
                 break  # the loader ran out
             step += 1
             marks.append(step_mark(cuda))
+            if self.run_clock is not None:
+                self.run_clock.step(bar)
             if bar is not None:
                 bar.update()
         sync_devices(s)
