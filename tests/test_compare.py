@@ -78,6 +78,12 @@ def test_a_collapse_is_caught_with_one_run_a_side_and_b_flags_are_shown(tmp_path
     assert row["verdict"].startswith("REGRESSED: img/s -87.5 %, judged on one run a side: "
                                      "beyond the 35 %"), row["verdict"]
     assert "B's row is flagged: CPU oversubscribed" in row["verdict"]
+    # a workload only A ran is one line below the table, not a block of 'only in A' rows
+    other = {**repeat("w", "ddp", 2, 50, 10.0), "train_size": 5000}
+    write_runs(tmp_path / "a", [other])
+    text = run_bench("compare", str(one_a), str(one_b)).stdout
+    assert "synthetic 5000 img, batch 100, resnet18: only in A (1 row)" in text, text
+    assert text.count("only in A") == 1
     # 30 % slower (1/1.3 = 0.77): inside the 35 % that one run moves by: not gated
     near = write_runs(tmp_path / "c", [_slower(repeat("z", "ddp", 2, 50, 10.0), 1.3)])
     proc = run_bench("compare", str(one_a), str(near), "--format", "json")

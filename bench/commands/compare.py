@@ -182,15 +182,18 @@ def input_note(ra, rb) -> str | None:
             + (f", A's {feed_a:.0f}" if feed_a == feed_a else ""))
 
 
-def one_run_noise(rows: list[dict[str, Any]]) -> float:
-    """How far one run may move on its own: ONE_RUN_NOISE, or the widest spread of a row
-    with repeats (of the same device, in A or B) where that is wider."""
+def one_run_noise(rows: list[dict[str, Any]]) -> tuple[float, str]:
+    """How far one run may move on its own, and where that figure comes from: ONE_RUN_NOISE
+    (the committed parity rows), or the widest spread of a row with repeats (of the same
+    device, in A or B) where that is wider."""
     measured = device_noise(rows)
-    return max(ONE_RUN_NOISE, measured[0] if measured else 0.0)
+    if measured and measured[0] > 1.01 * ONE_RUN_NOISE:
+        return measured[0], "the widest spread of a repeated row here"
+    return ONE_RUN_NOISE, "the committed parity rows' widest spread"
 
 
 def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_better: bool,
-          out: tuple[list[str], list[str]], ratio: float, noise: float) -> None:
+          out: tuple[list[str], list[str]], ratio: float, noise: tuple[float, str]) -> None:
     """A worse median is a regression only beyond both sides' run-to-run range; with one
     run a side, only beyond ``noise`` (how far one run moves on its own: ``ratio`` is how
     many times worse B is). A run that missed the target counts, as an infinite time."""
@@ -198,16 +201,16 @@ def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_bett
     a = [v for v in runs_a if isinstance(v, (int, float)) and not math.isnan(v)]
     b = [v for v in runs_b if isinstance(v, (int, float)) and not math.isnan(v)]
     if min(len(a), len(b)) < 2:
-        bound = f"{100 * (noise - 1):.0f} %"
+        bound, source = f"{100 * (noise[0] - 1):.0f} %", noise[1]
         if not math.isfinite(ratio):  # B missed the target once: runs that missed it exist
             unsure.append(f"{drop}, one run a side: one missed target is not judged "
                           "(--repeats 3 on both sides to gate on it)")
-        elif ratio > noise:
+        elif ratio > noise[0]:
             reasons.append(f"{drop}, judged on one run a side: beyond the {bound} one run "
-                           "moves by on its own (repeats measured here)")
+                           f"moves by on its own ({source})")
         else:
             unsure.append(f"{drop}, one run a side: within the {bound} one run moves by on "
-                          "its own (--repeats 3 on both sides to gate on it)")
+                          f"its own ({source}; --repeats 3 on both sides to gate on it)")
     elif (max(b) < min(a)) if higher_is_better else (min(b) > max(a)):
         reasons.append(f"{drop}, outside both sides' run-to-run range")
     else:
@@ -297,7 +300,12 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
     for row in rows:
         blocks.setdefault(str(row["workload"]), []).append(_text_row(row))
     out: list[str] = []
+    alone = []  # workloads one side has and the other has not at all: a line each
     for name, cells in blocks.items():
+        sides = {c["verdict"] for c in cells}
+        if sides in ({"only in A"}, {"only in B"}):
+            alone.append(f"{name}: {sides.pop()} ({terminal.count(len(cells), 'row')})")
+            continue
         filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
         names, rows, same = said_once(filled, [[c[k] for k in filled] for c in cells],
                                       _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
@@ -312,6 +320,11 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
             if reason:
                 out += terminal.wrap(reason, width, initial_indent="    ",
                                      subsequent_indent="    ")
+    if alone:
+        out += [""] if out else []
+        out += ["Not compared (a workload only one side ran):"]
+        out += [line for a in alone for line in terminal.wrap(a, width, initial_indent="  ",
+                                                              subsequent_indent="    ")]
     return "\n".join(out) + "\n"
 
 
