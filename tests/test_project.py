@@ -113,6 +113,14 @@ def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
     report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
     rows = list(csv.DictReader(report.stdout.splitlines()))
     assert rows and all(r["projected_efficiency"].endswith("% (projected)") for r in rows)
+    # what the demo shows on its folder (a probe and runs, like this one): the report with
+    # its verdict and page, and a comparison (here of the folder with itself)
+    page = tmp_path / "report.html"
+    shown = run_bench("report", "--results", str(tmp_path), "--no-write", "--html", str(page))
+    assert shown.returncode == 0 and "→ N=" in shown.stdout, shown.stdout + shown.stderr
+    assert "<h2>Projection</h2>" in page.read_text()
+    same = run_bench("compare", str(tmp_path), str(tmp_path))
+    assert same.returncode == 0 and ", 0 regressed" in same.stderr, same.stdout + same.stderr
 
 
 def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet():

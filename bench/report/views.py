@@ -358,8 +358,10 @@ def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[st
         keep = [i for i, name in enumerate(names) if name in ("strategy", "status")
                 or any(row[i] != "—" for row in rows)]
         names, rows = [names[i] for i in keep], [[row[i] for i in keep] for row in rows]
-        delta = names.index("Δ top-1 vs ref (p)")
-        if not any("(p" in row[delta] and "(p —)" not in row[delta] for row in rows):
+        delta = names.index("Δ top-1 vs ref (p)") if "Δ top-1 vs ref (p)" in names else None
+        # (no reference row in the block: the column is '—' throughout and left out above)
+        if delta is not None and not any("(p" in row[delta] and "(p —)" not in row[delta]
+                                         for row in rows):
             names[delta] = "Δ top-1 vs ref"  # one run a row: no test, only the difference
             for row in rows:
                 row[delta] = row[delta].replace(" (p —)", "")
