@@ -163,3 +163,34 @@ def test_an_empty_claim_left_by_a_crash_does_not_skip_the_combination(tmp_path):
         proc.stdout + proc.stderr)
     assert [r["status"] for r in _ok_records(tmp_path)] == ["ok"]
     assert not list(claims.iterdir())
+
+
+def test_a_claim_from_another_host_is_taken_only_once_its_heartbeat_is_stale(tmp_path, capsys):
+    """Sweeps on two hosts share a results folder. A claim whose owner is on another host
+    cannot be checked by its pid; it was never cleared, so a crashed host's combination was
+    skipped for ever. Now its holder refreshes the file's time while its run lives, and a
+    claim silent for longer than the limit is taken, saying so; a fresh one is respected."""
+    from bench.commands.sweep import CLAIM_STALE_S, Claim
+
+    folder = tmp_path / ".claims"
+    folder.mkdir()
+    claim = folder / "sweep_abc_r0.claim"
+    elsewhere = {"host": "node-that-crashed", "pid": 4242, "started": 123.0}
+    claim.write_text(json.dumps(elsewhere))
+    taken, holder = Claim.take(folder, "sweep/abc/r0")
+    assert taken is None and holder == elsewhere  # a fresh heartbeat: respected
+    old = time.time() - CLAIM_STALE_S - 5
+    os.utime(claim, (old, old))
+    taken, holder = Claim.take(folder, "sweep/abc/r0")
+    assert taken is not None and holder is None
+    said = capsys.readouterr().err
+    assert "taking the claim on sweep/abc/r0 from node-that-crashed (pid 4242): no heartbeat" \
+        in said and f"past the {CLAIM_STALE_S:.0f} s limit" in said
+    assert json.loads(claim.read_text())["pid"] == os.getpid()
+    # its own heartbeat: the file's time moves while the holder's block runs
+    os.utime(claim, (old, old))
+    with taken.beating(every=0.05):
+        time.sleep(0.3)
+    assert time.time() - claim.stat().st_mtime < 1.0
+    taken.release()
+    assert not list(folder.iterdir())  # the staged file (host and pid in its name) is gone

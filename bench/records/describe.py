@@ -131,8 +131,18 @@ def workload_and_device(rec: dict[str, Any]) -> str:
 
 def speed_options(rec: dict[str, Any]) -> str:
     """The run's options that change how it computes or communicates (speed options, and
-    the strategies' own: compression, FSDP's resharding), "—" for none."""
+    the strategies' own: compression, FSDP's resharding), and where its recipe leaves the
+    default learning-rate rule (0.1 x batch / 128, one warm-up epoch): a row of its own,
+    never a repeat of the default's. "—" for none."""
     chosen = []
+    lr, base = rec.get("lr"), rec.get("base_lr")
+    batch, reference = rec.get("global_batch"), rec.get("lr_reference_batch")
+    if all(isinstance(v, (int, float)) and v > 0 for v in (lr, base, batch, reference)) and abs(
+            lr / (base * batch / reference) - 1) > 1e-6:
+        chosen.append(f"lr {lr:g}")
+    warmup = rec.get("warmup_epochs")
+    if isinstance(warmup, (int, float)) and warmup != 1:
+        chosen.append("no warm-up" if warmup == 0 else f"warm-up {warmup:g}")
     strategy_options = rec.get("ddp_options") or {}
     hook = strategy_options.get("comm_hook", "none")
     if hook != "none":
