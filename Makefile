@@ -26,7 +26,7 @@ PARITY_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0.5 --train-limit 1
 TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 
 .PHONY: install demo table parity test test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
-        gpu-ready clean
+        gpu-ready clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -126,6 +126,15 @@ parity: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1 $(PARITY_ARGS)
 	$(BIN)/bench sweep --strategies dp,ddp,ddp-amp --gpus 2 $(PARITY_ARGS)
 	$(BIN)/bench report --results results --update-readme
+
+# A real one-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), to
+# try `bench slurm` and `bench sweep --slurm` before a cluster; stop it with slurm-down.
+SLURM_LOCAL ?= /tmp/bench-slurm
+slurm-up:
+	python3 scripts/slurm_local.py up $(SLURM_LOCAL)
+
+slurm-down:
+	python3 scripts/slurm_local.py down $(SLURM_LOCAL)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -246,7 +246,8 @@ def test_an_output_path_too_long_and_a_data_dir_loop_are_one_line(tmp_path, caps
 
 
 SRUN_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-             "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}
+             "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1",
+             "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}
 
 
 @pytest.mark.parametrize("how", ["run under srun", "bench slurm"])

@@ -66,7 +66,8 @@ def test_slurm_tasks_train_together(tmp_path):
     for rank in (0, 1):
         env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
                "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242",
-               "SLURM_STEP_ID": "0", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"}
+               "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NNODES": "1",
+               "SLURM_NTASKS_PER_NODE": "2"}
         procs.append(_start(["run", "--strategy", "ddp", "--gpus", "2", *SMALL,
                              "--workers", "1", "--master-port", port, "--output",
                              str(tmp_path)], env))
@@ -94,12 +95,14 @@ def test_rendezvous_ports_are_below_the_ephemeral_range():
     assert picked[0] != picked[1]
     for job in ("1", "4242", "12767", "20999", "987654321", "x"):
         task = slurm_task({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-                           "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "n1"})
+                           "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "n1",
+                           "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"})
         assert 20000 <= task.default_port() < 32768, job
 
 
 def test_slurm_variables_are_read():
     task = slurm_task({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                       "SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "8",
                        "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NNODES": "2",
                        "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_ID": "99"})
     assert (task.rank, task.world_size, task.local_rank) == (5, 8, 1)

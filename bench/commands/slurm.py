@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     slurm.add_argument("--job-name", default="parallel-bench", help="Slurm job name")
     slurm.add_argument("--partition", default=None, help="Slurm partition (default: the site's)")
     slurm.add_argument("--cpus-per-task", type=int, default=None,
-                       help="CPU cores per task (loader workers need some)")
+                       help="CPU cores per task: its threads and loader workers (default 8 "
+                            "per GPU, 1 per CPU process with --cpu)")
     slurm.add_argument("--out", default="bench-slurm.sbatch", help="script path")
     slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
 
@@ -68,7 +69,8 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     script = sbatch_script(strategy=args.strategy, nodes=args.nodes, gpus=args.gpus,
                            time=args.time, job_name=args.job_name,
                            run_args=[*passed_on, *shared], partition=args.partition,
-                           cpus_per_task=args.cpus_per_task, workdir=str(Path.cwd()))
+                           cpus_per_task=args.cpus_per_task or (1 if cfg.cpu else 8),
+                           workdir=str(Path.cwd()), cpu=cfg.cpu)
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
                           "--submit and copy the script there")

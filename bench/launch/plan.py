@@ -3,6 +3,8 @@ workers, the record's skeleton, each checked with one line naming the fix."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from bench.launch.preflight import (
     resolve_strategy,
     shares_gpus,
 )
-from bench.launch.slurm import default_rdzv_id, slurm_task
+from bench.launch.slurm import default_rdzv_id, slurm_cpus_per_task, slurm_note, slurm_task
 from bench.measure.flops import cached_train_flops_per_image
 from bench.models.registry import check_model_builds
 from bench.records.files import (
@@ -32,6 +34,7 @@ from bench.tools.errors import (
 from bench.tools.faults import Fault, defect_from_env
 from bench.train.build import tf32_label
 from bench.train.mllog import check_mllog_path
+from strategies.base import cpu_threads_per_process
 
 
 def watchdog_timeout(timeout: float) -> float:
@@ -68,9 +71,19 @@ class RunPlan:
         if resolved["precision"] == "fp16" and self.device_type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
         self.slurm = slurm_task() if cfg.use_slurm else None
+        self.slurm_note = slurm_note() if cfg.use_slurm else None
         self.launcher = self.strategy.launcher
         if self.slurm is not None:
             check_srun_task(self.strategy, " (or --no-slurm)")
+            asked = cfg.gpus * self.slurm.nodes
+            if self.slurm.world_size != asked:
+                raise ConfigError(
+                    f"this srun step has {self.slurm.world_size} tasks on "
+                    f"{self.slurm.nodes} node(s) (SLURM_STEP_NUM_TASKS), but --gpus {cfg.gpus} "
+                    f"asks for {asked} ranks: start one task per rank (srun "
+                    f"--ntasks-per-node={cfg.gpus}), pass --gpus "
+                    f"{max(1, self.slurm.world_size // self.slurm.nodes)}, or --no-slurm to "
+                    "launch the ranks from each task yourself")
             resolved.update(nodes=self.slurm.nodes, node_rank=0)
             self.launcher = "slurm"
         cfg = cfg.derive(**resolved)
@@ -96,8 +109,8 @@ class RunPlan:
         # Loader workers are this machine's: per replica here (every node feeds its own).
         self.replicas_here = max(1, self.replicas // cfg.nodes)
         self.workers_per_replica = (
-            cfg.workers if cfg.workers is not None else default_workers(self.device_type,
-                                                                        self.replicas_here)
+            cfg.workers if cfg.workers is not None else default_workers(
+                self.device_type, self.replicas_here, self.threads_per_process())
         )
         self.workers_per_process = self.loader_workers_per_process(self.workers_per_replica)
         # horovodrun starts every host's slots from here; one machine holds its own
@@ -116,8 +129,13 @@ class RunPlan:
         # derives the same run id, and only global rank 0 fills it.
         self.writes_record = True
         if self.slurm is not None:
+            # every task derives it alike; the command's digest sets apart the runs of one
+            # step (a sweep's repeats differ in seed and tag)
+            digest = hashlib.sha1(json.dumps(
+                {k: v for k, v in cfg.to_dict().items() if k not in ("node_rank", "progress")},
+                sort_keys=True, default=str).encode()).hexdigest()[:6]
             self.run_id = shared_run_id(cfg.strategy, self.replicas, self.device_type,
-                                        f"slurm{self.slurm.job_id}.{self.slurm.step_id}")
+                                        f"slurm{self.slurm.job_id}.{self.slurm.step_id}-{digest}")
             self.writes_record = self.slurm.rank == 0
             self.port = cfg.master_port or self.slurm.default_port()
         elif cfg.nodes > 1:
@@ -128,6 +146,14 @@ class RunPlan:
         self.record_path = self.runs / f"{self.run_id}.json"
         if cfg.mllog:
             self.cfg = cfg.derive(mllog=check_mllog_path(cfg.mllog, self.run_id))
+
+    def threads_per_process(self) -> int:
+        """CPU threads for each process here: a Slurm task's own CPUs where Slurm says how
+        many (its affinity already is its share: dividing it by the tasks again left one
+        thread and no loader worker), else this machine's cores split over its processes."""
+        if self.slurm is not None and slurm_cpus_per_task():
+            return slurm_cpus_per_task() or 1
+        return cpu_threads_per_process(self.local_processes)
 
     def loader_workers_per_process(self, per_replica: int) -> int:
         """A process's loader workers for ``per_replica`` workers per replica on this

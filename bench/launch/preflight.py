@@ -214,9 +214,11 @@ def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
     return kind, train, test
 
 
-def default_workers(device_type: str, replicas: int) -> int:
+def default_workers(device_type: str, replicas: int, threads: int | None = None) -> int:
     """Loader workers per replica: none on CPU (they would steal the compute cores),
-    up to GPU_LOADER_WORKERS per GPU otherwise."""
+    up to GPU_LOADER_WORKERS per GPU otherwise, one core left to the process (``threads``:
+    its cores where the caller knows them, else this machine's split over ``replicas``)."""
     if device_type == "cpu":
         return 0
-    return max(0, min(GPU_LOADER_WORKERS, cpu_threads_per_process(replicas) - 1))
+    cores = threads if threads is not None else cpu_threads_per_process(replicas)
+    return max(0, min(GPU_LOADER_WORKERS, cores - 1))

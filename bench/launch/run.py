@@ -43,7 +43,6 @@ from bench.tools.lifetime import kill_children
 from bench.tools.ports import free_port, port_in_use
 from bench.train.scratch import RankError, Scratch
 from bench.train.spec import WorkerSpec
-from strategies.base import cpu_threads_per_process
 
 
 def _interruption(exc: BaseException) -> str:
@@ -105,6 +104,8 @@ def execute(cfg: RunConfig, argv: list[str]) -> int:
     """Run one configuration; returns the exit code. Bad input raises ConfigError before
     anything is written."""
     plan = RunPlan(cfg)
+    if plan.slurm_note:  # Slurm's variables are set, and not followed: say why
+        print(f"bench: {plan.slurm_note}", file=sys.stderr)
     record: RunRecord | None = None
     previous = catch_stop_signals()
     try:
@@ -230,7 +231,7 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
     try:
         port = plan.port or free_port()
         job = Launch(
-            spec_path, plan.processes, port, cpu_threads_per_process(plan.local_processes),
+            spec_path, plan.processes, port, plan.threads_per_process(),
             scratch, timeout=watchdog_timeout(cfg.timeout), nnodes=cfg.nodes,
             node_rank=cfg.node_rank,
             rdzv_endpoint=cfg.rdzv_endpoint if cfg.nodes > 1 else None, rdzv_id=cfg.rdzv_id,

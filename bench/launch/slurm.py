@@ -59,11 +59,18 @@ def _tasks_per_node(env: dict[str, str], world: int, nodes: int) -> int:
 
 
 def slurm_task(env: dict[str, str] | None = None) -> SlurmTask | None:
-    """The Slurm task this process is, or None outside ``srun``."""
+    """The Slurm task this process is: one of the several tasks of an ``srun`` step. None
+    elsewhere, and also where Slurm's variables are set but this process is no such task:
+    sbatch's batch step (no SLURM_STEP_ID) and a one-task step (``srun --pty bash``) set
+    SLURM_PROCID and SLURM_NTASKS (the job's count) too; bench then launches its ranks
+    itself (``slurm_note`` says so)."""
     env = dict(os.environ if env is None else env)
     if not all(env.get(name) for name in SLURM_VARS):
         return None
-    world = int(env["SLURM_NTASKS"])
+    step_tasks = env.get("SLURM_STEP_NUM_TASKS")
+    if not env.get("SLURM_STEP_ID") or not step_tasks or int(step_tasks) < 2:
+        return None
+    world = int(step_tasks)
     nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
     return SlurmTask(
         rank=int(env["SLURM_PROCID"]),
@@ -77,6 +84,27 @@ def slurm_task(env: dict[str, str] | None = None) -> SlurmTask | None:
     )
 
 
+def slurm_note(env: dict[str, str] | None = None) -> str | None:
+    """Why Slurm's variables, where they are set, are not followed (``slurm_task`` None):
+    the line bench prints before launching its ranks itself; None outside Slurm."""
+    env = dict(os.environ if env is None else env)
+    if not env.get("SLURM_JOB_ID") or slurm_task(env) is not None:
+        return None
+    job = env["SLURM_JOB_ID"]
+    if not env.get("SLURM_STEP_ID"):
+        return (f"in Slurm job {job}'s batch step: launching the ranks here (for one Slurm "
+                "task per rank, start bench with srun)")
+    return (f"in a one-task step of Slurm job {job}: launching the ranks here "
+            f"(SLURM_NTASKS={env.get('SLURM_NTASKS', '?')} is the job's, not this step's)")
+
+
+def slurm_cpus_per_task(env: dict[str, str] | None = None) -> int | None:
+    """The CPUs Slurm gave this task (SLURM_CPUS_PER_TASK), or None where it did not say."""
+    env = dict(os.environ if env is None else env)
+    value = env.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
     """The same id on every node that runs the same command against the same endpoint."""
     shared = {k: v for k, v in config.items() if k not in ("node_rank", "progress")}
@@ -87,9 +115,10 @@ def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
 def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: str,
                   run_args: list[str], partition: str | None = None,
                   cpus_per_task: int | None = None, python: str | None = None,
-                  workdir: str | None = None) -> str:
-    """A ready sbatch script: one task per GPU, ``srun`` starts them, each is one rank. Each
-    task runs the interpreter that runs bench now (a bare ``python`` may be another one, or
+                  workdir: str | None = None, cpu: bool = False) -> str:
+    """A ready sbatch script: one task per GPU (``cpu``: per CPU process, and no GPUs asked
+    for, which a CPU-only slurmd refuses), ``srun`` starts them, each is one rank. Each task
+    runs the interpreter that runs bench now (a bare ``python`` may be another one, or
     none, on the compute nodes), unless ``python`` names another."""
     python = python or sys.executable
     lines = [
@@ -97,7 +126,7 @@ def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: 
         f"#SBATCH --job-name={job_name}",
         f"#SBATCH --nodes={nodes}",
         f"#SBATCH --ntasks-per-node={gpus}",
-        f"#SBATCH --gpus-per-node={gpus}",
+        *([] if cpu else [f"#SBATCH --gpus-per-node={gpus}"]),
         f"#SBATCH --time={time}",
     ]
     if cpus_per_task:
@@ -109,9 +138,11 @@ def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: 
     lines += [
         "#SBATCH --output=%x-%j.out",
         "",
-        "# Each srun task is one rank; bench maps SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID",
-        "# to rank / world size / local rank and rendezvouses on the first node of the job.",
+        "# Each srun task is one rank; bench maps SLURM_PROCID / SLURM_STEP_NUM_TASKS /",
+        "# SLURM_LOCALID to rank / world size / local rank and rendezvouses on the first node.",
         "set -euo pipefail",
+        *(["# since Slurm 22.05 srun inherits --cpus-per-task only through this variable",
+           "export SRUN_CPUS_PER_TASK=\"${SLURM_CPUS_PER_TASK}\""] if cpus_per_task else []),
         " ".join(
             ["srun", python, "-m", "bench", "run", "--strategy", strategy,
              "--gpus", str(gpus), "--nodes", str(nodes), *map(shlex.quote, run_args)]

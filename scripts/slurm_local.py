@@ -1,0 +1,193 @@
+"""A real one-node Slurm on this machine, for the tests and for users who want to try
+`bench slurm` / `bench sweep --slurm` before their cluster: munged (unless one already
+runs), slurmctld and slurmd in the foreground as this process's children, with their
+configuration, state, spool, logs and pids in one folder; stopped by the pids it wrote,
+never by name. Needs root and Debian's slurm-wlm and munge (`apt-get install slurm-wlm
+munge`).
+
+    python3 scripts/slurm_local.py up FOLDER     # prints `export SLURM_CONF=...`
+    python3 scripts/slurm_local.py down FOLDER
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DAEMONS = ("slurmctld", "slurmd", "munged", "sinfo", "sbatch", "srun")
+MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+
+
+def missing() -> str | None:
+    """Why a local Slurm cannot start here, or None."""
+    absent = [name for name in DAEMONS if shutil.which(name) is None
+              and not Path(f"/usr/sbin/{name}").exists()]
+    if absent:
+        return (f"{', '.join(absent)} not installed (Debian: apt-get install slurm-wlm munge)")
+    if os.geteuid() != 0:
+        return "slurmd must run as root here (it starts tasks as the submitting user)"
+    return None
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def config(folder: Path, cpus: int) -> str:
+    """A one-node cluster on ports free now (so it never meets another local Slurm)."""
+    host = socket.gethostname()
+    return "\n".join([
+        "ClusterName=bench-local", f"SlurmctldHost={host}", "SlurmUser=root",
+        "AuthType=auth/munge", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+        "SchedulerType=sched/backfill", "ReturnToService=2", "MpiDefault=none",
+        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+        f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool'}",
+        f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
+        f"SlurmctldLogFile={folder / 'slurmctld.log'}", f"SlurmdLogFile={folder / 'slurmd.log'}",
+        "JobCompType=jobcomp/none", "KillWait=5", "MinJobAge=300",
+        "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0",
+        f"NodeName={host} CPUs={cpus} State=UNKNOWN",
+        f"PartitionName=local Nodes={host} Default=YES MaxTime=INFINITE State=UP "
+        "OverSubscribe=FORCE:4",
+        "",
+    ])
+
+
+def env_for(folder: Path) -> dict[str, str]:
+    """The environment Slurm's commands need to find this cluster."""
+    return {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
+
+
+def _wait(what: str, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"local Slurm: {what} within {timeout:.0f} s")
+
+
+def up(folder: Path, cpus: int | None = None, timeout: float = 60.0) -> dict[str, int]:
+    """Start the daemons (their pids are written to FOLDER/pids.json as they start) and wait
+    until `sinfo` shows the node idle; on any failure, stop what was started."""
+    why = missing()
+    if why:
+        raise RuntimeError(f"local Slurm cannot start: {why}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for sub in ("state", "spool"):
+        (folder / sub).mkdir(exist_ok=True)
+    cpus = cpus or os.cpu_count() or 1
+    (folder / "slurm.conf").write_text(config(folder, cpus))
+    pids: dict[str, int] = {}
+    started = time.monotonic()
+
+    def keep(name: str, proc: subprocess.Popen) -> None:
+        pids[name] = proc.pid
+        (folder / "pids.json").write_text(json.dumps(pids))
+
+    try:
+        if not MUNGE_SOCKET.exists():
+            Path("/run/munge").mkdir(parents=True, exist_ok=True)
+            munged = subprocess.Popen([_binary("munged"), "--foreground", "--force"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+            keep("munged", munged)
+            _wait("munged's socket", MUNGE_SOCKET.exists, timeout)
+        env = env_for(folder)
+        for name in ("slurmctld", "slurmd"):
+            with open(folder / f"{name}.out", "w") as log:
+                proc = subprocess.Popen([_binary(name), "-D", "-f", str(folder / "slurm.conf")],
+                                        stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+            keep(name, proc)
+            time.sleep(0.5)
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited at once: "
+                                   f"{(folder / f'{name}.out').read_text()[-2000:]}")
+
+        def idle() -> bool:
+            out = subprocess.run([_binary("sinfo"), "-h", "-o", "%T"], env=env,
+                                 capture_output=True, text=True)
+            return out.returncode == 0 and out.stdout.strip() == "idle"
+
+        _wait("the node idle in sinfo", idle, timeout)
+    except BaseException:
+        down(folder)
+        raise
+    pids["seconds"] = round(time.monotonic() - started, 1)
+    (folder / "pids.json").write_text(json.dumps(pids))
+    return pids
+
+
+def down(folder: Path, grace: float = 10.0) -> None:
+    """Stop exactly the daemons ``up`` started (their pids from FOLDER/pids.json), slurmd
+    first, then slurmctld and munged; each gets SIGTERM, then SIGKILL."""
+    path = folder / "pids.json"
+    if not path.exists():
+        return
+    pids = json.loads(path.read_text())
+    for name in ("slurmd", "slurmctld", "munged"):
+        pid = pids.get(name)
+        if not pid:
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not our child (a `down` from another process)
+                done = 0 if _alive(pid) else pid
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(
+        f"/proc/{pid}/status").read_text().lower()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("up", "down"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    folder = Path(argv[1]).resolve()
+    if argv[0] == "up":
+        pids = up(folder)
+        print(f"local Slurm up in {pids['seconds']} s (pids in {folder / 'pids.json'}); "
+              f"export SLURM_CONF={folder / 'slurm.conf'}")
+        # the daemons must outlive this process: they run in their own sessions
+        return 0
+    down(folder)
+    print("local Slurm down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,153 @@
+"""bench under a real Slurm: munged, slurmctld and slurmd started on this machine for this
+module (scripts/slurm_local.py), jobs submitted with sbatch and srun, and exactly the
+daemons it started stopped at the end. Skipped with the reason where Slurm is not installed
+or the tests do not run as root (.ci/run installs slurm-wlm and munge)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAST, ROOT, records
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import slurm_local
+
+pytestmark = [
+    pytest.mark.skipif(slurm_local.missing() is not None,
+                       reason=f"a local Slurm cannot start: {slurm_local.missing()}"),
+    pytest.mark.xdist_group("slurm"),  # one cluster, one worker
+]
+
+TINY = ["--cpu", "--data", "synthetic", "--train-limit", "128", "--test-limit", "16",
+        "--epochs", "1", *FAST]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("slurm")
+    pids = slurm_local.up(folder)
+    try:
+        yield slurm_local.env_for(folder), pids
+    finally:
+        slurm_local.down(folder)
+        for name in ("slurmd", "slurmctld", "munged"):
+            pid = pids.get(name)
+            assert not pid or not slurm_local._alive(pid), f"{name} (pid {pid}) still runs"
+
+
+def _wait_for(job: str, env: dict, timeout: float = 180) -> None:
+    """Until squeue no longer lists the job."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True,
+                             text=True)
+        if not out.stdout.strip():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} still in squeue after {timeout:.0f} s")
+
+
+def _sbatch(script: Path, env: dict) -> str:
+    out = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True,
+                         text=True, cwd=script.parent)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def test_bench_slurm_submits_a_job_whose_two_tasks_train_as_two_ranks(slurm, tmp_path):
+    """`bench slurm --cpu ... --submit` on a real cluster: sbatch runs its script, srun its
+    two tasks, which form one gloo group; the record says slurm, 2 ranks, the job's id."""
+    env, pids = slurm
+    assert pids["seconds"] < 30  # the cluster came up (sinfo: idle) within seconds
+    out = tmp_path / "results"
+    script = tmp_path / "job.sbatch"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "slurm", "--cpu", "--nodes", "1", "--gpus", "2",
+         "--strategy", "ddp", "--time", "00:05:00", "--out", str(script), *TINY,
+         "--output", str(out), "--submit"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = script.read_text()
+    assert "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=1" in text
+    assert 'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"' in text
+    job = proc.stdout.strip().split()[-1]  # "Submitted batch job N"
+    _wait_for(job, env)
+    (rec,) = records(out)
+    log = (tmp_path / f"parallel-bench-{job}.out").read_text()
+    assert rec["status"] == "ok", log
+    assert rec["launcher"] == "slurm" and rec["world_size"] == 2, rec
+    assert f"slurm{job}." in rec["run_id"] and rec["threads_per_process"] == 1
+
+
+def test_a_batch_step_and_a_one_task_step_launch_the_ranks_themselves(slurm, tmp_path):
+    """sbatch's batch step (no srun) and a one-task srun step set SLURM_PROCID and
+    SLURM_NTASKS too. bench followed them: 'rank 0 of 2' in the batch step waited for a peer
+    that never came, and a one-task step ran one rank instead of --gpus 2. It now says why
+    it does not follow them and launches --gpus ranks itself."""
+    env, _ = slurm
+    out = tmp_path / "results"
+    bench = f"{sys.executable} -m bench run --strategy ddp --gpus 2 {' '.join(TINY)}"
+    script = tmp_path / "batch.sbatch"
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --ntasks=2", f"#SBATCH --output={tmp_path}/batch-%j.out",
+        f"#SBATCH --chdir={ROOT}", "set -e",
+        f"{bench} --output {out}/batch",  # the batch step itself
+        f"srun --ntasks=1 {bench} --output {out}/one-task",  # a step of one task
+        "", ]))
+    job = _sbatch(script, env)
+    _wait_for(job, env)
+    log = (tmp_path / f"batch-{job}.out").read_text()
+    assert f"in Slurm job {job}'s batch step: launching the ranks here" in log, log
+    assert f"in a one-task step of Slurm job {job}: launching the ranks here" in log, log
+    for where in ("batch", "one-task"):
+        (rec,) = records(out / where)
+        assert rec["status"] == "ok" and rec["world_size"] == 2, (where, log)
+        assert rec["launcher"] == "torchrun", rec["launcher"]
+
+
+def test_a_step_whose_tasks_do_not_match_the_ranks_asked_for_is_refused(slurm, tmp_path):
+    """Two srun tasks asked for --gpus 1 each would have made one 2-rank group of a run
+    that asked for 1 rank. Refused, naming the fix, before anything is written; and two runs
+    of one step (a sweep's repeats: other seeds) write two records, not one over the other."""
+    env, _ = slurm
+    out = tmp_path / "results"
+    bench = f"{sys.executable} -m bench run --strategy ddp {' '.join(TINY)} --output {out}"
+    script = tmp_path / "steps.sbatch"
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --ntasks=2", f"#SBATCH --output={tmp_path}/steps-%j.out",
+        f"#SBATCH --chdir={ROOT}",
+        f"srun --ntasks=2 {bench} --gpus 1 || echo 'mismatch exited' $?",
+        f"srun --ntasks=2 {bench} --gpus 2 --seed 0 && srun --ntasks=2 {bench} --gpus 2 "
+        "--seed 1", ""]))
+    job = _sbatch(script, env)
+    _wait_for(job, env)
+    log = (tmp_path / f"steps-{job}.out").read_text()
+    assert "this srun step has 2 tasks on 1 node(s) (SLURM_STEP_NUM_TASKS), but --gpus 1 " \
+        "asks for 1 ranks" in log, log
+    assert "mismatch exited 2" in log, log
+    found = records(out)
+    assert sorted(r["seed"] for r in found) == [0, 1], log
+    assert {r["status"] for r in found} == {"ok"} and len({r["run_id"] for r in found}) == 2
+
+
+def test_cores_come_from_the_tasks_own_cpus(slurm, tmp_path):
+    """A task given 2 CPUs (--cpus-per-task, inherited by srun through SRUN_CPUS_PER_TASK)
+    trains with 2 threads; bench once divided the machine's cores by the tasks again."""
+    env, _ = slurm
+    out = tmp_path / "results"
+    script = tmp_path / "cpus.sbatch"
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=2",
+        f"#SBATCH --output={tmp_path}/cpus-%j.out", f"#SBATCH --chdir={ROOT}",
+        'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"',
+        f"srun {sys.executable} -m bench run --strategy ddp --gpus 1 {' '.join(TINY)} "
+        f"--output {out}", ""]))
+    job = _sbatch(script, env)
+    _wait_for(job, env)
+    (rec,) = records(out)
+    assert rec["status"] == "ok", (tmp_path / f"cpus-{job}.out").read_text()
+    assert rec["threads_per_process"] == 2
