@@ -5,6 +5,7 @@ or the tests do not run as root (.ci/run installs slurm-wlm and munge)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -151,3 +152,96 @@ def test_cores_come_from_the_tasks_own_cpus(slurm, tmp_path):
     (rec,) = records(out)
     assert rec["status"] == "ok", (tmp_path / f"cpus-{job}.out").read_text()
     assert rec["threads_per_process"] == 2
+
+
+def _submitted(stdout: str) -> list[str]:
+    found = re.search(r"submitted job arrays? ([\d, ]+):", stdout)
+    assert found, stdout
+    return [j.strip() for j in found.group(1).split(",")]
+
+
+def test_a_sweep_runs_as_job_arrays_one_record_per_combination(slurm, tmp_path):
+    """`bench sweep --slurm --submit`: one array per world size, task i runs combination i
+    through the local sweep's path; every combination leaves one ok record in the shared
+    folder, `bench report` reads them, and submitting again runs nothing twice."""
+    env, _ = slurm
+    out = tmp_path / "results"
+    sweep = [sys.executable, "-m", "bench", "sweep", "--slurm", "--strategies", "dp,ddp",
+             "--gpus", "1,2", *TINY, "--output", str(out), "--submit", "--time", "00:05:00"]
+    started = time.monotonic()
+    proc = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = _submitted(proc.stdout)
+    assert len(jobs) == 2  # world sizes 1 and 2: an array each
+    for job in jobs:
+        _wait_for(job, env)
+    wall = time.monotonic() - started
+    found = records(out)
+    logs = "".join(p.read_text() for p in (out / "slurm").glob("*.out"))
+    assert len(found) == 4 and {r["status"] for r in found} == {"ok"}, logs
+    assert sorted((r["strategy"], r["gpus_requested"]) for r in found) == [
+        ("ddp", 1), ("ddp", 2), ("dp", 1), ("dp", 2)]
+    assert len({r["tag"] for r in found}) == 4
+    print(f"array of 4 combinations: {wall:.0f} s")
+    report = subprocess.run([sys.executable, "-m", "bench", "report", "--results", str(out),
+                             "--no-write"], cwd=ROOT, capture_output=True, text=True)
+    assert report.returncode == 0 and "ddp" in report.stdout, report.stderr
+    again = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    for job in _submitted(again.stdout):
+        _wait_for(job, env)
+    assert len(records(out)) == 4  # nothing ran twice
+    logs = "".join(p.read_text() for p in (out / "slurm").glob("*.out"))
+    assert logs.count("ok record exists, skipped") == 4, logs
+
+
+def test_a_cancelled_array_task_is_closed_and_a_resubmitted_sweep_reruns_only_it(slurm,
+                                                                                 tmp_path):
+    """scancel of a running array task: Slurm SIGTERMs its processes (and SIGKILLs them
+    KillWait later); its record ends interrupted with the reason, no rank of it is left, and
+    the same sweep submitted again runs that combination alone."""
+    env, _ = slurm
+    out = tmp_path / "results"
+    long = [a for a in TINY if a not in ("--epochs", "1")]
+    sweep = [sys.executable, "-m", "bench", "sweep", "--slurm", "--strategies", "ddp",
+             "--gpus", "1", "--repeats", "2", *long, "--epochs", "60", "--max-parallel", "1",
+             "--output", str(out), "--submit"]
+    proc = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job,) = _submitted(proc.stdout)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # task 0's run under way: its record has an epoch
+        running = [r for r in records(out) if r.get("status") == "running"
+                   and len(r.get("per_epoch") or []) >= 2]
+        if running:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("no running record within 120 s")
+    cancelled = running[0]
+    subprocess.run(["scancel", f"{job}_0"], env=env, check=True)
+    _wait_for(job, env)
+    by_id = {r["run_id"]: r for r in records(out)}
+    closed = by_id[cancelled["run_id"]]
+    assert closed["status"] == "interrupted" and "SIGTERM" in (closed["error"] or ""), closed
+    assert sorted(r["status"] for r in by_id.values()) == ["interrupted", "ok"]
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+            and cancelled["run_id"].encode() in _cmdline(p)]
+    assert not left, left
+    again = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    for job in _submitted(again.stdout):
+        _wait_for(job, env)
+    found = records(out)
+    assert sorted(r["status"] for r in found) == ["ok", "ok"], found
+    assert cancelled["run_id"] not in {r["run_id"] for r in found}  # moved to superseded/
+    assert (out / "runs" / "superseded" / f"{cancelled['run_id']}.json").exists()
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ from bench.config.options import config_from_args, given, parse_list, run_option
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan
 from bench.launch.preflight import check_output_writable
-from bench.records.files import read_record, runs_dir, utc_now, write_atomic
+from bench.records.files import read_record, runs_dir, utc_now, write_atomic, write_text_atomic
 from bench.records.provenance import current_status, owner_alive, this_process
 from bench.tools import terminal
 from bench.tools.errors import (
@@ -130,8 +131,15 @@ def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
 
 
 def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus: list[int],
-              repeats: int = 1, force: bool = False, run_timeout: float | None = None) -> int:
+              repeats: int = 1, force: bool = False, run_timeout: float | None = None,
+              only: int | None = None) -> int:
+    """Every combination in order (``only``: the one of that index, a Slurm array task's)."""
     combos = plan_combos(base, strategies, gpus, repeats)
+    if only is not None:
+        if not 0 <= only < len(combos):
+            raise ConfigError(f"--only {only}: this sweep has combinations 0 to "
+                              f"{len(combos) - 1}")
+        combos = [combos[only]]
     if run_timeout is not None and run_timeout <= 0:
         raise ConfigError(f"--run-timeout must be positive seconds (got {run_timeout})")
     check_output_writable(base.output)  # its runs' records and the sweep's claims go there
@@ -312,6 +320,96 @@ PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
 USES_TORCH = True
 
 
+def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, time: str,
+                  partition: str | None, max_parallel: int, cpus_per_rank: int,
+                  cpu: bool, workdir: str, output: str) -> dict[int, str]:
+    """One sbatch job array per shape (world size N: the cores, or GPUs, one combination
+    needs), each over the indices of its combinations in the sweep's fixed order. Task i
+    runs `bench sweep ... --only i`: the local sweep's own path (claims, tags, superseded
+    records, the repeat's seed), its run launching N ranks on the task's node."""
+    by_shape: dict[int, list[int]] = {}
+    for i, combo in enumerate(combos):
+        by_shape.setdefault(combo.gpus, []).append(i)
+    scripts = {}
+    for n, indices in by_shape.items():
+        lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}-n{n}",
+                 f"#SBATCH --array={','.join(map(str, indices))}%{max_parallel}",
+                 "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+                 f"#SBATCH --cpus-per-task={cpus_per_rank * n}",
+                 *([] if cpu else [f"#SBATCH --gpus-per-node={n}"]),
+                 f"#SBATCH --time={time}", f"#SBATCH --chdir={workdir}",
+                 f"#SBATCH --output={output}/slurm/%x-%A_%a.out"]
+        if partition:
+            lines.append(f"#SBATCH --partition={partition}")
+        lines += [
+            "",
+            f"# Combination $SLURM_ARRAY_TASK_ID of this sweep's {len(combos)} (those of "
+            + (terminal.count(n, "CPU process", "CPU processes") if cpu
+               else terminal.count(n, "GPU")) + "):",
+            "# the sweep's own path, resumable; its run starts its ranks on this node.",
+            "set -euo pipefail",
+            " ".join([sys.executable, "-m", "bench", "sweep", *map(shlex.quote, sweep_args),
+                      "--only", '"$SLURM_ARRAY_TASK_ID"']),
+            "",
+        ]
+        scripts[n] = "\n".join(lines)
+    return scripts
+
+
+def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
+                names: list[str], gpus: list[int]) -> int:
+    """``bench sweep --slurm``: the job arrays written (and with --submit, submitted)."""
+    import re
+    import shutil
+
+    if base.nodes > 1:
+        raise ConfigError("bench sweep --slurm runs each combination on one node; for "
+                          "multi-node runs write one job each with `bench slurm`")
+    if args.max_parallel < 1 or args.cpus_per_task < 1:
+        raise ConfigError("--max-parallel and --cpus-per-task must be at least 1")
+    if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
+        raise ConfigError(f"--time must look like HH:MM:SS (got {args.time!r})")
+    if args.submit and shutil.which("sbatch") is None:
+        raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or use "
+                          "--dry-run and copy the scripts there")
+    combos = plan_combos(base, names, gpus, args.repeats)
+    output = str(Path(base.output).resolve())
+    sweep_args = ["--strategies", args.strategies, "--gpus", args.gpus, "--repeats",
+                  str(args.repeats), *(["--force"] if args.force else []),
+                  *([f"--run-timeout={args.run_timeout:g}"] if args.run_timeout else []),
+                  *passed_on]
+    if not given(passed_on, "--output"):
+        sweep_args += ["--output", output]
+    scripts = array_scripts(combos, sweep_args, job_name=args.job_name, time=args.time,
+                            partition=args.partition, max_parallel=args.max_parallel,
+                            cpus_per_rank=args.cpus_per_task, cpu=base.cpu,
+                            workdir=str(Path.cwd()), output=output)
+    if args.dry_run:
+        for n, text in scripts.items():
+            print(f"# --- world size {n} ---\n{text}")
+        return EXIT_OK
+    folder = Path(output) / "slurm"
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for n, text in scripts.items():
+        path = folder / f"sweep-{combos[0].key}-n{n}.sbatch"
+        write_text_atomic(path, text)
+        print(f"wrote {path} ({sum(c.gpus == n for c in combos)} combinations)")
+        if args.submit:
+            done = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True,
+                                  text=True)
+            if done.returncode:
+                print(f"bench sweep: sbatch refused {path}: {done.stderr.strip()}",
+                      file=sys.stderr)
+                return EXIT_FAILED
+            jobs.append(done.stdout.strip().split(";")[0])
+    if jobs:
+        print(f"submitted job array{'s' * (len(jobs) > 1)} {', '.join(jobs)}: follow with "
+              f"`squeue -j {','.join(jobs)}`; the records land in {output}/runs (`bench report "
+              f"--results {output}`); submit again to rerun only what did not finish ok")
+    return EXIT_OK
+
+
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench sweep``'s options (``help``: its line in ``bench --help``)."""
     sweep = sub.add_parser(
@@ -325,6 +423,20 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                        "records")
     sweep.add_argument("--run-timeout", type=float, default=None,
                        help="seconds after which one run is stopped and recorded as failed")
+    slurm = sweep.add_argument_group("Slurm: the sweep as job arrays, one per world size")
+    slurm.add_argument("--slurm", action="store_true",
+                       help="write one sbatch job array per world size (into OUTPUT/slurm) "
+                            "whose task i runs combination i; --submit submits them")
+    slurm.add_argument("--submit", action="store_true", help="with --slurm: run sbatch")
+    slurm.add_argument("--dry-run", action="store_true", help="with --slurm: print the scripts")
+    slurm.add_argument("--partition", default=None, help="Slurm partition")
+    slurm.add_argument("--time", default="01:00:00", help="each task's limit, HH:MM:SS")
+    slurm.add_argument("--max-parallel", type=int, default=4,
+                       help="array tasks running at once (default 4)")
+    slurm.add_argument("--cpus-per-task", type=int, default=1,
+                       help="cores per rank (x N for a combination of N ranks; default 1)")
+    slurm.add_argument("--job-name", default="bench-sweep", help="Slurm job name prefix")
+    sweep.add_argument("--only", type=int, default=None, help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
@@ -338,5 +450,9 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
                           "e.g. --mllog 'logs/{run_id}.log'")
     names = parse_list(args.strategies, "--strategies")
     gpus = parse_list(args.gpus, "--gpus", int)
+    if (args.submit or args.dry_run) and not args.slurm:
+        raise ConfigError("--submit and --dry-run go with --slurm")
+    if args.slurm:
+        return slurm_sweep(args, base, passed_on, names, gpus)
     return run_sweep(base, passed_on, names, gpus, repeats=args.repeats, force=args.force,
-                     run_timeout=args.run_timeout)
+                     run_timeout=args.run_timeout, only=args.only)
