@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    ROOT,
     crop_candidates,
     distinguishable_image,
     normalise,
@@ -212,3 +213,30 @@ def test_a_synthetic_set_beyond_its_default_size_is_recorded_and_checked_at_that
     huge = cfg.derive(train_limit=10**11)
     with pytest.raises(ConfigError, match="lower --train-limit"):
         prepare_data(huge)
+
+
+def test_a_run_waits_for_another_preparing_the_data_instead_of_downloading_too(tmp_path,
+                                                                              monkeypatch):
+    """Under Slurm each task is its own `bench run`: all of them downloaded CIFAR-100 into one
+    shared folder at once. Now one prepares it (a lock beside the folder) while the others
+    wait, then find it there. Here the first holds the lock while it writes the files; the
+    second, whose download could only fail (its mirror does not exist), waits and reads them."""
+    import subprocess
+    import sys
+
+    from bench.data.image_sets import prepare_cifar100
+
+    root = tmp_path / "cifar"
+    first = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from bench.data.image_sets import preparing_alone, synthetic_split, write_cifar100_format
+with preparing_alone({str(root)!r}):
+    print("locked", flush=True)
+    time.sleep(1.5)
+    write_cifar100_format({str(root)!r}, synthetic_split("train", 64, seed=1),
+                          synthetic_split("test", 8, seed=1))
+"""], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "locked"
+    monkeypatch.setenv("BENCH_CIFAR100_URL", (tmp_path / "no-such-mirror.tar.gz").as_uri())
+    assert prepare_cifar100(root) == ("fixture", 64, 8)
+    assert first.wait(timeout=60) == 0

@@ -184,6 +184,47 @@ def check_cifar100_meta(root: Path) -> None:
         )
 
 
+PREPARE_WAIT_S = 1800.0  # how long a process waits for another one preparing the data
+
+
+@contextlib.contextmanager
+def preparing_alone(root: Path, wait_s: float = PREPARE_WAIT_S):
+    """One process at a time prepares the data of ``root``: Slurm's tasks are each their own
+    `bench run`, and several of them downloading into one shared folder overwrote each
+    other's archive (and a failed checksum deleted the archive another was unpacking). An
+    exclusive lock on a file beside ``root`` (its parent must exist), waited for at most
+    ``wait_s`` seconds."""
+    import fcntl
+    import time
+
+    root = Path(root).absolute()
+    if not root.parent.is_dir():  # nothing to share yet: the download makes the folders
+        yield
+        return
+    lock_path = root.parent / f".{root.name}.bench-prepare.lock"
+    try:
+        handle = open(lock_path, "a+")  # noqa: SIM115 (held across the yield)
+    except OSError:  # a read-only parent: no lock to take, nothing can be downloaded there
+        yield
+        return
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(
+                        f"another process has been preparing the data in {root} for more "
+                        f"than {wait_s:.0f} s ({lock_path} is locked); wait for it or "
+                        "point --data-dir elsewhere") from None
+                time.sleep(0.5)
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 def prepare_cifar100(root: Path, download: bool = True) -> tuple[str, int, int]:
     """Make sure the dataset is on disk and readable. Returns the kind, ``cifar100``
     (official md5s) or ``fixture`` (the right format, other content), and the train and test
@@ -196,7 +237,9 @@ def prepare_cifar100(root: Path, download: bool = True) -> tuple[str, int, int]:
             what = (f"CIFAR-100 is not in {root}" if len(missing) == len(CIFAR100_MD5) else
                     f"CIFAR-100 in {root} lacks {', '.join(str(folder / n) for n in missing)}")
             raise ConfigError(f"{what}; drop --no-download or fix --data-dir")
-        download_cifar100(root)
+        with preparing_alone(root):
+            if not cifar100_present(root):  # another process may have made it meanwhile
+                download_cifar100(root)
     check_cifar100_meta(root)
     train = len(load_cifar100_split(root, "train"))
     test = len(load_cifar100_split(root, "test"))
