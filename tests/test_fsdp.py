@@ -40,6 +40,14 @@ def test_fsdp_two_ranks_match_ddp(cifar_dir, tmp_path):
     assert [e["data_order_sha1"] for e in fsdp["per_epoch"]] == [
         e["data_order_sha1"] for e in ddp["per_epoch"]
     ]
+    # memory by parts: a DDP replica holds the model whole (4 bytes a parameter; SGD's
+    # momentum as much again), an FSDP rank half of each (its shards, padding aside)
+    whole = 4 * ddp["model"]["parameters"]
+    mem = ddp["memory_parts"]
+    assert mem["parameters"] == mem["gradients"] == mem["optimizer_state"] == whole, mem
+    assert mem["peak"] > 3 * whole and mem["activations_and_workspace"] == mem["peak"] - 3 * whole
+    for part in ("parameters", "gradients", "optimizer_state"):
+        assert 0.5 * whole <= fsdp["memory_parts"][part] < 0.52 * whole, fsdp["memory_parts"]
 
 
 def test_fsdp_uneven_test_shards_are_padded_not_counted(cifar_dir, tmp_path):

@@ -36,6 +36,10 @@ def test_ddp_zero_shards_the_optimizer_state(tmp_path):
     mine, total = (int(v.replace(",", "")) for v in re.findall(r"([\d,]+) of ([\d,]+)",
                                                                note)[0])
     assert total == rec["model"]["parameters"] and 0.3 * total < mine < 0.7 * total
+    # memory by parts: parameters and gradients whole, momentum only for this rank's share
+    mem = rec["memory_parts"]
+    assert mem["parameters"] == mem["gradients"] == 4 * total, mem
+    assert mem["optimizer_state"] == 4 * mine, mem
     assert_comm_probe(rec)
     assert "parameter broadcast after each step (ZeRO)" in rec["comm_probe_note"]
 

@@ -182,3 +182,31 @@ def test_a_kill_9_mid_draw_and_two_reports_at_once_leave_every_plot_whole(tmp_pa
         assert proc.returncode == 0, err
     assert not _whole(plots), _whole(plots)  # the killed reports' temporary files gone too
     assert sorted(p.relative_to(plots) for p in plots.rglob("*.png")) == first
+
+
+def test_memory_per_rank_is_shown_by_parts_where_rows_differ():
+    """A record's memory_parts: the terminal table shows mem/rank only where a workload's
+    rows differ by more than 10 %, and the memory figure stacks each row's parts."""
+    from bench.report import figures_per_workload, summary_table
+    from bench.report.views import to_text
+
+    mib = 2**20
+
+    def run(run_id, strategy, params, grads, state, peak, train_size=1000):
+        rec = {**record(run_id, strategy, 2, [3.0, 2.0], [0.1, 0.5]), "train_size": train_size}
+        rec["memory_parts"] = {"parameters": params * mib, "gradients": grads * mib,
+                               "optimizer_state": state * mib, "peak": peak * mib,
+                               "activations_and_workspace": (peak - params - grads - state) * mib}
+        return rec
+
+    records = [run("a", "ddp", 40, 40, 40, 400), run("b", "fsdp", 20, 20, 20, 300),
+               run("c", "ddp", 40, 40, 40, 400, 2000), run("d", "fsdp", 20, 20, 20, 380, 2000)]
+    text = to_text(summary_table(records))
+    first, second = text.split("\n\n")[:2]
+    assert "mem/rank" in first and "300 MiB" in first and "400 MiB" in first  # 1.33x
+    assert "mem/rank" not in second  # 400 against 380: within 10 %
+    figure = figures_per_workload(records)["synthetic 1000 img, batch 100, resnet18"]["memory"]
+    bars = figure.axes[0].containers
+    tops = [sum(c[i].get_height() for c in bars) for i in range(2)]
+    assert tops == [400.0, 300.0]
+    assert [round(c[1].get_height()) for c in bars] == [20, 20, 20, 240]

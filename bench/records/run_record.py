@@ -125,6 +125,7 @@ class RunRecord:
             "test_size": None,
             "seed": cfg.seed,
             "data_order_rule": DATA_ORDER_RULE,
+            "memory_parts": None,  # after the first epoch (bench.measure.memory_parts)
             "workers_per_replica": workers_per_replica,
             "workers_per_process": workers_per_process,
             "syncbn_requested": cfg.syncbn,

@@ -33,7 +33,7 @@ RECORD_FIELDS = (
     "loader_probe_steps", "loader_alone_images_per_s",
     "gradient_buckets", "compressed_gradient_elements",
     "train_flops_per_image", "peak_tflops_per_gpu",
-    "profile_steps", "profile_trace", "data_order_rule",
+    "profile_steps", "profile_trace", "data_order_rule", "memory_parts",
 )
 
 
@@ -74,11 +74,14 @@ _OPTIONAL = {
          "peak_tflops_per_gpu": NUMBER, "notes": list, "tag": str, "error": str,
          "initial_param_fingerprint": str, "initial_reference_fingerprint": str,
          "initial_replicas_identical": bool, "replicas_identical": bool,
-         "per_rank_batch": int, "lr": NUMBER, "backend": str, "data_order_rule": str},
+         "per_rank_batch": int, "lr": NUMBER, "backend": str, "data_order_rule": str,
+         "memory_parts": dict},
     ("model",): {"name": str, "width": NUMBER, "parameters": int, "num_classes": int,
                  "image_size": int},
     ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER},
     ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int},
+    ("memory_parts",): {"parameters": int, "gradients": int, "optimizer_state": int,
+                        "peak": int, "activations_and_workspace": int},
 }
 
 

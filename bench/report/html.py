@@ -71,7 +71,7 @@ _FIGURE_TITLES = {
     "epoch_time": "Epoch time", "scaling": "Scaling", "scaling_efficiency": "Scaling efficiency",
     "top1": "Accuracy per epoch", "time_to_target": "Time to target",
     "time_vs_accuracy": "Time vs accuracy", "where_time_goes": "Where the step time goes",
-    "busbw": "All-reduce ceiling",
+    "busbw": "All-reduce ceiling", "memory": "Memory per rank, by parts",
 }
 
 

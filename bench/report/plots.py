@@ -164,6 +164,7 @@ def make_figures(records: list[dict[str, Any]],
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figures["time_vs_accuracy"] = fig
     figures["where_time_goes"] = _where_time_goes_figure(ok)
+    figures["memory"] = _memory_figure(ok)
     figures["scaling_efficiency"] = _efficiency_figure(ok)
     shown = _probes_of(set(ok["device"]), probes or [])
     if shown:
@@ -266,6 +267,35 @@ def _where_time_goes_figure(ok):
     return fig
 
 
+_MEMORY_BARS = (("mem_parameters", "parameters", "tab:blue"),
+                ("mem_gradients", "gradients", "tab:orange"),
+                ("mem_optimizer_state", "optimizer state", "tab:green"),
+                ("mem_activations", "activations and workspace", "0.7"))
+
+
+def _memory_figure(ok):
+    """A stacked bar per row (strategy and N): what one rank holds, by parts (records'
+    memory_parts), the peak less the interpreter's baseline in all."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ok.itertuples() if getattr(r, "mem_rank", math.nan) == r.mem_rank]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(rows)
+    for column, label, color in _MEMORY_BARS:
+        heights = [getattr(r, column) if getattr(r, column) == getattr(r, column) else 0.0
+                   for r in rows]
+        ax.bar(range(len(rows)), heights, bottom=bottom, color=color, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
+                                                 f"{r.device} {r.precision}", *_sets_apart(r)])
+                                      for r in rows], fontsize=7)
+    ax.set_ylabel("memory per rank (MiB)")
+    ax.set_title("What one rank holds (peak, by parts)")
+    if rows:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
 def _efficiency_figure(ok):
     import matplotlib.pyplot as plt
 
@@ -347,6 +377,7 @@ def figures_per_workload(records: list[dict[str, Any]],
                                    and (table["time_to_target_s"] < math.inf).any()),
             "scaling": table["world_size"].nunique() > 1,
             "scaling_efficiency": table["world_size"].nunique() > 1,
+            "memory": bool(table["mem_rank"].notna().any()) if "mem_rank" in table else False,
         }
         for key, fig in make_figures(recs, probes, table).items():
             if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):

@@ -59,6 +59,7 @@ COLUMNS = [
     ("best_top1", "best top-1 (%)"),
     ("delta_top1", "Δ top-1 vs ref (Welch p)"),
     ("peak_mem_mib", "peak mem (MiB)"),
+    ("mem_rank", "mem/rank (MiB: params + grads + optimizer + activations)"),
     ("exposed_comm", "exposed comm (%)"),
     ("mfu", "MFU (%)"),
     ("comm_ceiling", "ideal all-reduce / step (ms)"),
@@ -72,6 +73,23 @@ COLUMNS = [
 
 
 COLUMN_INDEX = {c: i for i, (c, _) in enumerate(COLUMNS)}
+
+
+# A run's memory per rank by parts (records' memory_parts, MiB): the report's mem/rank is
+# their sum, the peak less the interpreter's baseline.
+MEMORY_PARTS = ("mem_parameters", "mem_gradients", "mem_optimizer_state", "mem_activations",
+                "mem_rank")
+
+
+def _memory_parts_mib(rec: dict[str, Any]) -> dict[str, float]:
+    parts = rec.get("memory_parts") or {}
+    def mib(key: str) -> float:
+        value = parts.get(key)
+        return value / 2**20 if isinstance(value, (int, float)) else math.nan
+
+    return {"mem_parameters": mib("parameters"), "mem_gradients": mib("gradients"),
+            "mem_optimizer_state": mib("optimizer_state"),
+            "mem_activations": mib("activations_and_workspace"), "mem_rank": mib("peak")}
 
 
 def same_start(rec: dict[str, Any]) -> bool | None:
@@ -141,6 +159,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "time_to_target_s": (rec.get("time_to_target_s") if rec.get("reached_target")
                                      else math.inf),
                 "peak_mem_mib": figures.get("steady_peak_mem_bytes", math.nan) / 2**20,
+                **_memory_parts_mib(rec),
                 "exposed_comm": as_number(rec.get("exposed_comm_fraction")),
                 "compute_step_s": as_number(rec.get("compute_step_s")),
                 "mfu": median_of([as_number(e.get("mfu")) for e in epochs[1:] or epochs]),
@@ -194,6 +213,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             best_top1=mean_ci(list(ok["best_top1"]))[0],
             finals=list(ok["final_top1"]),
             peak_mem_mib=median_of(list(ok["peak_mem_mib"])),
+            **{part: median_of(list(ok[part])) for part in MEMORY_PARTS},
             time_to_target=mlperf_score(list(ok["time_to_target_s"]), list(ok["target_top1"])),
             time_to_target_s=(mlperf_seconds(list(ok["time_to_target_s"]))[0]
                               if ok["target_top1"].notna().any() else math.nan),

@@ -19,7 +19,8 @@ TERMINAL_COLUMNS = [
     ("precision", "prec."), ("options", "options"), ("runs", "runs"),
     ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
     ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
-    ("same_start", "start"), ("clock_share", "clock"), ("gpu_util", "util"),
+    ("same_start", "start"), ("mem_rank", "mem/rank"), ("clock_share", "clock"),
+    ("gpu_util", "util"),
     ("images_per_joule", "img/J"),
     ("status", "status"),
 ]
@@ -55,6 +56,8 @@ def _fmt(value: Any, column: str) -> str:
         return f"{value:.2f}"
     if column in ("images_per_s", "loader_alone", "peak_mem_mib", "gpu_util"):
         return f"{value:.0f}"
+    if column == "mem_rank":
+        return f"{value:.0f} MiB"
     if column == "images_per_joule":
         return f"{value:.1f}"
     if column in ("speedup",):
@@ -224,7 +227,7 @@ def _heading(block: str, same: list[str], width: int) -> list[str]:
 
 # What a block too wide for the terminal leaves out first (`--format wide` has them all):
 # never the status, which a cut line would lose, nor *same start*, which a ✗ makes the news.
-_SPARED_LAST = ("img/J", "util", "clock", "runs")
+_SPARED_LAST = ("img/J", "util", "clock", "runs", "mem/rank")
 
 
 def _fit(names: list[str], rows: list[list[str]], width: int
@@ -248,6 +251,20 @@ def _fit(names: list[str], rows: list[list[str]], width: int
     return names, rows, widths
 
 
+MEMORY_DIFFERS = 1.10  # mem/rank shows where a block's rows differ by more than this
+
+
+def _memory_if_it_differs(names: list[str], rows: list[list[str]]
+                          ) -> tuple[list[str], list[list[str]]]:
+    """The mem/rank column stays in a block only where its rows differ by more than 10 %
+    (ZeRO and FSDP beside DDP); elsewhere it says nothing the choice depends on."""
+    i = names.index("mem/rank")
+    values = [float(row[i].split()[0]) for row in rows if row[i] != "—"]
+    if len(values) >= 2 and min(values) > 0 and max(values) / min(values) > MEMORY_DIFFERS:
+        return names, rows
+    return names[:i] + names[i + 1:], [row[:i] + row[i + 1:] for row in rows]
+
+
 def to_text(table, width: int = 120) -> str:
     """The key columns, one block per workload, each line at most ``width`` characters."""
     header = [h for _, h in TERMINAL_COLUMNS]
@@ -267,15 +284,17 @@ def to_text(table, width: int = 120) -> str:
         row[10] = row[10].replace(" ± ", "±")
         row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
         row[9] = row[9].replace(" %", "%")
-        row[13] = row[13].replace(" %", "%")  # the GPU clock
-        row[14] += "%" if row[14] != "—" else ""  # the GPU utilization
+        clock, util = header.index("clock"), header.index("util")
+        row[clock] = row[clock].replace(" %", "%")  # the GPU clock
+        row[util] += "%" if row[util] != "—" else ""  # the GPU utilization
         if record.get("flags"):
             row[-1] += f" ⚠ {record['flags']}"
         blocks.setdefault(record["workload"], []).append(row)
     out = []
     unscaled = False  # a finished row without a speed-up: say why once, below
     for block, rows in blocks.items():
-        names, rows, same = said_once(list(header), rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
+        names, rows = _memory_if_it_differs(list(header), rows)
+        names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         if "speed-up" in names:
             at = names.index("speed-up")
             unscaled |= any(row[at] == "—" and row[-1].startswith("ok") for row in rows)

@@ -23,6 +23,7 @@ from bench.measure.across_ranks import (
     sync_devices,
 )
 from bench.measure.gpu_clocks import INTERVAL_S, ClockMonitor, start_monitor
+from bench.measure.memory_parts import held, memory_parts
 from bench.measure.step_probes import compute_only_steps, loader_alone, profile_steps
 from bench.measure.timing import InputWait, step_intervals, step_mark
 from bench.models.parameters import initial_params_sha1
@@ -90,6 +91,7 @@ class Trainer:
         self.graphs = CudaGraphWatch() if graphs else None
         self.window = (0.0, 0.0)  # the last epoch's timed region (perf_counter)
         self.run_clock: RunClock | None = None  # the time left, with progress on (rank 0)
+        self.held: dict[str, int] | None = None  # memory_parts.held after the first epoch
 
     def run(self) -> None:
         """The timed run: warm-up compile, the epochs (train, evaluate, record), the
@@ -234,6 +236,8 @@ class Trainer:
         end = time.perf_counter()
         train_time, self.window = end - start, (start, end)
         # ---- end of timed region ----
+        if epoch == 0 and self.record is not None:  # gradients and optimizer state now exist
+            self.held = held(self.parts.model, self.parts.optimizer)
         step_times = step_intervals(marks, cuda)
         self.beat(f"train epoch {epoch + 1} (end)", force=True)
         if bar is not None:
@@ -388,6 +392,9 @@ def finish_run(trainer: Trainer) -> None:
     """After the last epoch: the replica check, the input pipeline alone
     (--loader-probe-steps), then the profiled steps (--profile-steps) and the compute-only
     probe steps, which change the model and so come after everything recorded about it."""
+    if trainer.record is not None and trainer.held is not None:  # before any extra step
+        trainer.record.data["memory_parts"] = memory_parts(trainer.held,
+                                                           trainer.strategy.device)
     identical, fingerprint = replica_fingerprint(trainer.strategy, trainer.parts.model)
     scaler_state = trainer.parts.precision.scaler_state()  # before the extra steps move it
     batches = trainer.cfg.loader_probe_steps
