@@ -34,6 +34,8 @@ COMMANDS = {
     "loader": "the input pipeline alone at each loader-worker count: how many --workers feed "
               "faster than the model trains",
     "slurm": "write (and optionally submit) an sbatch script for a multi-node run",
+    "fit": "the largest batch a strategy trains at without running out of memory (on CPU "
+           "under a real --memory-limit)",
     "parity": "the accuracy comparison's self-test: controls that share the math must come "
               "out equal, planted accuracy costs different (--self-test)",
     "compare": "compare two results (folders or record files); exit 1 on a regression",

@@ -32,6 +32,16 @@ def mark_baseline(device: torch.device | None = None) -> None:
         _baseline["cuda"] = torch.cuda.memory_allocated(device)
 
 
+def cap_gpu_memory(device: torch.device) -> None:
+    """``bench fit --gpu-memory GiB`` (BENCH_GPU_MEMORY_GIB): this rank may allocate that
+    much of its GPU, no more ("would it fit on a 24 GB card")."""
+    gib = os.environ.get("BENCH_GPU_MEMORY_GIB")
+    if not gib or device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, float(gib) * 2**30 / total), device)
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (FSDP2), else the tensor."""
     to_local = getattr(t, "to_local", None)

@@ -29,7 +29,7 @@ import torch
 
 import strategies
 from bench.data.loaders import build_loaders
-from bench.measure.memory_parts import mark_baseline
+from bench.measure.memory_parts import cap_gpu_memory, mark_baseline
 from bench.models.registry import mlperf_model_name
 from bench.records.run_record import RunRecord
 from bench.tools.errors import CannotWrite, ConfigError
@@ -147,6 +147,7 @@ def run_rank(spec_path: str | Path) -> None:
         # then bounded by --timeout like a stuck collective (the watchdog only sees ranks
         # that beat once; this rank had not, and such a run waited for ever).
         heartbeat("build: model and data", force=True)
+        cap_gpu_memory(strategy.device)  # bench fit --gpu-memory: a share of the GPU
         mark_baseline(strategy.device)  # what is not the run's memory: before the model
         trainer = build_trainer(spec, strategy, heartbeat)
         if spec.config.verify_steps is not None:

@@ -1,0 +1,239 @@
+"""`bench fit`: the largest per-replica batch a strategy trains a few steps and evaluates
+at without running out of memory — doubling, then bisection to within 5 %, each try a fresh
+`bench run` (an out-of-memory must not poison the next), bounded in tries and time. On CPU
+under a real limit on the try's processes (--memory-limit: a cgroup it makes as root); on
+CUDA against the device, or a share of it (--gpu-memory). Prints each try and a table with
+the record's memory parts at the batch found."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.config.options import config_from_args, given, run_options_for
+from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
+
+PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
+USES_TORCH = True
+STEPS = 3  # training steps a try takes (the first is its warm-up), then one evaluation
+WITHIN = 0.05  # bisection stops when the failing batch is within this of the largest ok one
+OOM_WORDS = ("out of memory", "outofmemory", "cannot allocate memory", "std::bad_alloc",
+             "defaultcpuallocator: can't allocate memory")
+
+
+@dataclass
+class Try:
+    batch: int  # per replica
+    ok: bool
+    cause: str
+    seconds: float
+    record: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.cause.startswith("out of memory")
+
+
+def _record(folder: Path) -> dict[str, Any] | None:
+    found = sorted((folder / "runs").glob("*.json"))
+    try:
+        return json.loads(found[-1].read_text()) if found else None
+    except (OSError, ValueError):
+        return None
+
+
+def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
+            gpu_memory: float | None, timeout: float) -> Try:
+    """Train STEPS steps and evaluate at ``batch`` per replica in a fresh process (under the
+    memory limit), and say why it failed: the kernel's OOM killer, torch's out-of-memory
+    error, or anything else (the record's error)."""
+    from bench.tools.memory_limit import MemoryCage
+
+    started = time.monotonic()
+    global_batch = batch * replicas
+    with tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp:
+        out = Path(tmp)
+        cmd = [sys.executable, "-m", "bench", "run", *args, "--batch-size", str(global_batch),
+               "--epochs", "1", "--train-limit", str(STEPS * global_batch),
+               "--test-limit", str(global_batch), "--comm-probe-steps", "0",
+               "--no-progress", "--output", str(out)]
+        env = None
+        if gpu_memory is not None:
+            import os
+
+            env = {**os.environ, "BENCH_GPU_MEMORY_GIB": f"{gpu_memory:g}"}
+        cage = MemoryCage(limit) if limit is not None else None
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env=env, preexec_fn=cage.enter if cage else None)
+            rc, text = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, text = -1, f"timeout after {exc.timeout:.0f} s"
+        killed = cage.oom_killed() if cage else False
+        peak = cage.peak() if cage else None
+        if cage:
+            cage.close()
+        rec = _record(out)
+    seconds = time.monotonic() - started
+    if rc == 0 and rec is not None and rec.get("status") == "ok":
+        cause = "ok" + (f" (the try's processes peaked at {peak / 2**30:.2f} GiB)"
+                        if peak else "")
+        return Try(batch, True, cause, seconds, rec)
+    error = str((rec or {}).get("error") or text.strip().splitlines()[-1:] or "failed")
+    if killed:
+        cause = (f"out of memory: the kernel's OOM killer ended a process at the "
+                 f"{limit / 2**30:g} GiB limit ({error.splitlines()[0][:120]})")
+    elif any(word in (error + text).lower() for word in OOM_WORDS):
+        cause = f"out of memory: {error.splitlines()[0][:160]}"
+    else:
+        cause = f"failed: {error.splitlines()[0][:200]}"
+    return Try(batch, False, cause, seconds, rec)
+
+
+def search(start: int, replicas: int, args: list[str], limit: int | None,
+           gpu_memory: float | None, max_tries: int, max_seconds: float,
+           say=print) -> tuple[int | None, list[Try]]:
+    """Doubling from ``start`` until a try runs out of memory, then bisection until the
+    failing batch is within WITHIN of the largest that trained; (that batch or None, the
+    tries). A failure that is not out of memory ends the search (it says nothing of fit)."""
+    tries: list[Try] = []
+    deadline = time.monotonic() + max_seconds
+    lo, hi = None, None  # largest ok, smallest out of memory (per replica)
+    batch = start
+
+    def attempt(b: int) -> Try:
+        t = one_try(b, replicas, args, limit, gpu_memory,
+                    timeout=max(60.0, deadline - time.monotonic()))
+        tries.append(t)
+        say(f"bench fit: batch {b} per replica ({b * replicas} global): {t.cause} "
+            f"[{t.seconds:.0f} s]")
+        return t
+
+    def budget() -> bool:
+        return len(tries) < max_tries and time.monotonic() < deadline
+
+    while budget():  # a bracket: doubling up from an ok size, halving down from a failure
+        t = attempt(batch)
+        if t.ok:
+            lo = batch
+            if hi is not None:
+                break
+            batch *= 2
+        elif t.out_of_memory:
+            hi = batch
+            if lo is not None or batch == 1:
+                break
+            batch = max(1, batch // 2)
+        else:
+            return lo, tries
+    while budget() and lo is not None and hi is not None and (
+            hi - lo > max(1, math.floor(WITHIN * lo))):
+        mid = (lo + hi) // 2
+        t = attempt(mid)
+        if t.ok:
+            lo = mid
+        elif t.out_of_memory:
+            hi = mid
+        else:
+            break
+    return lo, tries
+
+
+def _table(strategy: str, n: int, lo: int | None, tries: list[Try]) -> str:
+    best = next((t for t in tries if t.ok and t.batch == lo), None)
+    lines = [f"{'strategy':<10} {'N':>3} {'largest batch/replica':>22} {'global':>7} "
+             f"{'img/s':>7} {'params':>8} {'grads':>8} {'optim.':>8} {'activ.':>8} "
+             f"{'peak/rank':>10}"]
+    if best is None or best.record is None:
+        lines.append(f"{strategy:<10} {n:>3} {'none fits':>22}")
+        return "\n".join(lines)
+    rec = best.record
+    mem = rec.get("memory_parts") or {}
+    epochs = rec.get("per_epoch") or [{}]
+    speed = epochs[-1].get("images_per_s")
+
+    def mib(key: str) -> str:
+        value = mem.get(key)
+        return f"{value / 2**20:.0f} MiB" if isinstance(value, (int, float)) else "—"
+
+    lines.append(f"{strategy:<10} {n:>3} {lo:>22} {lo * rec.get('world_size', n):>7} "
+                 f"{speed if speed is None else round(speed):>7} {mib('parameters'):>8} "
+                 f"{mib('gradients'):>8} {mib('optimizer_state'):>8} "
+                 f"{mib('activations_and_workspace'):>8} {mib('peak'):>10}")
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
+    """``bench fit``'s options (``help``: its line in ``bench --help``)."""
+    fit = sub.add_parser(
+        "fit", help=help,
+        description="Any other option is a `bench run` option (model, data, precision...).")
+    fit.add_argument("--strategy", required=True, help="see `bench list`")
+    fit.add_argument("--gpus", type=int, default=1, help="GPUs (with --cpu, processes)")
+    fit.add_argument("--memory-limit", type=float, default=None, metavar="GiB",
+                     help="CPU: every process of a try together (launcher and ranks), "
+                          "enforced by a memory cgroup this command makes (root)")
+    fit.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
+                     help="CUDA: each rank may use this much of its GPU "
+                          "(torch.cuda.set_per_process_memory_fraction)")
+    fit.add_argument("--start", type=int, default=8, help="first batch per replica (default 8)")
+    fit.add_argument("--max-tries", type=int, default=12, help="tries at most (default 12)")
+    fit.add_argument("--max-minutes", type=float, default=20.0,
+                     help="stop searching after this long (default 20)")
+    fit.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def main(args: argparse.Namespace, passed_on: list[str]) -> int:
+    for flag in ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output",
+                 "--strategy", "--gpus"):
+        if given(passed_on, flag):
+            raise ConfigError(f"bench fit sets {flag} itself for each try")
+    if args.start < 1 or args.max_tries < 1 or args.max_minutes <= 0:
+        raise ConfigError("--start and --max-tries must be at least 1, --max-minutes above 0")
+    run_args = ["--strategy", args.strategy, "--gpus", str(args.gpus), *passed_on]
+    cfg = config_from_args(run_options_for("fit", run_args))
+    cfg.validate()
+    limit = None
+    if args.memory_limit is not None:
+        from bench.tools.memory_limit import unavailable
+
+        if args.memory_limit <= 0:
+            raise ConfigError(f"--memory-limit must be above 0 GiB (got {args.memory_limit})")
+        why = unavailable()
+        if why:
+            raise ConfigError(f"--memory-limit cannot be enforced here: {why}; run as root "
+                              "on a machine with cgroup v1's memory controller, or drop it")
+        limit = int(args.memory_limit * 2**30)
+    if args.gpu_memory is not None and (cfg.cpu or args.gpu_memory <= 0):
+        raise ConfigError("--gpu-memory takes GiB above 0 and a CUDA run (not --cpu)")
+    if limit is None and args.gpu_memory is None and cfg.cpu:
+        raise ConfigError("on CPU, bench fit needs --memory-limit GiB (without a limit the "
+                          "machine's swap, not the strategy, would decide)")
+    replicas = 1 if args.strategy == "dp" and cfg.cpu else args.gpus
+    lo, tries = search(args.start, replicas, run_args, limit, args.gpu_memory,
+                       args.max_tries, 60 * args.max_minutes,
+                       say=lambda line: print(line, file=sys.stderr, flush=True))
+    failed = next((t for t in tries if not t.ok and not t.out_of_memory), None)
+    if args.json:
+        print(json.dumps({"strategy": args.strategy, "gpus": args.gpus,
+                          "memory_limit_gib": args.memory_limit,
+                          "gpu_memory_gib": args.gpu_memory, "largest_batch_per_replica": lo,
+                          "tries": [{"batch": t.batch, "ok": t.ok, "cause": t.cause,
+                                     "seconds": round(t.seconds, 1),
+                                     "memory_parts": (t.record or {}).get("memory_parts")}
+                                    for t in tries]}, indent=1))
+    else:
+        print(_table(args.strategy, args.gpus, lo, tries))
+    if failed is not None and lo is None:
+        print(f"bench fit: a try failed for another reason than memory: {failed.cause}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK if lo is not None else EXIT_FAILED
