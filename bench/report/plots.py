@@ -257,9 +257,7 @@ def _where_time_goes_figure(ok):
                 label=f"{_FLAG} its compute-only probe, slower than the step (suspect)")
         ax.set_ylim(0, 1.3 * max([*(c + e for c, e in zip(compute, exposed)),
                                   *(y for _, y in above)]))
-    ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
-                                                 f"{r.device} {r.precision}", *_sets_apart(r)])
-                                      for r in rows], fontsize=7)
+    ax.set_xticks(range(len(rows)), _bar_labels(rows), fontsize=7)
     ax.set_ylabel("step time (ms, median)")
     ax.set_title("Where the step time goes")
     if rows:
@@ -286,14 +284,18 @@ def _memory_figure(ok):
                    for r in rows]
         ax.bar(range(len(rows)), heights, bottom=bottom, color=color, label=label)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.set_xticks(range(len(rows)), ["\n".join([r.strategy, f"N={r.world_size}",
-                                                 f"{r.device} {r.precision}", *_sets_apart(r)])
-                                      for r in rows], fontsize=7)
+    ax.set_xticks(range(len(rows)), _bar_labels(rows), fontsize=7)
     ax.set_ylabel("memory per rank (MiB)")
     ax.set_title("What one rank holds (peak, by parts)")
     if rows:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
+
+
+def _bar_labels(rows) -> list[str]:
+    """A bar per row, named on lines: strategy, N, device and precision, what sets it apart."""
+    return ["\n".join([r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}",
+                       *_sets_apart(r)]) for r in rows]
 
 
 def _efficiency_figure(ok):
