@@ -373,3 +373,40 @@ def test_a_run_whose_compute_probe_ran_slow_is_projected_with_a_warning(tmp_path
         assert warned == (name == "slowed"), (name, proc.stderr)
         if warned:
             assert "exposed communication -42 %" in " ".join(proc.stderr.split())
+
+
+def test_memory_per_rank_at_scale_divides_what_each_strategy_shards(tmp_path):
+    """From a 2-rank run's memory_parts: ddp keeps 100 + 100 + 100 MiB of parameters,
+    gradients and optimizer state at any N, ddp-zero divides the optimizer state by N, fsdp
+    all three; activations (200 MiB) stay. With 0.41 GiB (419.8 MiB) a GPU: ddp never fits
+    (500 MiB), ddp-zero from N=16 (400 + 100 x 2/N: 450, 425, then 412.5 MiB), fsdp from
+    N=4 (200 + 300 x 2/N: 500 at 2, 350 at 4)."""
+    import json
+
+    from conftest import ROOT
+
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
+    rec = json.loads(source.read_text())
+    mib = 2**20
+    parts = {"parameters": 100 * mib, "gradients": 100 * mib, "optimizer_state": 100 * mib,
+             "activations_and_workspace": 200 * mib, "peak": 500 * mib}
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for strategy in ("ddp", "ddp-zero", "fsdp"):
+        variant = {**rec, "run_id": f"r-{strategy}", "strategy": strategy, "world_size": 2,
+                   "compute_step_s": 0.02, "memory_parts": parts}
+        (folder / f"r-{strategy}.json").write_text(json.dumps(variant))
+    proc = run_bench("project", str(tmp_path), "--gpus", "2,4,8,16", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    got = {(r["strategy"], r["gpus"]): r["memory_per_rank_gib"] * 1024
+           for r in json.loads(proc.stdout)["rows"]}
+    for n in (2, 4, 8, 16):
+        assert got[("ddp", n)] == pytest.approx(500, abs=1)
+        assert got[("ddp-zero", n)] == pytest.approx(400 + 100 * 2 / n, abs=1)
+        assert got[("fsdp", n)] == pytest.approx(200 + 300 * 2 / n, abs=1)
+    text = run_bench("project", str(tmp_path), "--gpus", "2,4,8,16", "--gpu-memory", "0.41")
+    flat = " ".join(text.stdout.split())
+    assert "0.41 GiB a GPU: ddp tf32 (—) fits at no N up to 16" in flat, flat
+    assert "0.41 GiB a GPU: ddp-zero tf32 (—) fits from N=16 on" in flat
+    assert "0.41 GiB a GPU: fsdp tf32 (—) fits from N=4 on" in flat
+    assert "mem/rank" in text.stdout

@@ -24,6 +24,7 @@ from bench.project.from_records import (
     series_key,
     workload_of,
 )
+from bench.project.memory import fits_from, memory_at
 from bench.project.scaling import (
     LEFT_OUT,
     NETWORKS,
@@ -86,7 +87,7 @@ def _newest_per_strategy(records: list[dict[str, Any]]) -> list[tuple[dict, Work
 
 def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str | None,
                 intra: float | None, inter: float | None, fmt: str, validate: bool,
-                plot: str | None = None) -> int:
+                plot: str | None = None, gpu_memory: float | None = None) -> int:
     from bench.records.probes import load_probes
 
     if gpus_per_node < 1 or any(n < 1 for n in gpus):
@@ -97,6 +98,8 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     if gpus_per_node > MAX_GPUS_PER_NODE:
         raise ConfigError(f"--gpus-per-node goes up to {MAX_GPUS_PER_NODE:,}, past the largest "
                           f"NVLink domains built (got {gpus_per_node:,})")
+    if gpu_memory is not None and not gpu_memory > 0:
+        raise ConfigError(f"--gpu-memory takes GiB above 0 (got {gpu_memory})")
     if plot is not None:
         if Path(plot).suffix not in (".png", ".svg"):
             raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
@@ -142,8 +145,15 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
         writer.writerows(table)
         return 0
     print(_text(table))
-    for line in (f"network: {net.name} — {net.source}", f"projection leaves out: {left_out}",
-                 *_calibration(root)):
+    fits = []
+    if gpu_memory is not None:
+        for rec, work in measured:
+            said = fits_from(rec, gpus, gpu_memory * 2**30)
+            fits.append(f"{gpu_memory:g} GiB a GPU: {rec.get('strategy')} "
+                        f"{rec.get('precision')} ({run_options(rec, work)}) "
+                        + (said or "— its record has no memory_parts (a run before them)"))
+    for line in (*fits, f"network: {net.name} — {net.source}",
+                 f"projection leaves out: {left_out}", *_calibration(root)):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
 
@@ -192,12 +202,17 @@ def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
             "images_per_s": round(speed) if speed else None,
             "efficiency": round(p.efficiency, 3) if finite else None,
             "exposed_comm": round(p.exposed_fraction, 3) if finite else None,
-            "bottleneck": _bottleneck(rec, p)}
+            "bottleneck": _bottleneck(rec, p),
+            "memory_per_rank_gib": (None if memory_at(rec, p.gpus) is None
+                                    else round(memory_at(rec, p.gpus) / 2**30, 3))}
 
 
 def _text(table: list[dict[str, Any]]) -> str:
     header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
               "exposed", "bottleneck"]
+    memory = any(r.get("memory_per_rank_gib") is not None for r in table)
+    if memory:
+        header.insert(-1, "mem/rank")
     blocks: dict[str, list[list[str]]] = {}
     # rows the model does not project (nn.DataParallel: one process, one node) are told
     # once per strategy below its block: a row of dashes each would say nothing
@@ -216,6 +231,8 @@ def _text(table: list[dict[str, Any]]) -> str:
                       _count(r["images_per_s"]),
                       "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
                       "—" if r["exposed_comm"] is None else f"{100 * r['exposed_comm']:.0f}%",
+                      *([] if not memory else ["—" if r["memory_per_rank_gib"] is None
+                                               else f"{r['memory_per_rank_gib']:.2f} GiB"]),
                       r["bottleneck"]])
     out = []
     for name, lines in blocks.items():
@@ -427,6 +444,9 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                       help="text (a block per workload; default), csv or json")
     proj.add_argument("--validate", action="store_true",
                       help="predict the measured multi-rank runs instead and print the error")
+    proj.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
+                      help="say from which N each strategy's ranks fit in this much memory "
+                           "(ZeRO divides the optimizer state by N, FSDP all its parts)")
     proj.add_argument("--plot", default=None, metavar="FILE",
                       help="also draw efficiency against GPUs (.png or .svg), a panel per "
                            "workload, measured runs over the projection")
@@ -435,4 +455,4 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     return cmd_project(args.source, parse_list(args.gpus, "--gpus", int), args.gpus_per_node,
                        args.network, args.intra_busbw, args.inter_busbw, args.format,
-                       args.validate, args.plot)
+                       args.validate, args.plot, args.gpu_memory)
