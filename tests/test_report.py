@@ -249,3 +249,31 @@ def test_make_table_replaces_its_own_rows_and_keeps_the_gpu_and_parity_rows(tmp_
                            str(results)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "holds no run records" in proc.stderr
     assert len(list((results / "runs").iterdir())) == 4
+
+
+def test_runs_over_different_links_and_bucket_caps_are_rows_of_their_own():
+    """Two 2-node runs (--gpus 1 a node) tagged with the network each crossed, and a
+    third at another bucket cap: three rows, each scaled against the one-process run."""
+    one = record("one", "ddp", 1, [4.0, 2.0], [0.1, 0.2])
+    one["ddp_options"] = {"bucket_cap_mb": 25.0}
+
+    def over(run_id, tag, seconds, bucket=25.0):
+        rec = record(run_id, "ddp", 2, [4.0, seconds], [0.1, 0.2])
+        rec.update(nodes=2, gpus_requested=1, tag=tag, ddp_options={"bucket_cap_mb": bucket})
+        return rec
+
+    table = summary_table([one, over("slow", "net-100mbit", 4.0), over("fast", "net-10g", 1.0),
+                           over("small", "net-100mbit", 2.0, bucket=1.0),
+                           over("swept", "sweep:abc:r0", 1.0)])
+    rows = {(r.workload.split(", ")[-1], r.options, r.world_size): r
+            for r in table.itertuples()}
+    assert set(rows) == {("resnet18", "—", 1), ("resnet18", "—", 2), ("over net-100mbit", "—", 2),
+                         ("over net-10g", "—", 2), ("over net-100mbit", "bucket 1 MB", 2)}
+    # 1,000 images: 500 img/s alone; 250 and 1,000 img/s over the links
+    assert rows[("over net-100mbit", "—", 2)].speedup == pytest.approx(0.5)
+    assert rows[("over net-10g", "—", 2)].speedup == pytest.approx(2.0)
+    # another bucket cap is another row, scaled only against one process at that cap
+    assert math.isnan(rows[("over net-100mbit", "bucket 1 MB", 2)].speedup)
+    # a sweep's tag names no network: that run is the 2-node work with no link named
+    assert rows[("resnet18", "—", 2)].runs == 1
+    assert all(r.gpus_requested == r.world_size for r in table.itertuples())

@@ -75,10 +75,10 @@ def controls(batch: int, lr: float) -> list[Control]:
 
 def _finals(output: str, key: str) -> list[float]:
     """Final top-1 (%) of the ok runs a sweep of ``key`` left in ``output``."""
-    from bench.commands.sweep import _records_by_tag
+    from bench.records.files import records_by_tag
 
     finals = []
-    for tag, found in _records_by_tag(output).items():
+    for tag, found in records_by_tag(output).items():
         if not tag.startswith(f"sweep:{key}:"):
             continue
         for _, rec in found:

@@ -24,7 +24,13 @@ from bench.config.options import config_from_args, given, parse_list, run_option
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan
 from bench.launch.preflight import check_output_writable
-from bench.records.files import read_record, runs_dir, utc_now, write_atomic, write_text_atomic
+from bench.records.files import (
+    records_by_tag,
+    runs_dir,
+    utc_now,
+    write_atomic,
+    write_text_atomic,
+)
 from bench.records.provenance import current_status, owner_alive, this_process
 from bench.tools import terminal
 from bench.tools.errors import (
@@ -89,23 +95,10 @@ def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
     return combos
 
 
-def _records_by_tag(output: str) -> dict[str, list[tuple[Path, dict]]]:
-    found: dict[str, list[tuple[Path, dict]]] = {}
-    folder = runs_dir(output)
-    if not folder.is_dir():
-        return found
-    for path in sorted(folder.glob("*.json")):
-        with contextlib.suppress(OSError, ValueError):
-            record = read_record(path)
-            if isinstance(record, dict) and record.get("tag"):
-                found.setdefault(record["tag"], []).append((path, record))
-    return found
-
-
 def _with_reason(status: str, output: str, combo: Combo) -> str:
     """``status: why``, the why from the combination's record (its run has just ended), for
     the sweep's closing list; a run that never wrote a record stays a bare status."""
-    ended = [r for _, r in _records_by_tag(output).get(combo.tag, [])
+    ended = [r for _, r in records_by_tag(output).get(combo.tag, [])
              if r.get("status") == status and r.get("error")]
     return f"{status}: {ended[-1]['error']}" if ended else status
 
@@ -187,7 +180,7 @@ def _duration(seconds: float) -> str:
 def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], force: bool,
                run_timeout: float | None) -> str:
     """One combination in its own ``bench run``, unless an ok record of it exists."""
-    existing = _records_by_tag(base.output).get(combo.tag, [])
+    existing = records_by_tag(base.output).get(combo.tag, [])
     if not force and any(current_status(r)[0] == "ok" for _, r in existing):
         print(f"{prefix}: ok record exists, skipped", flush=True)
         return "ok (skipped)"
@@ -307,7 +300,7 @@ class Claim:
 def _mark_timeout(output: str, combo: Combo, seconds: float) -> bool:
     """The stopped run's record becomes failed with the timeout; False if it had none."""
     marked = False
-    for path, record in _records_by_tag(output).get(combo.tag, []):
+    for path, record in records_by_tag(output).get(combo.tag, []):
         if record.get("status") in ("running", "interrupted", "failed"):
             record.update(status="failed", finished_at=utc_now(),
                           error=f"timeout after {seconds:.0f} s (--run-timeout)")

@@ -68,15 +68,13 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
 
 def run_options(rec: dict[str, Any], work: Workload) -> str:
     """What sets a measured run apart within its strategy and precision, in few characters:
-    speed options, gradient accumulation, a bucket cap other than DDP's 25 MB, an injected
-    delay (a test hook, carried into the projection)."""
+    speed options (a bucket cap other than DDP's 25 MB among them), gradient accumulation,
+    an injected delay (a test hook, carried into the projection)."""
     from bench.records.describe import short_options, speed_options
 
     parts = [] if speed_options(rec) == "—" else [short_options(speed_options(rec))]
     if work.grad_accum > 1:
         parts.append(f"accum {work.grad_accum}")
-    if rec.get("strategy", "").startswith("ddp") and work.bucket_bytes != 25 * 2**20:
-        parts.append(f"buckets {work.bucket_bytes / 2**20:g} MB")
     if work.hook_delay_s:
         parts.append(f"slow comm {1000 * work.hook_delay_s:g} ms")
     return ",".join(parts) or "—"

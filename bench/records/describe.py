@@ -120,13 +120,35 @@ def workload(rec: dict[str, Any], gpu: bool = True) -> str:
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
     model_gpu = gpu_model(rec) if gpu else None
+    crossed = network(rec)
     return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
-            + (f" on {model_gpu}" if model_gpu else ""))
+            + (f" on {model_gpu}" if model_gpu else "") + (f", over {crossed}" if crossed else ""))
+
+
+def network(rec: dict[str, Any]) -> str | None:
+    """The network a multi-node run crossed, as its ``--tag`` names it (the name ``bench
+    probe --tag`` gives the probe of that network): runs over a 100 Mbit/s and a 10 Gbit/s
+    link are different workloads, never repeats of one row. None on one node, or where the
+    tag is a sweep's own (``sweep:KEY:rN``) or absent."""
+    tag = rec.get("tag")
+    if (rec.get("nodes") or 1) > 1 and isinstance(tag, str) and tag and not tag.startswith(
+            "sweep:"):
+        return tag
+    return None
 
 
 def workload_and_device(rec: dict[str, Any]) -> str:
     """The workload and where it ran, once: a GPU workload already names its GPU."""
     return workload(rec) + ("" if gpu_model(rec) else f" — {rec.get('device')}")
+
+
+# DDP's options that change how it communicates (bucket sizes set how much overlaps with the
+# backward pass): (record key, DistributedDataParallel's default, how a row names it).
+DDP_SPEED_OPTIONS = (("bucket_cap_mb", 25.0, "bucket {:g} MB"),
+                     ("gradient_as_bucket_view", False, "bucket view"),
+                     ("static_graph", False, "static graph"),
+                     ("find_unused_parameters", False, "find unused"),
+                     ("broadcast_buffers", True, "no buffer broadcast"))
 
 
 def speed_options(rec: dict[str, Any]) -> str:
@@ -144,6 +166,10 @@ def speed_options(rec: dict[str, Any]) -> str:
     if isinstance(warmup, (int, float)) and warmup != 1:
         chosen.append("no warm-up" if warmup == 0 else f"warm-up {warmup:g}")
     strategy_options = rec.get("ddp_options") or {}
+    for key, default, text in DDP_SPEED_OPTIONS:
+        value = strategy_options.get(key, default)
+        if value != default:
+            chosen.append(text.format(value))
     hook = strategy_options.get("comm_hook", "none")
     if hook != "none":
         rank = strategy_options.get("powersgd_rank", 1)

@@ -164,6 +164,22 @@ def read_record(path: Path) -> dict[str, Any]:
             raise ValueError("nested too deeply") from None
 
 
+def records_by_tag(output: str | Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """The readable records of ``output``/runs that carry a ``tag``, by tag, each with its
+    path (a sweep's combination and its repeats are ``sweep:KEY:rN`` tags); unreadable
+    files are left out, as a sweep resuming over them must."""
+    found: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    folder = runs_dir(output)
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            record = read_record(path)
+            if isinstance(record, dict) and record.get("tag"):
+                found.setdefault(record["tag"], []).append((path, record))
+    return found
+
+
 def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     """All records under ``results/runs`` (or ``results`` itself), oldest first, and one
     warning per file that is not a readable record, and per record whose run id another

@@ -15,6 +15,7 @@ from bench.records.describe import (
     gpu_model,
     median_of,
     median_step_s,
+    network,
     speed_options,
     summarise_epochs,
     workload,
@@ -131,7 +132,10 @@ def run_rows(records: list[dict[str, Any]]):
                 "strategy": rec.get("strategy"),
                 "device": rec.get("device"),
                 "world_size": rec.get("world_size"),
-                "gpus_requested": rec.get("gpus_requested", rec.get("world_size")),
+                # --gpus is per node: a 2-node run of --gpus 1 asked for 2
+                "gpus_requested": (rec["gpus_requested"] * (rec.get("nodes") or 1)
+                                   if isinstance(rec.get("gpus_requested"), int)
+                                   else rec.get("world_size")),
                 "gpu_shared": bool(rec.get("gpu_shared")),
                 "processes": rec.get("processes"),
                 "precision": rec.get("precision"),
@@ -145,6 +149,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "dataset": rec.get("dataset"),
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
+                "network": network(rec),
                 "workload_alone": workload(rec, gpu=False),  # bench compare across GPUs
                 "gpu_model": gpu_model(rec),
                 "epochs_done": len(epochs),
@@ -241,13 +246,16 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
             workload_alone=use["workload_alone"].iloc[-1],
+            network=use["network"].iloc[-1],
             gpu_model=use["gpu_model"].iloc[-1],
             width=use["width"].iloc[-1],
         )
         out.append(row)
     table = pd.DataFrame(out)
     def family(r) -> tuple:
-        return (r.workload, r.strategy, r.device, r.precision, r.options, r.grad_accum)
+        # a row over a network is scaled against one process of the same work (no network)
+        local = r.workload.removesuffix(f", over {r.network}") if r.network else r.workload
+        return (local, r.strategy, r.device, r.precision, r.options, r.grad_accum)
 
     base = {family(r): r.images_per_s for r in table.itertuples()
             if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"

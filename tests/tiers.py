@@ -1,0 +1,98 @@
+"""Which tests `make test` leaves to `make test-long` (CI runs both, in that order).
+
+`make test` is the gate a change must pass before it is committed: every test that starts no
+run, and each behaviour once on its main path (ddp under torchrun, one fault of each kind,
+one run of each command and strategy). It holds 12 minutes on 2 cores. Nearly all of a test's
+cost here is starting processes: a 2-rank run imports torch three times, and DDP's
+constructor imports torch._dynamo in each rank (about 12 CPU-s, of which the training is
+about 3), so the suite's time is the number of runs it starts.
+
+`make test-long` holds what repeats a path `make test` already took, or needs minutes:
+
+- the same behaviour under the other strategies and launchers (horovod, fsdp, ddp-launch,
+  ddp-spawn), and the second variant of a parametrized fault;
+- statistical power: the parity self-test (18 runs), verify's self-test over every broken
+  variant and every strategy, bench fit's search for the out-of-memory boundary;
+- whole workflows through daemons or many runs: Slurm job arrays and a cancelled task,
+  sweeps killed and resumed or shared by two, the projection validated over a shaped link;
+- measurements whose figure a neighbour's load moves (they were serial, and still are).
+
+Each entry is a regular expression searched in a test's node id; a test in
+tests/test_tiers.py fails on an entry that matches no test, so the list cannot rot.
+"""
+
+from __future__ import annotations
+
+import re
+
+LONG = {
+    # another strategy or launcher on a path ddp under torchrun already took
+    r"\[horovod\]": "the same behaviour under horovod",
+    r"\[fsdp\]": "the same behaviour under fsdp",
+    r"\[ddp-launch": "the same behaviour under torch.distributed.launch",
+    r"\[ddp-spawn": "the same behaviour under mp.spawn",
+    r"hangs_in_rank_1\]": "a factory hanging in one rank (every rank hanging stays)",
+    r"hangs_in_every_rank\]": "a factory hanging in every rank: the timeout path of "
+                               "test_hanging_rank_is_ended_by_the_timeout",
+    r"closed[12]\]": "stdin closed is the case kept; stdout and stderr closed repeat it",
+    r"test_out_of_memory_is_one_line_naming_the_batch_and_the_fix\[2": "the 2-rank variant",
+    r"test_watchdog_ends_a_rank_that_stops_without_a_collective\[dp\]": "the dp variant",
+    r"test_eval_counts_each_test_image_once\[[23]\]": "3 and 2 ranks (1 rank stays)",
+    r"test_knobs_change_what_ddp_is_built_with\[defaults\]": "defaults (the set knobs stay)",
+    r"test_a_probe_across_two_nodes_measures_the_rate_of_their_link\[200\]":
+        "the second rate (50 Mbit/s stays)",
+    # statistical power
+    r"test_parity.py::test_the_self_test_sees": "18 runs: the parity self-test's power",
+    r"test_verify.py::test_self_test_catches_every_broken_variant": "verify's power",
+    r"test_verify.py::test_verify_passes_every_cpu_strategy": "verify of every strategy",
+    r"test_model_rows.py::test_verify_checks_powersgd": "verify of the hooks",
+    r"test_model_rows.py::test_the_self_test_keeps_its_power": "verify's power under a hook",
+    r"test_model_rows.py::test_verify_passes_fsdp_without_resharding": "verify of an fsdp "
+                                                                       "option",
+    r"test_model_rows.py::test_fsdp_without_resharding_is_recorded": "an fsdp option",
+    r"test_fit.py::test_the_batch_found": "bench fit's search: a run per batch tried",
+    # workflows through daemons or many runs
+    r"test_slurm.py::test_a_cancelled_array_task": "a Slurm array, cancelled and resubmitted",
+    r"test_slurm.py::test_a_sweep_runs_as_job_arrays": "a sweep as Slurm arrays",
+    r"test_slurm.py::test_a_step_whose_tasks_do_not_match": "a refused Slurm step",
+    r"test_slurm.py::test_a_batch_step_and_a_one_task_step": "two more Slurm step shapes",
+    r"test_kill.py::test_kill_9_of_bench_sweep": "a sweep killed and resumed",
+    r"test_sweep.py::test_two_sweeps_at_once": "two sweeps sharing combinations",
+    r"test_testbed.py::test_the_projection_predicts": "validation over a shaped link",
+    r"test_report_plots.py::test_a_kill_9_mid_draw": "reports killed mid-draw, many times",
+    r"test_gpu_lease.py::test_a_lease_on_cpu": "the lease script's whole plan on CPU",
+    r"test_gpu_lease.py::test_an_item_still_running": "the lease's budget timer",
+    r"test_gpu_check.py::test_table_workers_auto": "the GPU check's worker search on CPU",
+    r"test_mllog.py::test_the_log_is_mlperfs": "MLPerf's log (its abort path stays)",
+    # more runs of what make test already trains once
+    r"test_device_loader.py::test_speed_flags": "torch.compile on CPU (a minute)",
+    r"test_horovod.py::test_horovod_compile_warm_up": "torch.compile under horovod",
+    r"test_horovod.py::test_horovod_fp16_compression": "a horovod option",
+    r"test_sampler.py::test_order_digest_hashes": "the order digest under every loader",
+    r"test_sampler.py::test_horovod_serves": "horovod's data order",
+    r"test_fsdp.py::test_fsdp_uneven": "fsdp's padded test shards",
+    r"test_fsdp.py::test_fsdp_bf16": "fsdp's bf16",
+    r"test_models.py::test_a_torchvision_model_trains": "a torchvision model",
+    r"test_images.py::test_a_loader_worker_that_never_serves": "a loader worker's timeout",
+    r"test_images.py::test_an_imagefolder_trains_exactly": "ImageFolder against one process",
+    r"test_images.py::test_a_torchvision_model_at_another": "another image size",
+    r"test_multinode.py::test_horovod_hosts": "horovodrun's hosts",
+    r"test_loader_sweep.py::test_more_workers_feed": "bench loader's worker sweep",
+    r"test_where_time_goes.py::test_bench_probe_measures_the_gradient": "a probe per model",
+    r"test_ddp_options.py::test_grad_accum_is_recorded": "accumulation's record (its "
+                                                          "training stays)",
+    # measurements a neighbour's load moves (serial: they run alone)
+    r"test_project.py::test_the_model_predicts_measured_runs": "predictions within 15 %",
+    r"test_project.py::test_one_process_records_when_each_gradient": "gradient timing",
+    r"test_where_time_goes.py::test_exposed_communication_responds": "exposed communication",
+    r"test_where_time_goes.py::test_loader_alone_finds": "the loader's own rate",
+    r"test_sweep.py::test_sweep_run_timeout_records_failure": "a sweep's run timeout",
+    r"test_kill_9_during_start_up_leaves_nothing_running\[ddp-2": "kill -9 later in start-up "
+                                                                   "(at 0 s stays)",
+}
+PATTERNS = [re.compile(p) for p in LONG]
+
+
+def is_long(nodeid: str) -> bool:
+    """Whether `make test` leaves the test of this node id to `make test-long`."""
+    return any(p.search(nodeid) for p in PATTERNS)
