@@ -76,6 +76,7 @@ LONG = {
     r"test_images.py::test_a_loader_worker_that_never_serves": "a loader worker's timeout",
     r"test_images.py::test_an_imagefolder_trains_exactly": "ImageFolder against one process",
     r"test_images.py::test_a_torchvision_model_at_another": "another image size",
+    r"test_images.py::test_a_decompression_bomb": "another image that does not decode",
     r"test_multinode.py::test_horovod_hosts": "horovodrun's hosts",
     r"test_loader_sweep.py::test_more_workers_feed": "bench loader's worker sweep",
     r"test_where_time_goes.py::test_bench_probe_measures_the_gradient": "a probe per model",
