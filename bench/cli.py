@@ -112,6 +112,8 @@ def _dispatch(argv: list[str]) -> int:
         if passed_on and not getattr(command, "PASSES_RUN_OPTIONS", False):
             raise ConfigError(f"unrecognized arguments: {' '.join(passed_on)}; "  # argparse
                               f"see `bench {args.command} --help`")  # would name `bench --help`
+        if hasattr(command, "check"):  # bad input refused before torch loads
+            command.check(args, passed_on)
         if getattr(command, "USES_TORCH", False):
             with signals_held():
                 import torch  # noqa: F401

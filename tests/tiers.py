@@ -82,6 +82,15 @@ LONG = {
     r"test_where_time_goes.py::test_bench_probe_measures_the_gradient": "a probe per model",
     r"test_ddp_options.py::test_grad_accum_is_recorded": "accumulation's record (its "
                                                           "training stays)",
+    r"test_where_time_goes.py::test_a_slow_link_waits_in_front": "a hook behind a slow link "
+                                                                  "(the compute step stays)",
+    r"test_runs.py::test_a_target_not_reached": "a missed target (mllog's abort stays)",
+    r"test_hangup.py::test_nohup_keeps": "nohup (SIGHUP closing a run stays)",
+    r"test_report_flags.py::test_more_cpu_processes_than_cores": "an oversubscribed run",
+    r"test_failures.py::test_a_rank_dying_after_the_record": "a rank dying late",
+    r"test_kill.py::test_kill_9_of_bench_probe": "kill -9 of a probe (of a run stays)",
+    r"test_a_stopped_rank_ends_the_run_within_the_timeout_and_ten_seconds\[ddp\]":
+        "a stopped rank: the timeout path of test_hanging_rank_is_ended_by_the_timeout",
     # measurements a neighbour's load moves (serial: they run alone)
     r"test_project.py::test_the_model_predicts_measured_runs": "predictions within 15 %",
     r"test_project.py::test_one_process_records_when_each_gradient": "gradient timing",

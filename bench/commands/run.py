@@ -15,6 +15,25 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     add_run_options(run)
 
 
+def check(args: argparse.Namespace, passed_on: list[str]) -> None:
+    """What ``bench run`` refuses before torch loads (about 2 s of CPU a refusal): its options,
+    its strategy's name and the test hooks' variables. The model, the devices and what the
+    strategy needs are checked after, with torch (bench.launch.plan.RunPlan checks all)."""
+    import strategies
+    from bench.tools.errors import ConfigError
+    from bench.tools.faults import Fault, defect_from_env
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    if cfg.strategy not in strategies.names():
+        try:
+            strategies.get(cfg.strategy)  # its KeyError names the strategies (no import)
+        except KeyError as exc:
+            raise ConfigError(exc.args[0]) from None
+    Fault.from_env()
+    defect_from_env()
+
+
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     from bench.launch.run import execute
 
