@@ -33,7 +33,12 @@ TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
+	@# the bytecode on every core (pip compiles on one: 120 s became 95 here), bench's too
+	@# (a process started with PYTHONDONTWRITEBYTECODE would compile it each time); a file
+	@# that does not compile (some packages ship such test data) is skipped, as pip skips it
+	$(BIN)/python -m compileall -q -j 0 bench strategies $$($(BIN)/python -c \
+	  "import sysconfig; print(sysconfig.get_paths()['purelib'])") > /dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -29,7 +29,9 @@ def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
 THREE = (("dp", 1), ("ddp", 2), ("ddp-spawn", 2))
 
 
-@pytest.fixture(scope="module")
+# session scope: kept for the whole worker, so that its runs are made once even when
+# xdist hands this worker tests of other modules between the ones that use them
+@pytest.fixture(scope="session")
 def three_runs(cifar_dir, tmp_path_factory):
     """dp (1 replica), ddp and ddp-spawn (2 ranks), seed 11, 2 epochs on the fixture: each
     strategy's results folder, shared by the tests below (one xdist worker runs them)."""

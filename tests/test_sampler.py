@@ -80,7 +80,9 @@ def _digests(out, strategy: str = "ddp", defect: str | None = None, gpus: int = 
     return [e["data_order_sha1"] for e in rec["per_epoch"]]
 
 
-@pytest.fixture(scope="module")
+# session scope: kept for the whole worker, so that its runs are made once even when
+# xdist hands this worker tests of other modules between the ones that use them
+@pytest.fixture(scope="session")
 def honest_ddp(tmp_path_factory):
     """One plain 2-rank ddp run, its per-epoch order digests and its record: what the
     tests below compare others with."""

@@ -91,6 +91,19 @@ LONG = {
     r"test_kill.py::test_kill_9_of_bench_probe": "kill -9 of a probe (of a run stays)",
     r"test_a_stopped_rank_ends_the_run_within_the_timeout_and_ten_seconds\[ddp\]":
         "a stopped rank: the timeout path of test_hanging_rank_is_ended_by_the_timeout",
+    r"test_ddp_options.py::test_knobs_are_recorded": "DDP's knobs recorded (built: stays)",
+    r"test_unwritable.py::test_an_mllog_that_cannot_be_written": "an unwritable log (a full "
+                                                                 "disk stays)",
+    r"test_hangup.py::test_a_closed_terminal": "a closed terminal: SIGHUP, which stays",
+    r"test_hangup.py::test_sighup_ends_a_sweep": "SIGHUP to a sweep (SIGTERM's stays)",
+    r"test_failures.py::test_a_failed_rank_ends_the_run_while": "a failed rank beside a "
+                                                                "stopped one",
+    r"test_sweep.py::test_a_combination_named_twice": "a sweep's duplicate combination",
+    r"test_data.py::test_a_synthetic_set_beyond": "a larger synthetic set",
+    r"test_multinode.py::test_slurm_tasks_train_together": "Slurm's variables by hand (the "
+                                                           "real Slurm's job stays)",
+    r"test_kill.py::test_a_rank_killed_by_a_signal_is_named\[ddp\]": "a rank killed: named "
+                                                                       "by the serial test",
     # measurements a neighbour's load moves (serial: they run alone)
     r"test_project.py::test_the_model_predicts_measured_runs": "predictions within 15 %",
     r"test_project.py::test_one_process_records_when_each_gradient": "gradient timing",
