@@ -44,7 +44,8 @@ ROWS = (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)  # the rest are bench run's options
     parser.add_argument("--rate-mbit", type=float, default=1000.0)
     parser.add_argument("--output", required=True, help="results folder (bench run's)")
     parser.add_argument("--port", type=int, default=29600, help="first rendezvous port")
