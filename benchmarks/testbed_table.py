@@ -69,8 +69,8 @@ def main() -> int:
                                        f"{net.address(0)}:{port}", "--tag", name,
                                        "--timeout", "900", "--output", args.output,
                                        *options], timeout=3600, check=False)
-            done = next((line for line in outs[0].splitlines()
-                         if line.startswith("bench: ")), "?")
+            done = ([line for line in outs[0].splitlines() if line.startswith("bench: ")]
+                    or ["?"])[-1]  # its last word: ok, failed and why
             print(f"[{time.monotonic() - start:5.0f} s] {row} over {name}: {done}",
                   flush=True)
     return 0

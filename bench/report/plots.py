@@ -166,7 +166,8 @@ def make_figures(records: list[dict[str, Any]],
     figures["where_time_goes"] = _where_time_goes_figure(ok)
     figures["memory"] = _memory_figure(ok)
     figures["scaling_efficiency"] = _efficiency_figure(ok)
-    shown = _probes_of(set(ok["device"]), probes or [])
+    shown = _probes_of(set(ok["device"]), probes or [],
+                       {n if isinstance(n, str) else None for n in ok["network"]})
     if shown:
         figures["busbw"] = _busbw_figure(shown)
     for fig in figures.values():
@@ -320,14 +321,18 @@ def _efficiency_figure(ok):
     return fig
 
 
-def _probes_of(devices: set[str], probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The probes a workload's figure shows: of the devices it ran on, the newest of each
-    device, backend, ranks and nodes (the one its table's ceiling uses; probes come oldest
-    first). A CPU probe says nothing about a GPU workload, and an older probe of the same
-    kind would be a second line with the same label."""
+def _probes_of(devices: set[str], probes: list[dict[str, Any]],
+               networks: set[str | None]) -> list[dict[str, Any]]:
+    """The probes a workload's figure shows: of the devices and networks it ran on (a
+    probe's ``--tag`` names its network; None: untagged, the machine's own), the newest of
+    each device, backend, ranks and nodes (the one its table's ceiling uses; probes come
+    oldest first). A CPU probe says nothing about a GPU workload, a shaped link's nothing
+    about loopback, and an older probe of the same kind would be a second line with the
+    same label."""
     from bench.records.probes import probe_kind
 
-    newest = {probe_kind(p): p for p in probes if p.get("device") in devices}
+    newest = {probe_kind(p): p for p in probes
+              if p.get("device") in devices and (p.get("tag") or None) in networks}
     return list(newest.values())
 
 
