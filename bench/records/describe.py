@@ -103,10 +103,10 @@ def model_width(rec: dict[str, Any]) -> float:
     return (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
 
 
-def workload(rec: dict[str, Any], gpu: bool = True) -> str:
-    """What was trained, and (``gpu``) on which GPU model: only runs of the same workload
-    are compared with each other (an H100's epoch is neither a repeat of an H200's nor its
-    baseline)."""
+def workload(rec: dict[str, Any], gpu: bool = True, link: bool = True) -> str:
+    """What was trained, (``gpu``) on which GPU model and (``link``) over which network:
+    only runs of the same workload are compared with each other (an H100's epoch is neither
+    a repeat of an H200's nor its baseline)."""
     width = model_width(rec)
     model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
     model = model if width == 1.0 else f"{model} x{width:g}"
@@ -120,7 +120,7 @@ def workload(rec: dict[str, Any], gpu: bool = True) -> str:
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
     model_gpu = gpu_model(rec) if gpu else None
-    crossed = network(rec)
+    crossed = network(rec) if link else None
     return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
             + (f" on {model_gpu}" if model_gpu else "") + (f", over {crossed}" if crossed else ""))
 

@@ -150,6 +150,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
                 "network": network(rec),
+                "workload_here": workload(rec, link=False),  # what a row over a link scales by
                 "workload_alone": workload(rec, gpu=False),  # bench compare across GPUs
                 "gpu_model": gpu_model(rec),
                 "epochs_done": len(epochs),
@@ -246,6 +247,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
             workload_alone=use["workload_alone"].iloc[-1],
+            workload_here=use["workload_here"].iloc[-1],
             network=use["network"].iloc[-1],
             gpu_model=use["gpu_model"].iloc[-1],
             width=use["width"].iloc[-1],
@@ -254,8 +256,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     table = pd.DataFrame(out)
     def family(r) -> tuple:
         # a row over a network is scaled against one process of the same work (no network)
-        local = r.workload.removesuffix(f", over {r.network}") if r.network else r.workload
-        return (local, r.strategy, r.device, r.precision, r.options, r.grad_accum)
+        return (r.workload_here, r.strategy, r.device, r.precision, r.options, r.grad_accum)
 
     base = {family(r): r.images_per_s for r in table.itertuples()
             if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
