@@ -45,18 +45,23 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
-def get(name: str, options: StrategyOptions | None = None) -> Strategy:
-    """A new strategy object with its own options (defaults when none are given); KeyError
+def factory(name: str) -> Callable[[StrategyOptions], Strategy]:
+    """What makes the strategy ``name`` (nothing is imported until it is called); KeyError
     names the registered strategies."""
     try:
-        factory = REGISTRY[name]
+        return REGISTRY[name]
     except KeyError:
         close = difflib.get_close_matches(name, list(REGISTRY), n=2)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise KeyError(
             f"unknown strategy {name!r}; {hint}choose one of: {', '.join(REGISTRY)}"
         ) from None
-    return factory(options or StrategyOptions())
+
+
+def get(name: str, options: StrategyOptions | None = None) -> Strategy:
+    """A new strategy object with its own options (defaults when none are given); KeyError
+    names the registered strategies."""
+    return factory(name)(options or StrategyOptions())
 
 
 def srun_capable() -> list[str]:
@@ -64,4 +69,4 @@ def srun_capable() -> list[str]:
     return [name for name in REGISTRY if get(name).runs_as_srun_task]
 
 
-__all__ = ["REGISTRY", "get", "names", "srun_capable"]
+__all__ = ["REGISTRY", "factory", "get", "names", "srun_capable"]

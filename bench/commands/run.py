@@ -25,11 +25,10 @@ def check(args: argparse.Namespace, passed_on: list[str]) -> None:
 
     cfg = config_from_args(args)
     cfg.validate()
-    if cfg.strategy not in strategies.names():
-        try:
-            strategies.get(cfg.strategy)  # its KeyError names the strategies (no import)
-        except KeyError as exc:
-            raise ConfigError(exc.args[0]) from None
+    try:
+        strategies.factory(cfg.strategy)  # the name only: making one imports torch
+    except KeyError as exc:
+        raise ConfigError(exc.args[0]) from None
     Fault.from_env()
     defect_from_env()
 
