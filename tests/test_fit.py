@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_bench
@@ -55,3 +56,65 @@ def test_what_bench_fit_cannot_do_is_one_line(args, says):
     proc = run_bench("fit", *args)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr
+
+
+USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
+# 128 M parameters in 16 tensors, ~0.8 MiB of activations an image (tests/data/user_models.py)
+HEAVY = ["--cpu", "--model", "user_models:state_heavy", "--data", "synthetic", "--image-size",
+         "16", "--weight-decay", "0", "--no-progress", "--comm-probe-steps", "0",
+         "--loader-probe-steps", "0"]
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
+def test_a_sweep_at_the_largest_batch_gives_zero_the_larger_batch(tmp_path):
+    """`bench sweep --batch-size max` under a real limit: ZeRO-1 holds half the momentum a
+    rank, so it fits a larger batch than DDP (found by bench fit's search, each kept in
+    OUTPUT/fits/), each run trains at its own, the records say so and why (the parts), the
+    report puts them in a block of their own, and a repeat reuses the batch found."""
+    out = tmp_path / "results"
+    sweep = ["sweep", "--strategies", "ddp,ddp-zero", "--gpus", "2", "--batch-size", "max",
+             "--memory-limit", "5.5", "--fit-start", "256", *HEAVY, "--epochs", "2",
+             "--train-limit", "4096", "--test-limit", "512", "--output", str(out)]
+    proc = run_bench(*sweep, env=USER, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    fits = {f["strategy"]: f for f in map(json.loads, map(Path.read_text,
+                                                          (out / "fits").glob("*.json")))}
+    ddp, zero = (fits[s]["largest_batch_per_replica"] for s in ("ddp", "ddp-zero"))
+    assert zero >= 1.3 * ddp, fits  # the momentum ZeRO-1 shards buys ~2x the images here
+    for found in fits.values():  # each answer is bracketed by a try that ran out of memory
+        assert any(not t["ok"] and t["cause"].startswith("out of memory")
+                   and t["batch"] <= found["largest_batch_per_replica"] * 1.06 + 1
+                   for t in found["tries"]), found
+    records = {r["strategy"]: r for r in map(json.loads, map(Path.read_text,
+                                                             (out / "runs").glob("*.json")))}
+    assert {s: r["global_batch"] for s, r in records.items()} == {"ddp": 2 * ddp,
+                                                                  "ddp-zero": 2 * zero}
+    assert all(r["status"] == "ok" and r["config"]["batch_fits_in"].startswith("5.5 GiB")
+               for r in records.values()), records
+    state = {s: r["memory_parts"]["optimizer_state"] for s, r in records.items()}
+    assert 0.4 < state["ddp-zero"] / state["ddp"] < 0.6, state  # rank 0's half of 16 tensors
+    report = run_bench("report", "--results", str(out))
+    assert report.returncode == 0, report.stderr
+    text = " ".join(report.stdout.split())
+    assert "batch: largest that fits 5.5 GiB (CPU, all processes)" in text, report.stdout
+    assert f"ddp-zero {2 * zero} fp32" in text and f"ddp {2 * ddp} fp32" in text, report.stdout
+    assert "top-1 is not comparable across batch sizes" in text, report.stdout
+    again = run_bench(*sweep[:-2], "--repeats", "2", "--output", str(out), env=USER,
+                      timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("found before") == 2 and "bench fit: batch" not in again.stdout, \
+        again.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--cpu", "--memory-limit", "2"], "--memory-limit and --gpu-memory go with --batch-size max"),
+    (["--cpu", "--batch-size", "max", "--slurm", "--dry-run"], "not with --slurm"),
+    (["--cpu", "--batch-size", "max"], "needs --memory-limit"),
+    (["--cpu", "--batch-size=max", "--memory-limit", "2", "--fit-start", "0"],
+     "--fit-start must be at least 1"),
+])
+def test_what_a_sweep_at_the_largest_batch_cannot_do_is_one_line(args, says, tmp_path):
+    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", *args,
+                     "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and not (tmp_path / "out").exists(), proc.stderr

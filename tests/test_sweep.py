@@ -170,7 +170,7 @@ def test_a_claim_from_another_host_is_taken_only_once_its_heartbeat_is_stale(tmp
     cannot be checked by its pid; it was never cleared, so a crashed host's combination was
     skipped for ever. Now its holder refreshes the file's time while its run lives, and a
     claim silent for longer than the limit is taken, saying so; a fresh one is respected."""
-    from bench.commands.sweep import CLAIM_STALE_S, Claim
+    from bench.records.claims import CLAIM_STALE_S, Claim
 
     folder = tmp_path / ".claims"
     folder.mkdir()

@@ -106,3 +106,34 @@ def test_the_verdict_is_in_every_format(tmp_path):
     fastest = [r for r in rows if r["speed_call"] == "fastest"]
     assert [(r["strategy"], r["world_size"]) for r in fastest] == [("ddp-amp", 2)]
     assert any("beyond noise" in s for s in fastest[0]["verdict"])
+
+
+def test_rows_at_their_largest_batch_are_a_block_of_their_own_with_the_batch_and_no_top1():
+    """`bench sweep --batch-size max` rows (each at the batch `bench fit` found): one block
+    named by the memory they fit, a batch column that differs row to row, and top-1 left
+    uncompared; runs at a batch given stay in their own block, without the column."""
+    fits = "2 GiB (CPU, all processes)"
+    found = []
+    for run_id, strategy, world, batch, seconds in (("d1", "ddp", 1, 100, 2.0),
+                                                     ("d2", "ddp", 2, 200, 1.0),
+                                                     ("z2", "ddp-zero", 2, 300, 0.8)):
+        rec = run(run_id, strategy, world, seconds, 60.0 + world)
+        rec.update(global_batch=batch, config={"batch_fits_in": fits})
+        found.append(rec)
+    given = [run(f"g{i}", "ddp", 1, 2.0, f) for i, f in enumerate((70.0, 70.4))]
+    text = to_text(summary_table(found + given), width=120)
+    blocks = text.split("\n\n")
+    fit_block = next(b for b in blocks if "largest" in b.splitlines()[0])
+    given_block = next(b for b in blocks if "batch 100" in b.splitlines()[0])
+    assert fit_block.startswith("synthetic 1000 img, batch: largest that fits 2 GiB (CPU, "
+                                "all processes), resnet18 — cpu"), text
+    header = fit_block.splitlines()[1].split()
+    assert "batch" in header and "ref" not in fit_block, text
+    at = header.index("batch")
+    assert all(line.split()[-2] == "—" for line in fit_block.splitlines()[2:5]), text  # Δ
+    batches = {line.split()[0] + line.split()[at]: line for line in fit_block.splitlines()[2:5]}
+    assert set(batches) == {"ddp100", "ddp200", "ddp-zero300"}, text
+    assert "top-1 is not comparable across batch sizes" in " ".join(fit_block.split()), text
+    assert given_block.startswith("synthetic 1000 img, batch 100, resnet18 — cpu"), text
+    assert "batch" not in given_block.splitlines()[1].split(), text
+    assert "ref" in given_block and "not comparable" not in given_block, text

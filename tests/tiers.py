@@ -51,6 +51,8 @@ LONG = {
                                                                        "option",
     r"test_model_rows.py::test_fsdp_without_resharding_is_recorded": "an fsdp option",
     r"test_fit.py::test_the_batch_found": "bench fit's search: a run per batch tried",
+    r"test_fit.py::test_a_sweep_at_the_largest": "bench sweep --batch-size max: two fit "
+                                                 "searches under a real limit, then the runs",
     # workflows through daemons or many runs
     r"test_slurm.py::test_a_cancelled_array_task": "a Slurm array, cancelled and resubmitted",
     r"test_slurm.py::test_a_sweep_runs_as_job_arrays": "a sweep as Slurm arrays",
@@ -59,6 +61,8 @@ LONG = {
     r"test_kill.py::test_kill_9_of_bench_sweep": "a sweep killed and resumed",
     r"test_sweep.py::test_two_sweeps_at_once": "two sweeps sharing combinations",
     r"test_testbed.py::test_the_projection_predicts": "validation over a shaped link",
+    r"test_testbed.py::test_a_probe_across_two_nodes_measures_the_rate_of_their_link\[200":
+        "the second rate of the link check (50 Mbit/s stays)",
     r"test_report_plots.py::test_a_kill_9_mid_draw": "reports killed mid-draw, many times",
     r"test_gpu_lease.py::test_a_lease_on_cpu": "the lease script's whole plan on CPU",
     r"test_gpu_lease.py::test_an_item_still_running": "the lease's budget timer",

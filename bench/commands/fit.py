@@ -191,6 +191,52 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     fit.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def memory_cap(cfg, memory_limit: float | None, gpu_memory: float | None) -> int | None:
+    """The try's memory limit in bytes (CPU, --memory-limit), or None; one line naming the
+    fix where the limits asked for cannot hold here."""
+    limit = None
+    if memory_limit is not None:
+        from bench.tools.memory_limit import unavailable
+
+        if memory_limit <= 0:
+            raise ConfigError(f"--memory-limit must be above 0 GiB (got {memory_limit:g})")
+        why = unavailable()
+        if why:
+            raise ConfigError(f"--memory-limit cannot be enforced here: {why}; run as root "
+                              "on a machine with cgroup v1's memory controller, or drop it")
+        limit = int(memory_limit * 2**30)
+    if gpu_memory is not None and (cfg.cpu or gpu_memory <= 0):
+        raise ConfigError("--gpu-memory takes GiB above 0 and a CUDA run (not --cpu)")
+    if limit is None and gpu_memory is None and cfg.cpu:
+        raise ConfigError("on CPU, bench fit needs --memory-limit GiB (without a limit the "
+                          "machine's swap, not the strategy, would decide)")
+    return limit
+
+
+def fits_in(cfg, memory_limit: float | None, gpu_memory: float | None) -> str:
+    """The memory a batch was found to fit, as a workload names it ('batch: largest that
+    fits 6 GiB (CPU, all processes)')."""
+    if cfg.cpu:
+        return f"{memory_limit:g} GiB (CPU, all processes)"
+    return f"{gpu_memory:g} GiB a GPU" if gpu_memory is not None else "the GPU"
+
+
+def replicas_of(strategy: str, gpus: int, cpu: bool) -> int:
+    """Replicas a global batch is split over (dp on CPU is one process, one replica)."""
+    return 1 if strategy == "dp" and cpu else gpus
+
+
+def as_json(strategy: str, gpus: int, memory_limit: float | None, gpu_memory: float | None,
+            lo: int | None, tries: list[Try]) -> dict[str, Any]:
+    """The search's result as `bench fit --json` prints it (and `bench sweep --batch-size
+    max` caches it)."""
+    return {"strategy": strategy, "gpus": gpus, "memory_limit_gib": memory_limit,
+            "gpu_memory_gib": gpu_memory, "largest_batch_per_replica": lo,
+            "tries": [{"batch": t.batch, "ok": t.ok, "cause": t.cause,
+                       "seconds": round(t.seconds, 1),
+                       "memory_parts": (t.record or {}).get("memory_parts")} for t in tries]}
+
+
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     for flag in ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output",
                  "--strategy", "--gpus"):
@@ -201,35 +247,15 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     run_args = ["--strategy", args.strategy, "--gpus", str(args.gpus), *passed_on]
     cfg = config_from_args(run_options_for("fit", run_args))
     cfg.validate()
-    limit = None
-    if args.memory_limit is not None:
-        from bench.tools.memory_limit import unavailable
-
-        if args.memory_limit <= 0:
-            raise ConfigError(f"--memory-limit must be above 0 GiB (got {args.memory_limit})")
-        why = unavailable()
-        if why:
-            raise ConfigError(f"--memory-limit cannot be enforced here: {why}; run as root "
-                              "on a machine with cgroup v1's memory controller, or drop it")
-        limit = int(args.memory_limit * 2**30)
-    if args.gpu_memory is not None and (cfg.cpu or args.gpu_memory <= 0):
-        raise ConfigError("--gpu-memory takes GiB above 0 and a CUDA run (not --cpu)")
-    if limit is None and args.gpu_memory is None and cfg.cpu:
-        raise ConfigError("on CPU, bench fit needs --memory-limit GiB (without a limit the "
-                          "machine's swap, not the strategy, would decide)")
-    replicas = 1 if args.strategy == "dp" and cfg.cpu else args.gpus
+    limit = memory_cap(cfg, args.memory_limit, args.gpu_memory)
+    replicas = replicas_of(args.strategy, args.gpus, cfg.cpu)
     lo, tries = search(args.start, replicas, run_args, limit, args.gpu_memory,
                        args.max_tries, 60 * args.max_minutes,
                        say=lambda line: print(line, file=sys.stderr, flush=True))
     failed = next((t for t in tries if not t.ok and not t.out_of_memory), None)
     if args.json:
-        print(json.dumps({"strategy": args.strategy, "gpus": args.gpus,
-                          "memory_limit_gib": args.memory_limit,
-                          "gpu_memory_gib": args.gpu_memory, "largest_batch_per_replica": lo,
-                          "tries": [{"batch": t.batch, "ok": t.ok, "cause": t.cause,
-                                     "seconds": round(t.seconds, 1),
-                                     "memory_parts": (t.record or {}).get("memory_parts")}
-                                    for t in tries]}, indent=1))
+        print(json.dumps(as_json(args.strategy, args.gpus, args.memory_limit, args.gpu_memory,
+                                 lo, tries), indent=1))
     else:
         print(_table(args.strategy, args.gpus, lo, tries))
     if failed is not None and lo is None:

@@ -15,15 +15,16 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.commands.largest_batch import LargestBatch, take_max
 from bench.config.options import config_from_args, given, parse_list, run_options_for
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan
 from bench.launch.preflight import check_output_writable
+from bench.records.claims import Claim
 from bench.records.files import (
     records_by_tag,
     runs_dir,
@@ -31,13 +32,12 @@ from bench.records.files import (
     write_atomic,
     write_text_atomic,
 )
-from bench.records.provenance import current_status, owner_alive, this_process
+from bench.records.provenance import current_status
 from bench.tools import terminal
 from bench.tools.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    CannotWrite,
     ConfigError,
     Interrupted,
     catch_stop_signals,
@@ -74,6 +74,8 @@ def sweep_key(cfg: RunConfig) -> str:
     it (a sweep run again with more workers, after an input-bound one, runs again); the
     default is not, so that keys made before it counted stay."""
     recipe = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_KEY}
+    if cfg.batch_fits_in is None:  # a batch given: keys made before the field stay
+        del recipe["batch_fits_in"]
     if cfg.workers is not None:
         recipe["workers"] = cfg.workers
     text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)
@@ -89,6 +91,8 @@ def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
     for strategy in strategies:
         for n in gpus:
             cfg = base.derive(strategy=strategy, gpus=n)
+            if base.batch_fits_in:  # each run's batch is found later; one that splits here
+                cfg = cfg.derive(batch_size=n)
             RunPlan(cfg, probe_output=False)
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
@@ -125,8 +129,9 @@ def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
 
 def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus: list[int],
               repeats: int = 1, force: bool = False, run_timeout: float | None = None,
-              only: int | None = None) -> int:
-    """Every combination in order (``only``: the one of that index, a Slurm array task's)."""
+              only: int | None = None, largest: LargestBatch | None = None) -> int:
+    """Every combination in order (``only``: the one of that index, a Slurm array task's;
+    ``largest``: each at the largest batch that fits, --batch-size max)."""
     combos = plan_combos(base, strategies, gpus, repeats)
     if only is not None:
         if not 0 <= only < len(combos):
@@ -153,7 +158,8 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
             started = time.monotonic()
             try:
                 with claim.beating():
-                    status = _run_combo(combo, prefix, base, run_args, force, run_timeout)
+                    status = _run_combo(combo, prefix, base, run_args, force, run_timeout,
+                                        largest)
             finally:
                 claim.release()
             if not status.endswith("(skipped)"):
@@ -178,7 +184,7 @@ def _duration(seconds: float) -> str:
 
 
 def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], force: bool,
-               run_timeout: float | None) -> str:
+               run_timeout: float | None, largest: LargestBatch | None = None) -> str:
     """One combination in its own ``bench run``, unless an ok record of it exists."""
     existing = records_by_tag(base.output).get(combo.tag, [])
     if not force and any(current_status(r)[0] == "ok" for _, r in existing):
@@ -192,6 +198,18 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", combo.strategy,
            "--gpus", str(combo.gpus), "--tag", combo.tag, *run_args,
            "--seed", str(base.seed + combo.repeat)]
+    if largest is not None:
+        batch, how = largest.global_batch(combo.strategy, combo.gpus, combo.key, run_args,
+                                          base.output, say=lambda line: print(
+                                              f"  {line}", flush=True))
+        if batch is None:
+            cfg = base.derive(strategy=combo.strategy, gpus=combo.gpus, tag=combo.tag,
+                              seed=base.seed + combo.repeat, batch_size=combo.gpus)
+            RunPlan(cfg).skeleton(cmd).fail("failed", how)
+            print(f"{prefix}: failed: {how}", flush=True)
+            return f"failed: {how}"
+        print(f"  batch {batch} (global): {how}", flush=True)
+        cmd += ["--batch-size", str(batch), "--batch-fits-in", largest.fits_in]
     proc = start_dying_with_me(cmd, start_new_session=True)
     started = time.monotonic()
     try:
@@ -211,90 +229,6 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
     except BaseException:
         _stop(proc)
         raise
-
-
-# A claim's heartbeat: its holder refreshes the file's time every CLAIM_HEARTBEAT_S while
-# its run lives. Where the owner's process cannot be looked at (another host sharing the
-# results folder), a claim whose heartbeat is older than CLAIM_STALE_S is a lost host's and
-# is taken (BENCH_CLAIM_STALE_S shortens it, for tests).
-CLAIM_STALE_S = 300.0
-
-
-def claim_stale_s() -> float:
-    return float(os.environ.get("BENCH_CLAIM_STALE_S", CLAIM_STALE_S))
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A sweep's claim on one combination: a file made atomically (O_EXCL) that names its
-    owner. Concurrent sweeps skip what another one holds; a claim whose owner is gone (kill
-    -9 on this host; no heartbeat for claim_stale_s() from another) is cleared and taken."""
-
-    path: Path
-
-    @classmethod
-    def take(cls, folder: Path, name: str) -> tuple[Claim | None, dict | None]:
-        """(the claim, None), or (None, the holder) when a live owner holds it."""
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{name.replace('/', '_')}.claim"
-        # The claim appears with its owner already in it (written aside, then hard-linked
-        # into place, which fails if it exists): an empty or unreadable claim is never a
-        # claim being written, only debris of a crash, and is cleared like a dead owner's.
-        # The staged file names host and pid: two hosts can share a pid, never both.
-        me = this_process()
-        host = re.sub(r"[^\w.-]", "_", str(me["host"]))
-        staged = folder / f".{path.name}.{host}.{me['pid']}.tmp"
-        try:
-            staged.write_text(json.dumps(me))
-            for _ in range(2):
-                try:
-                    os.link(staged, path)
-                    return cls(path), None
-                except FileExistsError:
-                    try:
-                        holder = json.loads(path.read_text())
-                        silent = time.time() - path.stat().st_mtime
-                    except (OSError, ValueError):
-                        holder, silent = None, 0.0
-                    if not isinstance(holder, dict) or owner_alive(holder) is False:
-                        path.unlink(missing_ok=True)
-                        continue
-                    if owner_alive(holder) is None and silent > claim_stale_s():
-                        print(f"bench sweep: taking the claim on {name} from "
-                              f"{holder.get('host')} (pid {holder.get('pid')}): no heartbeat "
-                              f"for {silent:.0f} s, past the {claim_stale_s():.0f} s limit "
-                              "(a lost host?)", file=sys.stderr, flush=True)
-                        path.unlink(missing_ok=True)
-                        continue
-                    return None, holder
-            return None, None
-        except OSError as exc:  # a full or read-only disk: one line, nothing left behind
-            raise CannotWrite.of(exc, path) from None
-        finally:
-            staged.unlink(missing_ok=True)
-
-    def release(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-    @contextlib.contextmanager
-    def beating(self, every: float | None = None):
-        """Refresh the claim's time every ``every`` seconds (a fifth of the stale limit)
-        while the block runs: the heartbeat a sweep on another host reads."""
-        every = claim_stale_s() / 5 if every is None else every
-        stop = threading.Event()
-
-        def beat() -> None:
-            while not stop.wait(every):
-                with contextlib.suppress(OSError):
-                    os.utime(self.path)
-
-        thread = threading.Thread(target=beat, name="claim-heartbeat", daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            stop.set()
-            thread.join()
 
 
 def _mark_timeout(output: str, combo: Combo, seconds: float) -> bool:
@@ -352,7 +286,6 @@ def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, 
 def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
                 names: list[str], gpus: list[int]) -> int:
     """``bench sweep --slurm``: the job arrays written (and with --submit, submitted)."""
-    import re
     import shutil
 
     if base.nodes > 1:
@@ -429,6 +362,15 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     slurm.add_argument("--cpus-per-task", type=int, default=1,
                        help="cores per rank (x N for a combination of N ranks; default 1)")
     slurm.add_argument("--job-name", default="bench-sweep", help="Slurm job name prefix")
+    fit = sweep.add_argument_group(
+        "--batch-size max: each strategy and N at the largest batch that fits (bench fit's "
+        "search, kept in OUTPUT/fits/; lr 0.1 x batch / 128 unless --lr)")
+    fit.add_argument("--memory-limit", type=float, default=None, metavar="GiB",
+                     help="CPU: the limit every try's processes share (a cgroup; root)")
+    fit.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
+                     help="CUDA: the share of its GPU each rank may use")
+    fit.add_argument("--fit-start", type=int, default=8,
+                     help="the search's first batch per replica (default 8)")
     sweep.add_argument("--only", type=int, default=None, help=argparse.SUPPRESS)
 
 
@@ -436,8 +378,19 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     for flag in ("--strategy", "--tag"):
         if given(passed_on, flag):
             raise ConfigError(f"bench sweep sets {flag} itself; use --strategies")
+    batch_max, passed_on = take_max(passed_on)
+    if not batch_max and (args.memory_limit is not None or args.gpu_memory is not None):
+        raise ConfigError("--memory-limit and --gpu-memory go with --batch-size max")
+    if batch_max and args.slurm:
+        raise ConfigError("--batch-size max searches on this machine before each run; not "
+                          "with --slurm (run `bench fit` on a node, then sweep with "
+                          "--batch-size N)")
     run = run_options_for("sweep", ["--strategy", "ddp", *passed_on])
     base = config_from_args(run)
+    largest = None
+    if batch_max:
+        largest = LargestBatch.plan(base, args.memory_limit, args.gpu_memory, args.fit_start)
+        base = base.derive(batch_fits_in=largest.fits_in)
     if base.mllog and "{run_id}" not in base.mllog:
         raise ConfigError("in a sweep, --mllog needs {run_id} in its name (one log per run), "
                           "e.g. --mllog 'logs/{run_id}.log'")
@@ -448,4 +401,4 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     if args.slurm:
         return slurm_sweep(args, base, passed_on, names, gpus)
     return run_sweep(base, passed_on, names, gpus, repeats=args.repeats, force=args.force,
-                     run_timeout=args.run_timeout, only=args.only)
+                     run_timeout=args.run_timeout, only=args.only, largest=largest)

@@ -57,6 +57,20 @@ def given(run_args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in run_args)
 
 
+def without(run_args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The options passed on less ``flags`` and their values (each takes one: ``--flag
+    VALUE`` or ``--flag=VALUE``)."""
+    out, skip = [], False
+    for arg in run_args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not any(arg.startswith(flag + "=") for flag in flags):
+            out.append(arg)
+    return out
+
+
 def parse_list(text: str, flag: str, cast=str) -> list:
     """A comma-separated option (--gpus 1,2,4): its values, each once in the order given
     (``ddp,ddp`` ran or measured the same thing twice), or one line naming the fix."""
@@ -224,6 +238,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                      help="results folder; records go to OUTPUT/runs/ (default results)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
     out.add_argument("--tag", default=None, help="free-form label stored in the record")
+    # bench sweep --batch-size max: where bench fit found --batch-size the largest
+    out.add_argument("--batch-fits-in", default=None, help=argparse.SUPPRESS)
 
 
 # Flags that switch a RunConfig default off: flag dest -> field.

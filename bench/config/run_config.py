@@ -164,6 +164,9 @@ class RunConfig:
     cpu: bool = False
     epochs: int = 30
     batch_size: int = 128  # global: split evenly over all replicas
+    # Set by `bench sweep --batch-size max`: the memory in which `bench fit` found
+    # batch_size the largest that trains ("6 GiB on CPU"); None: a batch given
+    batch_fits_in: str | None = None
     base_lr: float = 0.1  # lr at the reference global batch of 128
     lr: float | None = None  # explicit peak lr; None = base_lr * batch_size / 128
     momentum: float = 0.9

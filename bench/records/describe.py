@@ -121,7 +121,9 @@ def workload(rec: dict[str, Any], gpu: bool = True, link: bool = True) -> str:
     pixels = "" if pixels == 32 else f" {pixels}px"
     model_gpu = gpu_model(rec) if gpu else None
     crossed = network(rec) if link else None
-    return (f"{data} {size} img{pixels}, batch {rec.get('global_batch')}, {model}"
+    fits = config.get("batch_fits_in")  # bench sweep --batch-size max: each row its own
+    batch = f"batch: largest that fits {fits}" if fits else f"batch {rec.get('global_batch')}"
+    return (f"{data} {size} img{pixels}, {batch}, {model}"
             + (f" on {model_gpu}" if model_gpu else "") + (f", over {crossed}" if crossed else ""))
 
 

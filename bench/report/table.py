@@ -32,8 +32,10 @@ from bench.tools.stats import mean_ci
 # options keeps runs with other speed options (GPU loader, channels_last, compile, fused SGD)
 # apart: the same strategy doing the work another way is another row, never a repeat.
 # epochs keeps runs of another length apart: their accuracy is another schedule's.
+# global_batch: a workload names its batch, except where each row trains at the largest
+# batch that fits (bench sweep --batch-size max), and there the batch is the row's own.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
-              "options", "grad_accum", "gpu_shared", "epochs"]
+              "options", "grad_accum", "gpu_shared", "epochs", "global_batch"]
 
 
 COLUMNS = [
@@ -41,6 +43,7 @@ COLUMNS = [
     ("strategy", "strategy"),
     ("device", "device"),
     ("world_size", "N"),
+    ("global_batch", "batch"),
     ("processes", "procs"),
     ("precision", "precision"),
     ("options", "options"),
@@ -132,6 +135,8 @@ def run_rows(records: list[dict[str, Any]]):
                 "strategy": rec.get("strategy"),
                 "device": rec.get("device"),
                 "world_size": rec.get("world_size"),
+                "global_batch": rec.get("global_batch"),
+                "batch_fits_in": (rec.get("config") or {}).get("batch_fits_in"),
                 # --gpus is per node: a 2-node run of --gpus 1 asked for 2
                 "gpus_requested": (rec["gpus_requested"] * (rec.get("nodes") or 1)
                                    if isinstance(rec.get("gpus_requested"), int)
@@ -246,6 +251,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
+            batch_fits_in=use["batch_fits_in"].iloc[-1],
             workload_alone=use["workload_alone"].iloc[-1],
             workload_here=use["workload_here"].iloc[-1],
             network=use["network"].iloc[-1],

@@ -47,6 +47,7 @@ class WorkloadVerdict:
     not_shown: list[tuple[str, float, float, float]] = field(default_factory=list)
     one_run: list[str] = field(default_factory=list)
     other_schedule: list[str] = field(default_factory=list)
+    own_batches: bool = False  # each row at the largest batch it fits: top-1 not compared
 
 
 def _label(r: dict, precisions: set[str]) -> str:
@@ -169,6 +170,7 @@ def verdicts(table) -> dict[str, WorkloadVerdict]:
         block = [r for r in rows if r["workload"] == name]
         verdict.speed = speed_calls(block, noise_by_device.get(block[0]["device"]))
         accuracy_verdict(block, verdict)
+        verdict.own_batches = any(isinstance(r.get("batch_fits_in"), str) for r in block)
     return out
 
 
@@ -191,6 +193,9 @@ def speed_sentence(call: SpeedCall) -> str:
 
 
 def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
+    if verdict.own_batches:
+        return ["Each row trains at the largest batch it fits, its learning rate scaled to "
+                "that batch: top-1 is not comparable across batch sizes, and is not compared."]
     if verdict.reference is None:
         return []
     out = []

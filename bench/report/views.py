@@ -15,7 +15,7 @@ from bench.tools import terminal
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
 # per workload, in at most 120 columns; `--format wide`, the CSV and the markdown have all.
 TERMINAL_COLUMNS = [
-    ("strategy", "strategy"), ("device", "dev"), ("world_size", "N"),
+    ("strategy", "strategy"), ("device", "dev"), ("world_size", "N"), ("global_batch", "batch"),
     ("precision", "prec."), ("options", "options"), ("runs", "runs"),
     ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
     ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
@@ -265,6 +265,18 @@ def _memory_if_it_differs(names: list[str], rows: list[list[str]]
     return names[:i] + names[i + 1:], [row[:i] + row[i + 1:] for row in rows]
 
 
+def only_if_it_differs(names: list[str], rows: list[list[str]], name: str
+                       ) -> tuple[list[str], list[list[str]]]:
+    """Column ``name`` stays in a block only where its rows differ (the batch: the workload
+    names it, except where each row trains at the largest batch it fits)."""
+    if name not in names:
+        return names, rows
+    i = names.index(name)
+    if len({row[i] for row in rows}) > 1:
+        return names, rows
+    return names[:i] + names[i + 1:], [row[:i] + row[i + 1:] for row in rows]
+
+
 def to_text(table, width: int = 120) -> str:
     """The key columns, one block per workload, each line at most ``width`` characters."""
     header = [h for _, h in TERMINAL_COLUMNS]
@@ -273,17 +285,20 @@ def to_text(table, width: int = 120) -> str:
     answers = _verdicts(table)
     for record, cells in zip(table.to_dict("records"), _cells(table)):
         row = [cells[i] for i in picked]
-        options = [] if row[4] == "—" else [row[4]]
+        at = {name: header.index(name) for name in (
+            "options", "N", "epoch s", "top-1 %", "Δ top-1 (p)", "eff.")}
+        options = [] if row[at["options"]] == "—" else [row[at["options"]]]
         if record.get("grad_accum", 1) > 1:
             options.append(f"accum {record['grad_accum']}")
-        row[4] = ", ".join(options) or "—"
-        row[4] = short_options(row[4])
-        row[2] = row[2].replace(" (of ", " (")
+        row[at["options"]] = short_options(", ".join(options) or "—")
+        row[at["N"]] = row[at["N"]].replace(" (of ", " (")
         # the flag line below says 'shared GPUs'; the cell keeps the table in 120 columns
-        row[6] = row[6].replace(" (ranks shared GPUs: not comparable)", " (shared)")
-        row[10] = row[10].replace(" ± ", "±")
-        row[11] = row[11].replace(" (p —)", "")  # one run each: no test, only the difference
-        row[9] = row[9].replace(" %", "%")
+        row[at["epoch s"]] = row[at["epoch s"]].replace(" (ranks shared GPUs: not comparable)",
+                                                        " (shared)")
+        row[at["top-1 %"]] = row[at["top-1 %"]].replace(" ± ", "±")
+        # one run each: no test, only the difference
+        row[at["Δ top-1 (p)"]] = row[at["Δ top-1 (p)"]].replace(" (p —)", "")
+        row[at["eff."]] = row[at["eff."]].replace(" %", "%")
         clock, util = header.index("clock"), header.index("util")
         row[clock] = row[clock].replace(" %", "%")  # the GPU clock
         row[util] += "%" if row[util] != "—" else ""  # the GPU utilization
@@ -294,6 +309,7 @@ def to_text(table, width: int = 120) -> str:
     unscaled = False  # a finished row without a speed-up: say why once, below
     for block, rows in blocks.items():
         names, rows = _memory_if_it_differs(list(header), rows)
+        names, rows = only_if_it_differs(names, rows, "batch")
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         if "speed-up" in names:
             at = names.index("speed-up")
@@ -333,7 +349,8 @@ def to_text(table, width: int = 120) -> str:
 # with one value in every row of a block is said once in its heading, one of '—' leaves.
 README_COLUMNS = [
     ("strategy", "strategy"), ("device", "device"), ("world_size", "N"),
-    ("processes", "procs"), ("precision", "precision"), ("options", "options"),
+    ("global_batch", "batch"), ("processes", "procs"), ("precision", "precision"),
+    ("options", "options"),
     ("grad_accum", "accum"), ("norm", "norm"), ("same_start", "same start"), ("runs", "runs"),
     ("epoch_time_s", "epoch time (s)"), ("images_per_s", "img/s"),
     ("speedup", "speed-up vs N=1"), ("efficiency", "scaling eff."),
@@ -370,9 +387,10 @@ def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[st
         blocks.setdefault(record["workload"], []).append(row)
     out = []
     for block, rows in blocks.items():
+        names, rows = only_if_it_differs(list(header), rows, "batch")
         ok = [row[-1].startswith("ok") for row in rows]
-        at_1 = all(row[header.index("N")] == "1" for row in rows)
-        names, rows, same = said_once(list(header), rows, _README_SAID_ONCE, ok,
+        at_1 = all(row[names.index("N")] == "1" for row in rows)
+        names, rows, same = said_once(names, rows, _README_SAID_ONCE, ok,
                                       _README_UNSAID | (_README_UNSAID_AT_1 if at_1 else set()))
         keep = [i for i, name in enumerate(names) if name in ("strategy", "status")
                 or any(row[i] != "—" for row in rows)]

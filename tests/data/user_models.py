@@ -71,3 +71,29 @@ def hangs_in_every_rank(num_classes: int) -> nn.Module:
     while "RANK" in os.environ:
         time.sleep(1)
     return tiny_cnn(num_classes)
+
+
+class _StateHeavy(nn.Module):
+    """Much training state and much activation memory per image, little compute: a stand-in
+    for a large model in `bench sweep --batch-size max`'s test. ``bank`` is 128 M parameters
+    in 16 tensors (ZeRO-1 shards whole tensors) that every step touches, so each has a
+    gradient and momentum: DDP holds parameters, gradients, momentum and its buckets whole
+    on every rank, ZeRO-1 half the momentum. Each image is stretched 8 x per side: ~2.4 MiB
+    of activations an image at 32 px."""
+
+    def __init__(self, num_classes: int) -> None:
+        import torch
+
+        super().__init__()
+        self.bank = nn.ParameterList(nn.Parameter(torch.zeros(8 * 2**20)) for _ in range(16))
+        self.gain = nn.Parameter(torch.ones(1))
+        self.head = nn.Linear(3, num_classes)
+
+    def forward(self, images):
+        big = nn.functional.interpolate(images, scale_factor=8.0, mode="nearest")
+        big = nn.functional.relu(big * self.gain)
+        return self.head(big.mean((2, 3))) + sum(p.mean() for p in self.bank)
+
+
+def state_heavy(num_classes: int) -> nn.Module:
+    return _StateHeavy(num_classes)
