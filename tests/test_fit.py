@@ -110,6 +110,8 @@ def test_a_sweep_at_the_largest_batch_gives_zero_the_larger_batch(tmp_path):
     (["--cpu", "--memory-limit", "2"], "--memory-limit and --gpu-memory go with --batch-size max"),
     (["--cpu", "--batch-size", "max", "--slurm", "--dry-run"], "not with --slurm"),
     (["--cpu", "--batch-size", "max"], "needs --memory-limit"),
+    (["--cpu", "--batch-size", "max", "--memory-limit", "2", "--grad-accum", "2"],
+     "drop --grad-accum"),
     (["--cpu", "--batch-size=max", "--memory-limit", "2", "--fit-start", "0"],
      "--fit-start must be at least 1"),
 ])

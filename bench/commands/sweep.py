@@ -389,6 +389,9 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     base = config_from_args(run)
     largest = None
     if batch_max:
+        if base.grad_accum > 1:
+            raise ConfigError("--batch-size max finds the batch one step holds at once; "
+                              "drop --grad-accum (or give --batch-size N with it)")
         largest = LargestBatch.plan(base, args.memory_limit, args.gpu_memory, args.fit_start)
         base = base.derive(batch_fits_in=largest.fits_in)
     if base.mllog and "{run_id}" not in base.mllog:
