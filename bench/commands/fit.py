@@ -25,6 +25,10 @@ PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
 USES_TORCH = True
 STEPS = 3  # training steps a try takes (the first is its warm-up), then one evaluation
 WITHIN = 0.05  # bisection stops when the failing batch is within this of the largest ok one
+MAX_TRIES, MAX_MINUTES = 12, 20.0  # the search's bounds unless told otherwise
+# Run options each try sets itself (a user's are refused; a sweep's are left out of a try)
+TRY_SETS = ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output",
+            "--strategy", "--gpus")
 OOM_WORDS = ("out of memory", "outofmemory", "cannot allocate memory", "std::bad_alloc",
              "defaultcpuallocator: can't allocate memory")
 
@@ -185,9 +189,10 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                      help="CUDA: each rank may use this much of its GPU "
                           "(torch.cuda.set_per_process_memory_fraction)")
     fit.add_argument("--start", type=int, default=8, help="first batch per replica (default 8)")
-    fit.add_argument("--max-tries", type=int, default=12, help="tries at most (default 12)")
-    fit.add_argument("--max-minutes", type=float, default=20.0,
-                     help="stop searching after this long (default 20)")
+    fit.add_argument("--max-tries", type=int, default=MAX_TRIES,
+                     help=f"tries at most (default {MAX_TRIES})")
+    fit.add_argument("--max-minutes", type=float, default=MAX_MINUTES,
+                     help=f"stop searching after this long (default {MAX_MINUTES:g})")
     fit.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -238,8 +243,7 @@ def as_json(strategy: str, gpus: int, memory_limit: float | None, gpu_memory: fl
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
-    for flag in ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output",
-                 "--strategy", "--gpus"):
+    for flag in TRY_SETS:
         if given(passed_on, flag):
             raise ConfigError(f"bench fit sets {flag} itself for each try")
     if args.start < 1 or args.max_tries < 1 or args.max_minutes <= 0:

@@ -11,31 +11,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.commands.fit import as_json, fits_in, memory_cap, replicas_of, search
+from bench.commands.fit import (
+    MAX_MINUTES,
+    MAX_TRIES,
+    TRY_SETS,
+    as_json,
+    fits_in,
+    memory_cap,
+    replicas_of,
+    search,
+)
 from bench.config.options import without
 from bench.config.run_config import RunConfig
 from bench.records.files import write_text_atomic
 from bench.tools.errors import ConfigError
 
-# Run options a try sets itself (bench fit refuses them): the sweep's own are left out.
-_TRY_SETS = ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output")
-MAX_TRIES = 12  # bench fit's defaults
-MAX_SECONDS = 20 * 60
-
 
 def take_max(passed_on: list[str]) -> tuple[bool, list[str]]:
     """Whether `--batch-size max` is among the run options, and the options without it."""
-    rest, found, skip = [], False, False
-    for i, arg in enumerate(passed_on):
-        if skip:
-            skip = False
-        elif arg == "--batch-size" and passed_on[i + 1:i + 2] == ["max"]:
-            found, skip = True, True
-        elif arg == "--batch-size=max":
-            found = True
-        else:
-            rest.append(arg)
-    return found, rest
+    found = any(arg == "--batch-size=max" or (arg == "--batch-size" and value == "max")
+                for arg, value in zip(passed_on, [*passed_on[1:], None]))
+    return found, without(passed_on, ("--batch-size",)) if found else passed_on
 
 
 def _device_name(cfg: RunConfig) -> str:
@@ -88,9 +84,9 @@ class LargestBatch:
                 and isinstance(found.get("largest_batch_per_replica"), int)):
             lo = found["largest_batch_per_replica"]
             return lo * replicas, f"{lo} per replica, found before ({path})"
-        args = ["--strategy", strategy, "--gpus", str(gpus), *without(run_args, _TRY_SETS)]
+        args = ["--strategy", strategy, "--gpus", str(gpus), *without(run_args, TRY_SETS)]
         lo, tries = search(self.start, replicas, args, self.limit_bytes, self.gpu_memory,
-                           MAX_TRIES, MAX_SECONDS, say=say)
+                           MAX_TRIES, 60 * MAX_MINUTES, say=say)
         if lo is None:
             last = tries[-1].cause if tries else "no try ran"
             return None, f"no batch fits {self.fits_in} (bench fit: {last})"

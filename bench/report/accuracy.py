@@ -58,14 +58,14 @@ def add_parity(table, reference: str):
     or compression options where such a row exists (a PowerSGD row is no reference). A row
     that trained for another number of epochs than its reference is not compared: its
     accuracy is another schedule's (``other_epochs``: its count, else 0). Where each row
-    trains at the largest batch it fits (``batch_fits_in``), none is compared: the batches,
+    trains at the largest batch it fits (``own_batch``), none is compared: the batches,
     and the learning rates scaled with them, differ."""
     name, world = parse_reference(reference)
     refs: dict[tuple, Any] = {}
     for r in table.itertuples():
         if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
             continue
-        if isinstance(getattr(r, "batch_fits_in", None), str):  # (NaN where absent)
+        if r.own_batch:
             continue
         rank = ({"fp32": 0, "tf32": 1}.get(r.precision, 2), r.options != "—")
         key = (r.workload, r.device)

@@ -136,7 +136,8 @@ def run_rows(records: list[dict[str, Any]]):
                 "device": rec.get("device"),
                 "world_size": rec.get("world_size"),
                 "global_batch": rec.get("global_batch"),
-                "batch_fits_in": (rec.get("config") or {}).get("batch_fits_in"),
+                # bench sweep --batch-size max: the row's batch is the largest it fits
+                "own_batch": bool((rec.get("config") or {}).get("batch_fits_in")),
                 # --gpus is per node: a 2-node run of --gpus 1 asked for 2
                 "gpus_requested": (rec["gpus_requested"] * (rec.get("nodes") or 1)
                                    if isinstance(rec.get("gpus_requested"), int)
@@ -251,7 +252,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],
-            batch_fits_in=use["batch_fits_in"].iloc[-1],
+            own_batch=bool(use["own_batch"].iloc[-1]),
             workload_alone=use["workload_alone"].iloc[-1],
             workload_here=use["workload_here"].iloc[-1],
             network=use["network"].iloc[-1],

@@ -170,7 +170,7 @@ def verdicts(table) -> dict[str, WorkloadVerdict]:
         block = [r for r in rows if r["workload"] == name]
         verdict.speed = speed_calls(block, noise_by_device.get(block[0]["device"]))
         accuracy_verdict(block, verdict)
-        verdict.own_batches = any(isinstance(r.get("batch_fits_in"), str) for r in block)
+        verdict.own_batches = any(r["own_batch"] for r in block)
     return out
 
 

@@ -262,6 +262,11 @@ def _memory_if_it_differs(names: list[str], rows: list[list[str]]
     values = [float(row[i].split()[0]) for row in rows if row[i] != "—"]
     if len(values) >= 2 and min(values) > 0 and max(values) / min(values) > MEMORY_DIFFERS:
         return names, rows
+    return _without_column(names, rows, i)
+
+
+def _without_column(names: list[str], rows: list[list[str]], i: int
+                    ) -> tuple[list[str], list[list[str]]]:
     return names[:i] + names[i + 1:], [row[:i] + row[i + 1:] for row in rows]
 
 
@@ -274,7 +279,7 @@ def only_if_it_differs(names: list[str], rows: list[list[str]], name: str
     i = names.index(name)
     if len({row[i] for row in rows}) > 1:
         return names, rows
-    return names[:i] + names[i + 1:], [row[:i] + row[i + 1:] for row in rows]
+    return _without_column(names, rows, i)
 
 
 def to_text(table, width: int = 120) -> str:
@@ -283,10 +288,10 @@ def to_text(table, width: int = 120) -> str:
     picked = [COLUMN_INDEX[c] for c, _ in TERMINAL_COLUMNS]
     blocks: dict[str, list[list[str]]] = {}
     answers = _verdicts(table)
+    at = {name: header.index(name) for name in (
+        "options", "N", "epoch s", "top-1 %", "Δ top-1 (p)", "eff.")}
     for record, cells in zip(table.to_dict("records"), _cells(table)):
         row = [cells[i] for i in picked]
-        at = {name: header.index(name) for name in (
-            "options", "N", "epoch s", "top-1 %", "Δ top-1 (p)", "eff.")}
         options = [] if row[at["options"]] == "—" else [row[at["options"]]]
         if record.get("grad_accum", 1) > 1:
             options.append(f"accum {record['grad_accum']}")
