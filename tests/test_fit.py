@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -120,3 +121,24 @@ def test_what_a_sweep_at_the_largest_batch_cannot_do_is_one_line(args, says, tmp
                      "--output", str(tmp_path / "out"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and not (tmp_path / "out").exists(), proc.stderr
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
+def test_a_cage_left_by_a_killed_search_is_removed_by_the_next():
+    """A `bench fit` or sweep killed with SIGKILL cannot remove its cgroup; the next cage
+    made removes those of processes that are gone, and leaves a live process's alone."""
+    from bench.tools.memory_limit import CGROUP_MEMORY
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = CGROUP_MEMORY / f"bench-fit-{gone.pid}-0"
+    live = CGROUP_MEMORY / f"bench-fit-{os.getpid()}-999"
+    left.mkdir(), live.mkdir()
+    try:
+        with MemoryCage(2**30) as cage:
+            assert cage.path.exists() and live.exists()
+        assert not left.exists() and not cage.path.exists()
+    finally:
+        for path in (left, live):
+            if path.exists():
+                path.rmdir()

@@ -8,6 +8,7 @@ the record's memory parts at the batch found."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import subprocess
@@ -74,17 +75,17 @@ def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
             import os
 
             env = {**os.environ, "BENCH_GPU_MEMORY_GIB": f"{gpu_memory:g}"}
-        cage = MemoryCage(limit) if limit is not None else None
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  env=env, preexec_fn=cage.enter if cage else None)
-            rc, text = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, text = -1, f"timeout after {exc.timeout:.0f} s"
-        killed = cage.oom_killed() if cage else False
-        peak = cage.peak() if cage else None
-        if cage:
-            cage.close()
+        # removed however the try ends (an interrupted search too; one killed with SIGKILL
+        # leaves it to the next cage made: memory_limit.clear_abandoned)
+        with MemoryCage(limit) if limit is not None else contextlib.nullcontext() as cage:
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                      env=env, preexec_fn=cage.enter if cage else None)
+                rc, text = proc.returncode, proc.stdout + proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                rc, text = -1, f"timeout after {exc.timeout:.0f} s"
+            killed = cage.oom_killed() if cage else False
+            peak = cage.peak() if cage else None
         rec = _record(out)
     seconds = time.monotonic() - started
     if rc == 0 and rec is not None and rec.get("status") == "ok":

@@ -23,6 +23,16 @@ def unavailable() -> str | None:
     return None
 
 
+def clear_abandoned() -> None:
+    """Remove the cages of processes that are gone (a `bench fit` or sweep killed with
+    SIGKILL cannot remove its own); a cage still holding a process stays."""
+    for path in CGROUP_MEMORY.glob("bench-fit-*-*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
 class MemoryCage:
     """``limit`` bytes for every process started with ``preexec_fn=cage.enter`` (and their
     children), swap included where the kernel accounts it."""
@@ -31,6 +41,7 @@ class MemoryCage:
         why = unavailable()
         if why:
             raise OSError(why)
+        clear_abandoned()
         self.path = CGROUP_MEMORY / f"bench-fit-{os.getpid()}-{next(_count)}"
         self.path.mkdir()
         (self.path / "memory.limit_in_bytes").write_text(str(limit))
