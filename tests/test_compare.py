@@ -82,7 +82,8 @@ def test_a_collapse_is_caught_with_one_run_a_side_and_b_flags_are_shown(tmp_path
     other = {**repeat("w", "ddp", 2, 50, 10.0), "train_size": 5000}
     write_runs(tmp_path / "a", [other])
     text = run_bench("compare", str(one_a), str(one_b)).stdout
-    assert "synthetic 5000 img, batch 100, resnet18: only in A (1 row)" in text, text
+    assert ("synthetic 5000 img, batch 100, resnet18 on Test (2 cores): only in A (1 row)"
+            in text), text
     assert text.count("only in A") == 1
     # 30 % slower (1/1.3 = 0.77): inside the 35 % that one run moves by: not gated
     near = write_runs(tmp_path / "c", [_slower(repeat("z", "ddp", 2, 50, 10.0), 1.3)])
@@ -119,7 +120,7 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
     text = run_bench("compare", str(tmp_path / "a"), str(tmp_path / "b")).stdout
     lines = text.splitlines()
     assert max(map(len, lines)) <= 120, text
-    assert lines[0].endswith(" — cpu, fp32, runs A/B 3/3"), text
+    assert lines[0].endswith(" on Test (2 cores) — fp32, runs A/B 3/3"), text
     head, cells = lines[1].split(), lines[2].split()
     assert head[:4] == ["strategy", "N", "img/s", "A→B"] and cells[-1] == "REGRESSED", text
     assert cells[2:4] == ["990→826", "0.83×"], text  # medians of 1.01 and 1.21 slower runs
@@ -245,3 +246,35 @@ def test_a_new_gpu_model_is_compared_with_the_old_one(tmp_path):
                                                        for i, r in enumerate(base)])])
     rows = json.loads(run_bench("compare", str(both), str(b), "--format", "json").stdout)
     assert sorted(r["verdict"] for r in rows) == ["only in A", "only in A", "only in B"]
+
+
+def test_cpu_rows_of_two_cpu_models_are_a_new_machine_not_repeats(tmp_path):
+    """Seen in `make demo`: the committed CPU rows (an AMD EPYC, 94 img/s) against a demo on
+    an Intel Xeon of the same core count (47 img/s) matched as the same workload, every row
+    'REGRESSED' as if the software had slowed. A CPU workload names its CPU and cores, so the
+    pair is a new machine, 'AMD EPYC (2 cores) → Intel Xeon (2 cores)', as H100 → H200 is;
+    the CPU name loses its trade marks and boilerplate."""
+    def on(cpu, recs):
+        return [{**r, "env": {"cpu": cpu, "cpu_count": 2}} for r in recs]
+
+    base = [repeat(f"a{i}", "ddp", 2, 50, 10.0 + i / 10) for i in range(3)]
+    a = write_runs(tmp_path / "a", on("AMD EPYC 7B13 64-Core Processor", base))
+    b = write_runs(tmp_path / "b", on("Intel(R) Xeon(R) CPU @ 2.20GHz",
+                                      [_slower(r, 2.0) for r in base]))
+    (row,) = json.loads(run_bench("compare", str(a), str(b), "--format", "json").stdout)
+    assert row["workload"] == ("synthetic 1000 img, batch 100, resnet18 on AMD EPYC 7B13 "
+                               "(2 cores) → Intel Xeon (2 cores)"), row
+    assert row["speed_ratio"] == pytest.approx(0.5, abs=0.01), row
+    # the same CPU on both sides: the same workload, as before
+    same = write_runs(tmp_path / "same", on("AMD EPYC 7B13 64-Core Processor",
+                                            [{**r, "run_id": f"s{i}"} for i, r in enumerate(base)]))
+    (row,) = json.loads(run_bench("compare", str(a), str(same), "--format", "json").stdout)
+    assert row["workload"] == "synthetic 1000 img, batch 100, resnet18 on AMD EPYC 7B13 (2 cores)"
+    # two CPU models in one folder are two blocks of one run each, not one row of two runs
+    both = write_runs(tmp_path / "both", [*on("AMD EPYC 7B13 64-Core Processor", base[:1]),
+                                          *on("Intel(R) Xeon(R) Processor", base[1:2])])
+    text = run_bench("report", "--results", str(both), "--no-write").stdout
+    headings = [line for line in text.splitlines() if line.startswith("synthetic")]
+    assert [h.partition(" — ")[0] for h in headings] == [
+        "synthetic 1000 img, batch 100, resnet18 on AMD EPYC 7B13 (2 cores)",
+        "synthetic 1000 img, batch 100, resnet18 on Intel Xeon (2 cores)"], text

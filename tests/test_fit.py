@@ -74,8 +74,8 @@ def test_a_sweep_at_the_largest_batch_gives_zero_the_larger_batch(tmp_path):
     report puts them in a block of their own, and a repeat reuses the batch found."""
     out = tmp_path / "results"
     sweep = ["sweep", "--strategies", "ddp,ddp-zero", "--gpus", "2", "--batch-size", "max",
-             "--memory-limit", "5.5", "--fit-start", "256", *HEAVY, "--epochs", "2",
-             "--train-limit", "4096", "--test-limit", "512", "--output", str(out)]
+             "--memory-limit", "5.5", "--fit-start", "256", *HEAVY, "--epochs", "1",
+             "--train-limit", "2048", "--test-limit", "256", "--output", str(out)]
     proc = run_bench(*sweep, env=USER, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     fits = {f["strategy"]: f for f in map(json.loads, map(Path.read_text,

@@ -68,7 +68,7 @@ def test_cli_writes_summary_and_plots_and_skips_bad_files(results):
     assert proc.stdout.splitlines()[0].startswith("workload,strategy")
     assert (results / "summary.csv").exists() and (results / "summary.md").exists()
     (folder,) = (results / "plots").iterdir()  # one workload: one folder of its plots
-    assert folder.name == "synthetic-1000img-batch100-resnet18"
+    assert folder.name == "synthetic-1000img-batch100-resnet18-on-Test-2-cores"
     for name in ("epoch_time", "scaling", "top1", "time_vs_accuracy"):
         assert (folder / f"{name}.png").stat().st_size > 1000
         assert (folder / f"{name}.svg").exists()
@@ -109,10 +109,10 @@ def test_the_readme_has_a_table_per_workload_with_the_columns_that_differ():
     lines = text.splitlines()
     headings = [line for line in lines if line.startswith("**")
                 and not line.startswith("**Verdict:**")]
-    assert headings == ["**synthetic 1000 img, batch 100, resnet18** — cpu, fp32, "
+    assert headings == ["**synthetic 1000 img, batch 100, resnet18 on Test (2 cores)** — fp32, "
                         "per-replica-bn, runs 1, scaling eff. 100 %",
-                        "**synthetic 2000 img, batch 100, resnet18** — cpu, N = 1, procs 1, "
-                        "fp32, per-replica-bn, runs 1"], text
+                        "**synthetic 2000 img, batch 100, resnet18 on Test (2 cores)** — N = 1, "
+                        "procs 1, fp32, per-replica-bn, runs 1"], text
     first = lines[lines.index(headings[0]) + 2]
     assert first == ("| strategy | N | procs | epoch time (s) | img/s | speed-up vs N=1 | "
                      "final top-1 (%) | Δ top-1 vs ref | status |"), text
@@ -121,9 +121,9 @@ def test_the_readme_has_a_table_per_workload_with_the_columns_that_differ():
 
 
 def test_terminal_view_fits_120_columns_one_block_per_workload():
-    """The committed results (3 workloads, the GPU one on 2 GPU models, the CPU one also over
-    a shaped 1 Gbit/s link): every line of the
-    default view fits in 120 characters, each workload on each GPU model is a block of its
+    """The committed results (3 workloads, the GPU one on 2 GPU models, the CPU one on 2 CPU
+    models and also over a shaped 1 Gbit/s link): every line of the
+    default view fits in 120 characters, each workload on each machine is a block of its
     own, the accum-4 run is told apart from
     the plain N=2 run, and a row that is not ok gives its reason on a line of its own."""
     proc = run_bench("report", "--results", str(ROOT / "results"), "--no-write")
@@ -132,10 +132,11 @@ def test_terminal_view_fits_120_columns_one_block_per_workload():
     assert max(len(line) for line in lines) <= 120
     records, _ = load_records(ROOT / "results")
     workloads = {(r["config"].get("synthetic_difficulty"), tuple(r["env"].get("gpus") or ()),
+                  r["env"].get("cpu") if r["device"] == "cpu" else None,
                   r.get("tag") if (r.get("nodes") or 1) > 1 else None)  # the link crossed
                  for r in records}
     headings = [line for line in lines if line.startswith("synthetic")]
-    assert len(headings) == len(workloads) == 5
+    assert len(headings) == len(workloads) == 6
     assert any("accum 4" in line for line in lines)
     assert any(line.startswith("    unavailable: apex AMP needs CUDA") for line in lines)
     wide = run_bench("report", "--results", str(ROOT / "results"), "--no-write",
@@ -267,7 +268,8 @@ def test_runs_over_different_links_and_bucket_caps_are_rows_of_their_own():
     table = summary_table([one, over("slow", "net-100mbit", 4.0), over("fast", "net-10g", 1.0),
                            over("small", "net-100mbit", 2.0, bucket=1.0),
                            over("swept", "sweep:abc:r0", 1.0)])
-    rows = {(r.workload.split(", ")[-1], r.options, r.world_size): r
+    rows = {(r.workload.split(", ")[-1].removesuffix(" on Test (2 cores)"), r.options,
+             r.world_size): r
             for r in table.itertuples()}
     assert set(rows) == {("resnet18", "—", 1), ("resnet18", "—", 2), ("over net-100mbit", "—", 2),
                          ("over net-10g", "—", 2), ("over net-100mbit", "bucket 1 MB", 2)}

@@ -23,8 +23,8 @@ def test_impossible_figures_are_named_not_passed_silently(tmp_path):
     write_runs(tmp_path, [slow_base, fast_two])
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
     assert proc.returncode == 0, proc.stderr
-    assert "ddp N=2 (synthetic 1000 img, batch 100, resnet18): scaling efficiency 600 %" in (
-        proc.stderr)
+    assert ("ddp N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): scaling "
+            "efficiency 600 %") in proc.stderr
     assert "ran 2 CPU processes on 1 core:" in proc.stderr
     # ...and flags the row (terminal and CSV) and draws it as such.
     row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == ["ddp", "2"])
@@ -54,8 +54,9 @@ def test_negative_exposed_communication_is_named_not_shown_as_a_figure(tmp_path)
                                                             ("b", "horovod", -0.6248))])
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
     assert proc.returncode == 0, proc.stderr
-    assert ("horovod N=2 (synthetic 1000 img, batch 100, resnet18): exposed communication "
-            "-62 %: its compute-only steps ran slower") in " ".join(proc.stderr.split())
+    assert ("horovod N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): exposed "
+            "communication -62 %: its compute-only steps ran slower") in " ".join(
+                proc.stderr.split())
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()
             if line.split()[:1] in (["ddp"], ["horovod"])}
     assert rows["horovod"].endswith("ok ⚠ exposed comm < 0"), rows
@@ -93,8 +94,8 @@ def test_a_row_at_its_input_pipelines_pace_is_flagged_and_long_flags_wrap(tmp_pa
     assert lines[two].endswith("ok ⚠"), proc.stdout
     assert lines[two + 1].strip() == "⚠ efficiency > 100 %, exposed comm < 0, input-bound"
     said = " ".join(proc.stderr.split())
-    assert ("fsdp N=1 (synthetic 1000 img, batch 100, resnet18): trained at 500 img/s, 91 % "
-            "of the 550 img/s its input pipeline feeds with no model") in said
+    assert ("fsdp N=1 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): trained at "
+            "500 img/s, 91 % of the 550 img/s its input pipeline feeds with no model") in said
     assert "its compute-only steps waited for the input pipeline" in said
     # the command it names is wrapped whole, so that it can be copied
     assert any("`bench loader --workers 2,4,8`" in line for line in proc.stderr.splitlines())

@@ -6,6 +6,9 @@ from __future__ import annotations
 from conftest import run_bench
 from report_records import probe, record, write_runs
 
+# a CPU workload names its machine (the test records' CPU)
+CPU_BLOCK = "synthetic 1000 img, batch {}, resnet18 on Test (2 cores)"
+
 
 def test_plots_never_mix_workloads(tmp_path):
     """Two workloads: a folder of plots each, each figure drawn from its own runs only (the
@@ -17,7 +20,8 @@ def test_plots_never_mix_workloads(tmp_path):
     proc = run_bench("report", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     folders = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert folders == ["synthetic-1000img-batch100-resnet18", "synthetic-1000img-batch512-resnet18"]
+    assert folders == ["synthetic-1000img-batch100-resnet18-on-Test-2-cores",
+                       "synthetic-1000img-batch512-resnet18-on-Test-2-cores"]
     one = tmp_path / "plots" / folders[0]
     two = tmp_path / "plots" / folders[1]
     assert (one / "scaling.png").exists()  # N=1 and N=2 of the same workload
@@ -25,7 +29,7 @@ def test_plots_never_mix_workloads(tmp_path):
     from bench.report import figures_per_workload
 
     figures = figures_per_workload([*small, other])
-    lines = figures["synthetic 1000 img, batch 512, resnet18"]["top1"].axes[0].lines
+    lines = figures[CPU_BLOCK.format(512)]["top1"].axes[0].lines
     assert [line.get_label() for line in lines] == ["ddp N=2 fp32"]
 
 
@@ -55,7 +59,7 @@ def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():
 
     plain = {**record("p", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "compute_step_s": 0.1}
     accum = {**plain, "run_id": "q", "grad_accum": 4}
-    figure = figures_per_workload([plain, accum])["synthetic 1000 img, batch 100, resnet18"]
+    figure = figures_per_workload([plain, accum])[CPU_BLOCK.format(100)]
     ticks = [t.get_text() for t in figure["where_time_goes"].axes[0].get_xticklabels()]
     assert ticks == ["ddp\nN=2\ncpu fp32", "ddp\nN=2\ncpu fp32\naccum 4"], ticks
 
@@ -74,7 +78,7 @@ def test_plots_do_not_mislead_where_a_probe_ran_slow_curves_coincide_or_one_run_
 
     records = [run("a", "ddp", 0.9941, 0.080, 0.050), run("b", "ddp-spawn", 0.9961, 0.080, 0.100),
                run("c", "ddp-launch", 0.9961, 0.080, 0.050)]
-    figures = figures_per_workload(records)["synthetic 1000 img, batch 100, resnet18"]
+    figures = figures_per_workload(records)[CPU_BLOCK.format(100)]
     ax = figures["where_time_goes"].axes[0]
     # stacked bars: compute then exposed communication; ddp-spawn's is its measured 80 ms
     compute, exposed = ax.containers[0], ax.containers[1]
@@ -103,7 +107,7 @@ def test_rows_that_differ_in_speed_options_are_lines_and_points_of_their_own():
 
     records = [run("a", 1, 2.0), run("b", 2, 1.0), run("c", 1, 0.5, loader="gpu"),
                run("d", 1, 0.4, loader="gpu", compile=True)]
-    figures = figures_per_workload(records)["synthetic 1000 img, batch 100, resnet18"]
+    figures = figures_per_workload(records)[CPU_BLOCK.format(100)]
     lines = {line.get_label(): list(line.get_xdata())
              for line in figures["scaling"].axes[0].lines if line.get_label()[0] != "_"}
     assert lines == {"ddp fp32": [1, 2], "ddp fp32 (gpu-data)": [1],
@@ -205,7 +209,7 @@ def test_memory_per_rank_is_shown_by_parts_where_rows_differ():
     first, second = text.split("\n\n")[:2]
     assert "mem/rank" in first and "300 MiB" in first and "400 MiB" in first  # 1.33x
     assert "mem/rank" not in second  # 400 against 380: within 10 %
-    figure = figures_per_workload(records)["synthetic 1000 img, batch 100, resnet18"]["memory"]
+    figure = figures_per_workload(records)[CPU_BLOCK.format(100)]["memory"]
     bars = figure.axes[0].containers
     tops = [sum(c[i].get_height() for c in bars) for i in range(2)]
     assert tops == [400.0, 300.0]

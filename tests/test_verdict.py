@@ -126,7 +126,7 @@ def test_rows_at_their_largest_batch_are_a_block_of_their_own_with_the_batch_and
     fit_block = next(b for b in blocks if "largest" in b.splitlines()[0])
     given_block = next(b for b in blocks if "batch 100" in b.splitlines()[0])
     assert fit_block.startswith("synthetic 1000 img, batch: largest that fits 2 GiB (CPU, "
-                                "all processes), resnet18 — cpu"), text
+                                "all processes), resnet18 on Test (2 cores) — "), text
     header = fit_block.splitlines()[1].split()
     assert "batch" in header and "ref" not in fit_block, text
     at = header.index("batch")
@@ -134,6 +134,7 @@ def test_rows_at_their_largest_batch_are_a_block_of_their_own_with_the_batch_and
     batches = {line.split()[0] + line.split()[at]: line for line in fit_block.splitlines()[2:5]}
     assert set(batches) == {"ddp100", "ddp200", "ddp-zero300"}, text
     assert "top-1 is not comparable across batch sizes" in " ".join(fit_block.split()), text
-    assert given_block.startswith("synthetic 1000 img, batch 100, resnet18 — cpu"), text
+    assert given_block.startswith(
+        "synthetic 1000 img, batch 100, resnet18 on Test (2 cores) — "), text
     assert "batch" not in given_block.splitlines()[1].split(), text
     assert "ref" in given_block and "not comparable" not in given_block, text

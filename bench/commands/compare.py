@@ -67,11 +67,12 @@ def _or_none(value: Any, digits: int) -> float | None:
 
 def _pairs(table_a, table_b) -> list[tuple[tuple, dict | None, dict | None]]:
     """(key, A's row, B's row) for every configuration: rows of the same workload on the
-    same GPU model first; then a row that only A has and one that only B has of the same
-    configuration on another GPU model (a new machine: 'resnet18 on H100 → H200'), where
-    each side has one such row."""
-    def key(r: dict, gpu: bool = True) -> tuple:
-        return tuple(r["workload_alone" if k == "workload" and not gpu else k]
+    same machine (GPU model, or CPU model and cores) first; then a row that only A has and
+    one that only B has of the same configuration on another machine ('resnet18 on H100 →
+    H200', '... on AMD EPYC (2 cores) → Intel Xeon (2 cores)'), where each side has one such
+    row."""
+    def key(r: dict, on: bool = True) -> tuple:
+        return tuple(r["workload_alone" if k == "workload" and not on else k]
                      for k in GROUP_KEYS)
 
     rows_a = {key(r): r for r in table_a.to_dict("records")}
@@ -80,14 +81,14 @@ def _pairs(table_a, table_b) -> list[tuple[tuple, dict | None, dict | None]]:
     for rows, side in ((rows_a, 0), (rows_b, 1)):
         other = rows_b if side == 0 else rows_a
         for k, r in rows.items():
-            if k not in other and r.get("gpu_model"):
-                alone.setdefault(key(r, gpu=False), ([], []))[side].append(k)
+            if k not in other:
+                alone.setdefault(key(r, on=False), ([], []))[side].append(k)
     pairs = {k: (rows_a.get(k), rows_b.get(k)) for k in set(rows_a) | set(rows_b)}
     for (ka, *more_a), (kb, *more_b) in (v for v in alone.values() if all(v)):
         if more_a or more_b:
-            continue  # several GPU models on a side: which pairs with which is not clear
+            continue  # several machines on a side: which pairs with which is not clear
         ra, rb = pairs.pop(ka)[0], pairs.pop(kb)[1]
-        moved = f"{ra['workload_alone']} on {ra['gpu_model']} → {rb['gpu_model']}"
+        moved = f"{ra['workload_alone']} on {ra['machine']} → {rb['machine']}"
         pairs[(moved, *ka[1:])] = (ra, rb)
     return [(k, *pairs[k]) for k in sorted(
         pairs, key=lambda k: (report_order(dict(zip(GROUP_KEYS, k))), str(k)))]

@@ -192,9 +192,9 @@ def _bottleneck(rec: dict[str, Any], p: Projection) -> str:
 def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
-    from bench.records.describe import workload_and_device
+    from bench.records.describe import workload
 
-    return {"workload": workload_and_device(rec),
+    return {"workload": workload(rec),
             "strategy": p.strategy, "precision": rec.get("precision"),
             "options": run_options(rec, work), "gpus": p.gpus,
             "nodes": p.nodes, "measured_run": rec.get("run_id"),

@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.project.from_records import run_options, series_key, workload_of
 from bench.project.scaling import Network, Workload, project
-from bench.records.describe import median_step_s, workload_and_device
+from bench.records.describe import median_step_s, workload
 from bench.records.files import atomic_file
 
 
@@ -40,7 +40,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
     panels: dict[str, list[tuple[dict, Workload]]] = {}
     for rec, work in chosen:
         if work.strategy != "dp":  # one process: nothing to project
-            panels.setdefault(workload_and_device(rec), []).append((rec, work))
+            panels.setdefault(workload(rec), []).append((rec, work))
     if not panels:
         return
     measured: dict[tuple, list[tuple[int, float]]] = {}  # series_key -> (N, efficiency)

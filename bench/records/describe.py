@@ -4,6 +4,7 @@ speed options, its median step, its epochs summarised, whether input bound it, i
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -98,15 +99,35 @@ def gpu_model(rec: dict[str, Any]) -> str | None:
     return " + ".join(name.removeprefix("NVIDIA ") for name in names) or "GPU"
 
 
+def cpu_model(rec: dict[str, Any]) -> str | None:
+    """The CPU a CPU run was measured on, as its record's env names it, trade marks and
+    boilerplate left out, with the machine's core count ('AMD EPYC 7B13 (2 cores)'); None on
+    CUDA. CPU rows of two machines are no more repeats of each other than two GPU models'
+    (this machine kind trains at 47 img/s on one CPU model and 94 on another)."""
+    if rec.get("device") == "cuda":
+        return None
+    env = rec.get("env") or {}
+    name = re.sub(r"\((R|TM|tm|r)\)|\b\d+-Core\b|\bProcessor\b|\bCPU\b|@.*$", " ",
+                  str(env.get("cpu") or "CPU"))
+    name = " ".join(name.split()) or "CPU"
+    cores = env.get("cpu_count")
+    return f"{name} ({cores} cores)" if isinstance(cores, int) else name
+
+
+def machine(rec: dict[str, Any]) -> str:
+    """What a run's speed is a figure of: its GPU model on CUDA, its CPU model elsewhere."""
+    return gpu_model(rec) or cpu_model(rec) or "?"
+
+
 def model_width(rec: dict[str, Any]) -> float:
     """The ResNet-18 channel multiplier a run trained (1.0 where its record does not say)."""
     return (rec.get("model") or rec.get("config") or {}).get("width") or 1.0
 
 
-def workload(rec: dict[str, Any], gpu: bool = True, link: bool = True) -> str:
-    """What was trained, (``gpu``) on which GPU model and (``link``) over which network:
-    only runs of the same workload are compared with each other (an H100's epoch is neither
-    a repeat of an H200's nor its baseline)."""
+def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
+    """What was trained, (``on``) on which machine (GPU model, or CPU model and cores) and
+    (``link``) over which network: only runs of the same workload are compared with each
+    other (an H100's epoch is neither a repeat of an H200's nor its baseline)."""
     width = model_width(rec)
     model = short_name((rec.get("model") or {}).get("name") or DEFAULT_MODEL)
     model = model if width == 1.0 else f"{model} x{width:g}"
@@ -119,12 +140,12 @@ def workload(rec: dict[str, Any], gpu: bool = True, link: bool = True) -> str:
         data += f" {config['synthetic_classes']} classes"
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
-    model_gpu = gpu_model(rec) if gpu else None
+    where = machine(rec) if on else None
     crossed = network(rec) if link else None
     fits = config.get("batch_fits_in")  # bench sweep --batch-size max: each row its own
     batch = f"batch: largest that fits {fits}" if fits else f"batch {rec.get('global_batch')}"
     return (f"{data} {size} img{pixels}, {batch}, {model}"
-            + (f" on {model_gpu}" if model_gpu else "") + (f", over {crossed}" if crossed else ""))
+            + (f" on {where}" if where else "") + (f", over {crossed}" if crossed else ""))
 
 
 def network(rec: dict[str, Any]) -> str | None:
@@ -137,11 +158,6 @@ def network(rec: dict[str, Any]) -> str | None:
             "sweep:"):
         return tag
     return None
-
-
-def workload_and_device(rec: dict[str, Any]) -> str:
-    """The workload and where it ran, once: a GPU workload already names its GPU."""
-    return workload(rec) + ("" if gpu_model(rec) else f" — {rec.get('device')}")
 
 
 # DDP's options that change how it communicates (bucket sizes set how much overlaps with the

@@ -12,7 +12,7 @@ import strategies
 from bench.records.describe import (
     ABNORMAL,
     as_number,
-    gpu_model,
+    machine,
     median_of,
     median_step_s,
     network,
@@ -157,8 +157,8 @@ def run_rows(records: list[dict[str, Any]]):
                 "workload": workload(rec),
                 "network": network(rec),
                 "workload_here": workload(rec, link=False),  # what a row over a link scales by
-                "workload_alone": workload(rec, gpu=False),  # bench compare across GPUs
-                "gpu_model": gpu_model(rec),
+                "workload_alone": workload(rec, on=False),  # bench compare across machines
+                "machine": machine(rec),
                 "epochs_done": len(epochs),
                 "epoch_time_s": as_number(figures.get("median_epoch_time_s")),
                 "images_per_s": as_number(figures.get("median_images_per_s")),
@@ -256,7 +256,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             workload_alone=use["workload_alone"].iloc[-1],
             workload_here=use["workload_here"].iloc[-1],
             network=use["network"].iloc[-1],
-            gpu_model=use["gpu_model"].iloc[-1],
+            machine=use["machine"].iloc[-1],
             width=use["width"].iloc[-1],
         )
         out.append(row)

@@ -32,8 +32,9 @@ _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "ef
               "util": "GPU util", "img/J": "img/J"}
 
 
-# A GPU block's workload names its GPU ('... on H200'): 'cuda' goes without saying.
-SAID_BY_WORKLOAD = frozenset({"cuda"})
+# A block's workload names its machine ('... on H200', '... on AMD EPYC, 2 cores'): the
+# device goes without saying.
+SAID_BY_WORKLOAD = frozenset({"cuda", "cpu"})
 
 
 def _parity_cell(r: dict) -> str:
