@@ -240,6 +240,57 @@ def test_a_cancelled_array_task_is_closed_and_a_resubmitted_sweep_reruns_only_it
     assert (out / "runs" / "superseded" / f"{cancelled['run_id']}.json").exists()
 
 
+def test_an_array_task_killed_with_sigkill_is_closed_and_rerun_alone(slurm, tmp_path):
+    """`scancel --signal=KILL --full` of a running array task. Seen here (Slurm 22.05,
+    proctrack/linuxproc): the KILL reaches the batch step's shell, and Slurm's clean-up of
+    the ended job SIGTERMs what is left, so the sweep and its run close the record as
+    interrupted (SIGTERM) and give the claim back; no process of the run is left, and the
+    sweep submitted again moves that record to superseded/ and reruns it alone."""
+    env, _ = slurm
+    out = tmp_path / "results"
+    long = [a for a in TINY if a not in ("--epochs", "1")]
+    sweep = [sys.executable, "-m", "bench", "sweep", "--slurm", "--strategies", "ddp",
+             "--gpus", "1", "--repeats", "1", *long, "--epochs", "60", "--output", str(out),
+             "--submit"]
+    proc = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job,) = _submitted(proc.stdout)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the run under way: its record has an epoch
+        running = [r for r in records(out) if r.get("status") == "running"
+                   and len(r.get("per_epoch") or []) >= 2]
+        if running:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("no running record within 120 s")
+    killed = running[0]
+    claims = list((out / "runs" / ".claims").glob("*"))
+    assert claims, "the running combination holds no claim"
+    subprocess.run(["scancel", "--signal=KILL", "--full", f"{job}_0"], env=env, check=True)
+    _wait_for(job, env)
+    (closed,) = records(out)
+    assert (closed["status"], closed["error"]) == ("interrupted", "SIGTERM"), closed
+    assert not any(p.exists() for p in claims), claims  # the claim given back
+    gone = time.monotonic() + 10
+    while time.monotonic() < gone and any(
+            killed["run_id"].encode() in _cmdline(p) for p in Path("/proc").iterdir()
+            if p.name.isdigit()):
+        time.sleep(0.2)
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+            and killed["run_id"].encode() in _cmdline(p)]
+    assert not left, left
+    again = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for job in _submitted(again.stdout):
+        _wait_for(job, env)
+    found = records(out)
+    assert [r["status"] for r in found] == ["ok"], found
+    assert (out / "runs" / "superseded" / f"{killed['run_id']}.json").exists()
+
+
 def _cmdline(proc: Path) -> bytes:
     try:
         return (proc / "cmdline").read_bytes()

@@ -56,6 +56,8 @@ LONG = {
     # workflows through daemons or many runs
     r"test_slurm.py::test_a_cancelled_array_task": "a Slurm array, cancelled and resubmitted",
     r"test_slurm.py::test_a_sweep_runs_as_job_arrays": "a sweep as Slurm arrays",
+    r"test_slurm.py::test_an_array_task_killed_with_sigkill": "a Slurm array task killed "
+                                                              "with SIGKILL, resubmitted",
     r"test_slurm.py::test_a_step_whose_tasks_do_not_match": "a refused Slurm step",
     r"test_slurm.py::test_a_batch_step_and_a_one_task_step": "two more Slurm step shapes",
     r"test_kill.py::test_kill_9_of_bench_sweep": "a sweep killed and resumed",
