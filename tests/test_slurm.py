@@ -196,6 +196,18 @@ def test_a_sweep_runs_as_job_arrays_one_record_per_combination(slurm, tmp_path):
     assert logs.count("ok record exists, skipped") == 4, logs
 
 
+def _first_running(out: Path, timeout: float = 120) -> dict:
+    """The first record in ``out`` of a run under way (it has finished an epoch)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = [r for r in records(out) if r.get("status") == "running"
+                   and len(r.get("per_epoch") or []) >= 2]
+        if running:
+            return running[0]
+        time.sleep(0.3)
+    raise AssertionError(f"no running record within {timeout:.0f} s")
+
+
 def test_a_cancelled_array_task_is_closed_and_a_resubmitted_sweep_reruns_only_it(slurm,
                                                                                  tmp_path):
     """scancel of a running array task: Slurm SIGTERMs its processes (and SIGKILLs them
@@ -211,16 +223,7 @@ def test_a_cancelled_array_task_is_closed_and_a_resubmitted_sweep_reruns_only_it
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job,) = _submitted(proc.stdout)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # task 0's run under way: its record has an epoch
-        running = [r for r in records(out) if r.get("status") == "running"
-                   and len(r.get("per_epoch") or []) >= 2]
-        if running:
-            break
-        time.sleep(0.3)
-    else:
-        raise AssertionError("no running record within 120 s")
-    cancelled = running[0]
+    cancelled = _first_running(out)
     subprocess.run(["scancel", f"{job}_0"], env=env, check=True)
     _wait_for(job, env)
     by_id = {r["run_id"]: r for r in records(out)}
@@ -256,16 +259,7 @@ def test_an_array_task_killed_with_sigkill_is_closed_and_rerun_alone(slurm, tmp_
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job,) = _submitted(proc.stdout)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # the run under way: its record has an epoch
-        running = [r for r in records(out) if r.get("status") == "running"
-                   and len(r.get("per_epoch") or []) >= 2]
-        if running:
-            break
-        time.sleep(0.3)
-    else:
-        raise AssertionError("no running record within 120 s")
-    killed = running[0]
+    killed = _first_running(out)
     claims = list((out / "runs" / ".claims").glob("*"))
     assert claims, "the running combination holds no claim"
     subprocess.run(["scancel", "--signal=KILL", "--full", f"{job}_0"], env=env, check=True)
