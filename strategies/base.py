@@ -121,14 +121,16 @@ class Strategy:
         return model, optimizer
 
     def apply_norm(self, model: nn.Module, syncbn: bool,
-                   to_sync: Callable[[nn.Module], nn.Module], cpu_reason: str) -> nn.Module:
+                   to_sync: Callable[[nn.Module], nn.Module], cpu_reason: str,
+                   cpu_sync: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
         """SyncBatchNorm (through ``to_sync``) on CUDA with several replicas unless
-        --no-syncbn; per-replica BatchNorm otherwise. Sets ``self.norm`` and says why."""
+        --no-syncbn, and on CPU through ``cpu_sync`` where it is given (--cpu-syncbn);
+        per-replica BatchNorm otherwise. Sets ``self.norm`` and says why."""
         if not has_batchnorm(model):
             return self.no_batchnorm(model)
-        if self.device.type == "cuda" and syncbn and self.world_size > 1:
+        if syncbn and self.world_size > 1 and (self.device.type == "cuda" or cpu_sync):
             self.norm = "syncbn"
-            return to_sync(model)
+            return to_sync(model) if self.device.type == "cuda" else cpu_sync(model)
         self.norm = "per-replica-bn"
         if self.world_size > 1:
             why = cpu_reason if self.device.type != "cuda" else "--no-syncbn"

@@ -17,6 +17,7 @@ from bench.config.run_config import DDPOptions, Features, Topology
 from bench.tools.errors import ConfigError
 from bench.tools.faults import slow_communication_note
 from strategies.base import Strategy, SyncOff
+from strategies.cpu_syncbn import CpuSyncBatchNorm
 from strategies.precision import Precision
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -61,6 +62,7 @@ def _ddp_call_kwargs(options: DDPOptions) -> dict:
     torch warns about the argument itself)."""
     kwargs = options.as_dict()
     del kwargs["comm_hook"], kwargs["powersgd_rank"]  # registered after wrapping
+    del kwargs["cpu_syncbn"]  # the model's BatchNorm layers, converted before wrapping
     if kwargs["broadcast_buffers"]:
         del kwargs["broadcast_buffers"]
     return kwargs
@@ -217,7 +219,10 @@ class DDPStrategy(Strategy):
 
     def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
         model = self.apply_norm(model, syncbn, nn.SyncBatchNorm.convert_sync_batchnorm,
-                                "DDP refuses SyncBatchNorm on CPU").to(self.device)
+                                "torch's SyncBatchNorm needs an accelerator: --cpu-syncbn "
+                                "for bench's", cpu_sync=(CpuSyncBatchNorm.convert
+                                                         if self.ddp_options.cpu_syncbn
+                                                         else None)).to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids,
                                           **_ddp_call_kwargs(self.ddp_options))

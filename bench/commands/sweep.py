@@ -76,6 +76,8 @@ def sweep_key(cfg: RunConfig) -> str:
     recipe = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_KEY}
     if cfg.batch_fits_in is None:  # a batch given: keys made before the field stay
         del recipe["batch_fits_in"]
+    if not cfg.cpu_syncbn:  # likewise
+        del recipe["cpu_syncbn"]
     if cfg.workers is not None:
         recipe["workers"] = cfg.workers
     text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)

@@ -219,6 +219,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                           "counterpart) or powersgd (low-rank, with error feedback)")
     ddp.add_argument("--powersgd-rank", type=int, default=1,
                      help="PowerSGD's approximation rank (default 1, torch's)")
+    ddp.add_argument("--cpu-syncbn", action="store_true",
+                     help="CPU ranks: BatchNorm over the global batch, as SyncBatchNorm on "
+                          "GPUs (bench's own over gloo: torch's needs an accelerator); "
+                          "without it CPU ranks normalise per replica")
 
     other = p.add_argument_group("horovod, fsdp and apex")
     other.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",

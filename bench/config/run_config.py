@@ -74,6 +74,9 @@ class DDPOptions:
     broadcast_buffers: bool = True
     comm_hook: str = "none"  # none | fp16 | bf16 | powersgd: DDP's gradient compression
     powersgd_rank: int = 1  # PowerSGD's matrix approximation rank
+    # CPU ranks: BatchNorm over the global batch (strategies/cpu_syncbn.py), as SyncBatchNorm
+    # does on GPUs; torch's needs an accelerator, so CPU ranks otherwise normalise per replica
+    cpu_syncbn: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,6 +218,7 @@ class RunConfig:
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    cpu_syncbn: bool = False  # --cpu-syncbn: DDPOptions.cpu_syncbn
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
     ddp_comm_hook: str = "none"  # DDP gradient compression: none | fp16 | bf16 | powersgd
@@ -243,6 +247,7 @@ class RunConfig:
                 broadcast_buffers=self.broadcast_buffers,
                 comm_hook=self.ddp_comm_hook,
                 powersgd_rank=self.powersgd_rank,
+                cpu_syncbn=self.cpu_syncbn,
             ),
             fsdp=FSDPOptions(reshard_after_forward=self.reshard_after_forward),
             apex=ApexOptions(opt_level=self.apex_opt_level, ddp=self.apex_ddp),

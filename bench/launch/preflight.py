@@ -99,7 +99,7 @@ _OPTION_FLAGS = {
             "gradient_as_bucket_view": "--gradient-as-bucket-view",
             "static_graph": "--static-graph", "find_unused_parameters": "--find-unused-parameters",
             "broadcast_buffers": "--no-broadcast-buffers", "comm_hook": "--ddp-comm-hook",
-            "powersgd_rank": "--powersgd-rank"},
+            "powersgd_rank": "--powersgd-rank", "cpu_syncbn": "--cpu-syncbn"},
     "apex": {"opt_level": "--apex-opt-level", "ddp": "--apex-ddp"},
     "horovod": {"compression": "--hvd-compression"},
     "fsdp": {"reshard_after_forward": "--no-reshard-after-forward"},

@@ -197,6 +197,8 @@ def speed_options(rec: dict[str, Any]) -> str:
         chosen.append(f"{rec['config']['hvd_compression']} compression")
     if strategy_options.get("reshard_after_forward") is False:
         chosen.append("no reshard")
+    if strategy_options.get("cpu_syncbn") and rec.get("norm") == "syncbn":
+        chosen.append("cpu syncbn")  # other math and more collectives than per replica
     if rec.get("loader") == "gpu":
         chosen.append("gpu loader")
     elif rec.get("workers_per_replica") not in (None, USUAL_WORKERS.get(rec.get("device"))):

@@ -35,7 +35,7 @@ from bench.tools.stats import mean_ci
 # global_batch: a workload names its batch, except where each row trains at the largest
 # batch that fits (bench sweep --batch-size max), and there the batch is the row's own.
 GROUP_KEYS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
-              "options", "grad_accum", "gpu_shared", "epochs", "global_batch"]
+              "options", "grad_accum", "gpu_shared", "epochs", "global_batch", "norm"]
 
 
 COLUMNS = [

@@ -1,0 +1,144 @@
+"""SyncBatchNorm for CPU ranks: BatchNorm whose training statistics are the global batch's,
+combined across the ranks with torch.distributed (gloo) in the forward and the backward
+pass, as ``nn.SyncBatchNorm`` does on GPUs.
+
+torch's ``nn.SyncBatchNorm`` refuses CPU tensors: its kernels (``batch_norm_stats``, the
+gather of statistics with counts, the backward reduction) exist only for accelerators. So
+every CPU run of several ranks normalises per replica, unlike the same strategy on GPUs,
+and the accuracy of N CPU ranks with SyncBN cannot be measured (issue "Does it cost
+accuracy", item 4). This module is the math of torch's CUDA path in plain tensor
+operations: each rank's mean and biased variance and its element count are all-gathered
+and merged (Chan's parallel variance, as ``batch_norm_gather_stats_with_counts``), the
+input gradient takes the global sums of ``dy`` and ``dy * (x - mean)`` (one all-reduce),
+and the weight and bias gradients stay local, for DDP to average like every other
+parameter's. tests/syncbn_shared_check.py holds it to BatchNorm over the whole batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _channel_view(t: torch.Tensor, dims: int) -> torch.Tensor:
+    """A per-channel vector shaped to broadcast over (N, C, ...) of ``dims`` dimensions."""
+    return t.view(1, -1, *([1] * (dims - 2)))
+
+
+def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                    float]:
+    """The mean and biased variance per channel of the batch all ranks of ``group`` hold
+    together, and its element count per channel; accumulated in float64."""
+    reduce = [0, *range(2, x.dim())]
+    var, mean = torch.var_mean(x.detach().double(), dim=reduce, unbiased=False)
+    count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64)
+    mine = torch.cat([mean, var, count])
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    stats = torch.stack(everyone)
+    channels = x.size(1)
+    counts = stats[:, -1:]
+    total = counts.sum()
+    means, variances = stats[:, :channels], stats[:, channels:2 * channels]
+    merged_mean = (counts * means).sum(0) / total
+    merged_var = (counts * (variances + (means - merged_mean) ** 2)).sum(0) / total
+    return merged_mean, merged_var, float(total)
+
+
+class _Normalise(torch.autograd.Function):
+    """(x - mean) * invstd * weight + bias with the global mean and invstd; the backward
+    pass all-reduces the two per-channel sums the input gradient needs."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, mean, invstd, total, group):
+        dims = x.dim()
+        m, s = _channel_view(mean.to(x.dtype), dims), _channel_view(invstd.to(x.dtype), dims)
+        centred = x - m
+        scale = s if weight is None else s * _channel_view(weight, dims)
+        out = centred * scale
+        if bias is not None:
+            out = out + _channel_view(bias, dims)
+        ctx.save_for_backward(centred, weight, invstd)
+        ctx.total, ctx.group = total, group
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        centred, weight, invstd = ctx.saved_tensors
+        dims = centred.dim()
+        reduce = [0, *range(2, dims)]
+        sum_dy = grad_out.sum(reduce).double()
+        sum_dy_xmu = (grad_out * centred).sum(reduce).double()
+        grad_weight = (sum_dy_xmu * invstd).to(grad_out.dtype) if weight is not None else None
+        grad_bias = sum_dy.to(grad_out.dtype)
+        both = torch.cat([sum_dy, sum_dy_xmu])
+        dist.all_reduce(both, group=ctx.group)
+        channels = sum_dy.numel()
+        mean_dy = both[:channels] / ctx.total
+        mean_dy_xmu = both[channels:] / ctx.total
+        scale = invstd if weight is None else invstd * weight.double()
+        grad_x = (grad_out - _channel_view(mean_dy.to(grad_out.dtype), dims)
+                  - centred * _channel_view((invstd ** 2 * mean_dy_xmu).to(grad_out.dtype),
+                                            dims)) * _channel_view(scale.to(grad_out.dtype),
+                                                                   dims)
+        return grad_x, grad_weight, grad_bias, None, None, None, None
+
+
+class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm over the global batch of the default process group's ranks (or
+    ``process_group``'s) in training; the running statistics, evaluation and a lone rank
+    are plain BatchNorm's."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True,
+                 process_group: Any = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_group = process_group
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        synchronised = (self.training and dist.is_available() and dist.is_initialized()
+                        and dist.get_world_size(self.process_group) > 1)
+        if not synchronised:
+            return super().forward(x)
+        mean, var, total = global_statistics(x, self.process_group)
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
+                          else self.momentum)
+                unbiased = var * total / max(total - 1, 1)
+                self.running_mean.mul_(1 - factor).add_(mean.to(self.running_mean.dtype),
+                                                        alpha=factor)
+                self.running_var.mul_(1 - factor).add_(unbiased.to(self.running_var.dtype),
+                                                       alpha=factor)
+        invstd = torch.rsqrt(var + self.eps)
+        return _Normalise.apply(x, self.weight, self.bias, mean, invstd, total,
+                                self.process_group)
+
+    @classmethod
+    def convert(cls, module: nn.Module, process_group: Any = None) -> nn.Module:
+        """``module`` with every BatchNorm layer replaced by this one, its parameters and
+        running statistics kept (``nn.SyncBatchNorm.convert_sync_batchnorm``'s CPU twin)."""
+        converted = module
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+                module, cls):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group)
+            if module.affine:
+                with torch.no_grad():
+                    converted.weight = module.weight
+                    converted.bias = module.bias
+            converted.running_mean = module.running_mean
+            converted.running_var = module.running_var
+            converted.num_batches_tracked = module.num_batches_tracked
+            converted.training = module.training
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert(child, process_group))
+        return converted

@@ -1,0 +1,69 @@
+"""--cpu-syncbn: BatchNorm over the global batch for CPU ranks (strategies/cpu_syncbn.py),
+where torch's SyncBatchNorm needs an accelerator: the same numbers as BatchNorm over the
+whole batch in one process, a DDP run that trains like that process, and a refusal where
+no torch DDP wraps the model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_bench
+
+from bench.tools.ports import free_port
+
+CHECK = Path(__file__).with_name("syncbn_shared_check.py")
+
+
+def test_two_cpu_ranks_normalise_like_one_process_over_the_whole_batch():
+    """Two gloo ranks holding half a batch each, two training steps, float64: output,
+    input and parameter gradients and running statistics within 1e-5 of BatchNorm over the
+    whole batch (measured: <= 5e-14); per-replica BatchNorm in the same script is far off,
+    so the check can fail."""
+    synced = subprocess.run([sys.executable, str(CHECK), str(free_port()), "--cpu"],
+                            capture_output=True, text=True, timeout=300)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert synced.stdout.count("max |syncbn(2 ranks, cpu)") == 5, synced.stdout
+    alone = subprocess.run([sys.executable, str(CHECK), str(free_port()), "--cpu",
+                            "--per-replica"], capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 1, alone.stdout + alone.stderr
+    assert "mean: differs between ranks" in alone.stdout, alone.stdout
+
+
+def test_ddp_with_cpu_syncbn_trains_like_one_process_over_the_global_batch():
+    """bench verify's reference is one plain process with the strategy's BatchNorm grouping:
+    with --cpu-syncbn the record says syncbn, so the reference normalises over the global
+    batch, and ddp and ddp-zero match it to float64 rounding."""
+    proc = run_bench("verify", "--strategies", "ddp,ddp-zero", "--cpu", "--gpus", "2",
+                     "--steps", "3", "--width", "0.125", "--batch-size", "64",
+                     "--image-size", "16", "--cpu-syncbn", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()
+            if line.split()[:1] in (["ddp"], ["ddp-zero"])]
+    assert [(r[1], r[3]) for r in rows] == [("pass", "syncbn")] * 2, proc.stdout
+
+
+@pytest.mark.parametrize("strategy", ["horovod", "fsdp", "dp"])
+def test_cpu_syncbn_is_refused_where_no_torch_ddp_wraps_the_model(strategy, tmp_path):
+    proc = run_bench("run", "--strategy", strategy, "--cpu", "--gpus", "2", "--cpu-syncbn",
+                     "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--cpu-syncbn is a torch DDP option" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cpu_syncbn_row_is_its_own_row_and_says_so():
+    """Seen on the first runs with --cpu-syncbn: the report merged them with per-replica
+    rows of the same strategy and N as repeats (the norm was not part of a row's key).
+    Another norm is another row, and a CPU SyncBN row says so in its options."""
+    from report_records import record
+
+    from bench.report import summary_table
+
+    plain = {**record("a", "ddp", 2, [5.0, 2.0], [0.1, 0.2]), "norm": "per-replica-bn"}
+    synced = {**record("b", "ddp", 2, [5.0, 3.0], [0.1, 0.2]), "norm": "syncbn",
+              "ddp_options": {"cpu_syncbn": True}}
+    table = summary_table([plain, synced])
+    assert sorted(zip(table["options"], table["runs"])) == [("cpu syncbn", 1), ("—", 1)]
