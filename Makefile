@@ -29,7 +29,7 @@ PARITY_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0.5 --train-limit 1
                --repeats 5 --no-progress --output results
 TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 
-.PHONY: install demo table parity test test-long test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
+.PHONY: install demo table parity parity-d05 test test-long test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
         gpu-ready clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml
@@ -132,7 +132,28 @@ table: $(STAMP)
 	$(BIN)/python scripts/replace_rows.py $(TABLE_NEW) results
 	$(BIN)/bench report --results results --update-readme
 
+# Does it cost accuracy at N = 1, 2, 4, 8 replicas: the calibrated parity workload (docs/parity.md,
+# bench/commands/parity.py WORKLOAD; seeds agree to 0.25 points), 3 seeds a row (95 % CI about
+# ±0.6 points), in order of what matters most if it is stopped (each sweep resumes): ddp with
+# per-replica BN, ddp with SyncBN (--cpu-syncbn), ddp-amp bf16 (SyncBN), then at N=8 the
+# strategies and hooks that change the math. Ranks oversubscribe the cores: only top-1 counts.
+# About 80 min on 2 cores; PARITY_OUT=folder measures elsewhere.
+PARITY_OUT ?= results
+PARITY_N_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0.25 --train-limit 8192 \
+                 --test-limit 10000 --image-size 16 --width 0.125 --batch-size 128 --lr 0.2 \
+                 --epochs 8 --comm-probe-steps 0 --no-progress --repeats 3 --output $(PARITY_OUT)
 parity: $(STAMP)
+	$(BIN)/bench sweep --strategies ddp --gpus 1,2,4,8 $(PARITY_N_ARGS)
+	$(BIN)/bench sweep --strategies ddp --gpus 2,4,8 --cpu-syncbn $(PARITY_N_ARGS)
+	$(BIN)/bench sweep --strategies ddp-amp --gpus 1 $(PARITY_N_ARGS)
+	$(BIN)/bench sweep --strategies ddp-amp --gpus 2,4,8 --cpu-syncbn $(PARITY_N_ARGS)
+	$(BIN)/bench sweep --strategies fsdp,ddp-zero,horovod --gpus 8 $(PARITY_N_ARGS)
+	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook fp16 $(PARITY_N_ARGS)
+	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook powersgd $(PARITY_N_ARGS)
+	$(BIN)/bench report --results $(PARITY_OUT) $(if $(filter results,$(PARITY_OUT)),--update-readme)
+
+# The committed d=0.5 parity block (5 seeds at N=1 and 2; its CIs are ±13 points wide).
+parity-d05: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1 $(PARITY_ARGS)
 	$(BIN)/bench sweep --strategies dp,ddp,ddp-amp --gpus 2 $(PARITY_ARGS)
 	$(BIN)/bench report --results results --update-readme

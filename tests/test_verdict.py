@@ -138,3 +138,31 @@ def test_rows_at_their_largest_batch_are_a_block_of_their_own_with_the_batch_and
         "synthetic 1000 img, batch 100, resnet18 on Test (2 cores) — "), text
     assert "batch" not in given_block.splitlines()[1].split(), text
     assert "ref" in given_block and "not comparable" not in given_block, text
+
+
+def test_a_block_whose_ranks_oversubscribe_the_cores_shows_top1_only():
+    """The N = 1…8 accuracy block trains 8 ranks on 2 cores: its times measure the
+    crowding. Such a block has no time column and no speed call, says why in its heading,
+    and keeps top-1 and Δ top-1 with their p-values, in the terminal and the README views."""
+    from report_records import record
+
+    from bench.report import summary_table
+    from bench.report.views import ACCURACY_ONLY, to_markdown_blocks, to_text
+
+    def run(run_id, n, seconds, top1):
+        rec = record(run_id, "ddp", n, [seconds, seconds], [top1 - 0.1, top1])
+        if n > 2:
+            rec["oversubscribed"] = {"processes": n, "cores": 2}
+        return rec
+
+    rows = [run(f"{n}-{i}", n, 10.0 * n, 0.90 + i / 1000) for n in (1, 8) for i in range(3)]
+    table = summary_table(rows)
+    text = to_text(table)
+    heading = " ".join(text.split("\nstrategy")[0].split())
+    assert heading.endswith(ACCURACY_ONLY), text
+    header = next(line for line in text.splitlines() if line.startswith("strategy")).split()
+    assert "img/s" not in header and "epoch" not in header and "top-1" in header, text
+    assert "fastest" not in text and "(p 1)" in text, text
+    markdown = to_markdown_blocks(table)
+    assert ACCURACY_ONLY in markdown and "img/s" not in markdown, markdown
+    assert "final top-1 (%)" in markdown and "fastest" not in markdown, markdown

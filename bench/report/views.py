@@ -10,6 +10,7 @@ from typing import Any
 from bench.records.describe import short_options, workload
 from bench.report.flags import clock_gap_matters
 from bench.report.table import COLUMN_INDEX, COLUMNS
+from bench.report.verdict import speed_not_comparable
 from bench.tools import terminal
 
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
@@ -283,11 +284,31 @@ def only_if_it_differs(names: list[str], rows: list[list[str]], name: str
     return _without_column(names, rows, i)
 
 
+# What an accuracy block (ranks oversubscribing the cores) leaves out, and says instead.
+_TIME_COLUMNS = frozenset({"epoch s", "img/s", "speed-up", "eff.", "epoch time (s)",
+                           "speed-up vs N=1", "scaling eff.", "time to target (s)",
+                           "exposed comm (%)", "MFU (%)", "loader alone (img/s)",
+                           "input wait (%)", "clock", "util", "GPU clock", "GPU util (%)",
+                           "img/J"})
+ACCURACY_ONLY = "ranks oversubscribe the cores: speed not comparable, top-1 only"
+
+
+def _accuracy_only(names: list[str], rows: list[list[str]], records: list[dict]
+                   ) -> tuple[list[str], list[list[str]], list[str]]:
+    """A block with oversubscribed rows loses its time columns and says why in its heading
+    (nothing, elsewhere)."""
+    if not speed_not_comparable(records):
+        return names, rows, []
+    keep = [i for i, name in enumerate(names) if name not in _TIME_COLUMNS]
+    return [names[i] for i in keep], [[row[i] for i in keep] for row in rows], [ACCURACY_ONLY]
+
+
 def to_text(table, width: int = 120) -> str:
     """The key columns, one block per workload, each line at most ``width`` characters."""
     header = [h for _, h in TERMINAL_COLUMNS]
     picked = [COLUMN_INDEX[c] for c, _ in TERMINAL_COLUMNS]
     blocks: dict[str, list[list[str]]] = {}
+    block_records: dict[str, list[dict]] = {}
     answers = _verdicts(table)
     at = {name: header.index(name) for name in (
         "options", "N", "epoch s", "top-1 %", "Δ top-1 (p)", "eff.")}
@@ -311,12 +332,15 @@ def to_text(table, width: int = 120) -> str:
         if record.get("flags"):
             row[-1] += f" ⚠ {record['flags']}"
         blocks.setdefault(record["workload"], []).append(row)
+        block_records.setdefault(record["workload"], []).append(record)
     out = []
     unscaled = False  # a finished row without a speed-up: say why once, below
     for block, rows in blocks.items():
         names, rows = _memory_if_it_differs(list(header), rows)
         names, rows = only_if_it_differs(names, rows, "batch")
+        names, rows, crowded = _accuracy_only(names, rows, block_records[block])
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
+        same += crowded
         if "speed-up" in names:
             at = names.index("speed-up")
             unscaled |= any(row[at] == "—" and row[-1].startswith("ok") for row in rows)
@@ -384,6 +408,7 @@ def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[st
     picked = [COLUMN_INDEX[c] for c, _ in README_COLUMNS]
     answers = _verdicts(table)
     blocks: dict[str, list[list[str]]] = {}
+    block_records: dict[str, list[dict]] = {}
     for record, cells in zip(table.to_dict("records"), _cells(table)):
         row = [cells[i] for i in picked]
         if record.get("flags"):
@@ -391,9 +416,11 @@ def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[st
         if record.get("status") != "ok":  # no ok run: no figures, nor a count of them
             row[header.index("runs")] = "—"
         blocks.setdefault(record["workload"], []).append(row)
+        block_records.setdefault(record["workload"], []).append(record)
     out = []
     for block, rows in blocks.items():
         names, rows = only_if_it_differs(list(header), rows, "batch")
+        names, rows, crowded = _accuracy_only(names, rows, block_records[block])
         ok = [row[-1].startswith("ok") for row in rows]
         at_1 = all(row[names.index("N")] == "1" for row in rows)
         names, rows, same = said_once(names, rows, _README_SAID_ONCE, ok,
@@ -408,7 +435,7 @@ def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[st
             names[delta] = "Δ top-1 vs ref"  # one run a row: no test, only the difference
             for row in rows:
                 row[delta] = row[delta].replace(" (p —)", "")
-        out.append((block, same, names, rows, answers.get(block, [])))
+        out.append((block, same + crowded, names, rows, answers.get(block, [])))
     return out
 
 
