@@ -33,6 +33,11 @@ def test_impossible_figures_are_named_not_passed_silently(tmp_path):
     assert ",efficiency > 100 %, CPU oversubscribed," in csv.stdout.replace('"', "")
     from bench.report import figures_per_workload
 
+    # a block with ranks oversubscribing the cores is an accuracy block: no figure of times
+    crowded = next(iter(figures_per_workload([slow_base, fast_two]).values()))
+    assert "epoch_time" not in crowded and "scaling" not in crowded, sorted(crowded)
+    # the same rows with the efficiency flag alone: flagged bars and points drawn as such
+    fast_two.pop("oversubscribed")
     figures = next(iter(figures_per_workload([slow_base, fast_two]).values()))
     hatched = [bar.get_hatch() for bar in figures["epoch_time"].axes[0].patches]
     assert hatched == [None, "//"]  # N=1 plain, N=2 flagged

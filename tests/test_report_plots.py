@@ -214,3 +214,26 @@ def test_memory_per_rank_is_shown_by_parts_where_rows_differ():
     tops = [sum(c[i].get_height() for c in bars) for i in range(2)]
     assert tops == [400.0, 300.0]
     assert [round(c[1].get_height()) for c in bars] == [20, 20, 20, 240]
+
+
+def test_an_accuracy_block_draws_top1_against_n_and_no_times():
+    """The N = 1…8 block (8 ranks on 2 cores): Δ top-1 against N with each row's CI as a
+    bar and the reference's as a band; no figure of times, which measure the crowding."""
+    def run(run_id, n, top1):
+        rec = record(run_id, "ddp", n, [10.0 * n, 10.0 * n], [top1 - 0.1, top1])
+        if n > 2:
+            rec["oversubscribed"] = {"processes": n, "cores": 2}
+        return rec
+
+    from bench.report import figures_per_workload
+
+    records = [run(f"{n}-{i}", n, 0.92 - n / 1000 + i / 500) for n in (1, 2, 8)
+               for i in range(3)]
+    figures = figures_per_workload(records)[CPU_BLOCK.format(100)]
+    assert "accuracy_vs_n" in figures and "epoch_time" not in figures, sorted(figures)
+    assert not {"scaling", "time_vs_accuracy", "where_time_goes"} & set(figures)
+    ax = figures["accuracy_vs_n"].axes[0]
+    (line,) = [line for line in ax.lines if line.get_marker() == "o"]  # one series
+    assert list(line.get_xdata()) == [1, 2, 8]
+    first, _, last = line.get_ydata()
+    assert first == 0.0 and last < 0

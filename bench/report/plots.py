@@ -12,6 +12,7 @@ from typing import Any
 from bench.records.describe import short_options, workload
 from bench.records.files import atomic_file
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
+from bench.report.verdict import speed_not_comparable
 
 
 def row_label(r) -> str:
@@ -166,6 +167,7 @@ def make_figures(records: list[dict[str, Any]],
     figures["where_time_goes"] = _where_time_goes_figure(ok)
     figures["memory"] = _memory_figure(ok)
     figures["scaling_efficiency"] = _efficiency_figure(ok)
+    figures["accuracy_vs_n"] = _accuracy_vs_n_figure(ok)
     shown = _probes_of(set(ok["device"]), probes or [],
                        {n if isinstance(n, str) else None for n in ok["network"]})
     if shown:
@@ -321,6 +323,46 @@ def _efficiency_figure(ok):
     return fig
 
 
+def _accuracy_vs_n_figure(ok):
+    """Δ top-1 against the block's reference (ddp N=1) over N, a line per way of working,
+    each point with its row's 95 % CI as a bar and the reference's CI as a band around 0:
+    "does it cost accuracy" as the number of replicas grows."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    reference = ok[ok["is_reference"].astype(bool)] if "is_reference" in ok else ok.iloc[:0]
+    worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
+    band = reference["final_top1_ci"].iloc[0] if len(reference) else math.nan
+    if band == band:
+        ax.axhspan(-band, band, color="0.85", label=f"reference's 95 % CI (±{band:.2f})")
+    ax.axhline(0, color="grey", lw=0.8)
+    series = [*_SERIES, "norm"]
+    reach = [0.0, *([band, -band] if band == band else [])]  # what the axis must show
+    for key, grp in ok.groupby(series, dropna=False):
+        grp = grp[grp["delta_top1"].notna() | grp["is_reference"].astype(bool)]
+        grp = grp.sort_values("world_size")
+        if not len(grp):
+            continue
+        deltas = [0.0 if r.is_reference else r.delta_top1 for r in grp.itertuples()]
+        cis = [0.0 if r.final_top1_ci != r.final_top1_ci else r.final_top1_ci
+               for r in grp.itertuples()]
+        norm = "" if key[-1] != "per-replica-bn" else ", per-replica BN"
+        ax.errorbar(grp["world_size"], deltas, yerr=cis, fmt="o-", capsize=3,
+                    label=_series_label(*key[:-1]) + norm)
+        reach += [d + c for d, c in zip(deltas, cis)] + [d - c for d, c in zip(deltas, cis)]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(worlds, [str(n) for n in worlds])
+    ax.set_xlabel("replicas N")
+    ax.set_ylabel("Δ final top-1 vs reference (points)")
+    low, high = min(reach), max(reach)
+    pad = max(0.0, 2.0 - (high - low)) / 2 + 0.05 * (high - low)  # at least 2 points
+    ax.set_ylim(low - pad, high + pad)
+    ax.set_title("Accuracy against N (bars: each row's 95 % CI)")
+    _legend(ax, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig
+
+
 def _probes_of(devices: set[str], probes: list[dict[str, Any]],
                networks: set[str | None]) -> list[dict[str, Any]]:
     """The probes a workload's figure shows: of the devices and networks it ran on (a
@@ -365,6 +407,11 @@ def workload_slug(name: str) -> str:
     return "-".join(re.findall(r"[A-Za-z0-9.]+", text)).replace(".", "_")
 
 
+# The figures of times, which an accuracy block (ranks oversubscribing the cores) leaves out.
+_TIME_FIGURES = ("epoch_time", "scaling", "time_to_target", "time_vs_accuracy",
+                 "where_time_goes", "scaling_efficiency")
+
+
 def figures_per_workload(records: list[dict[str, Any]],
                          probes: list[dict[str, Any]] | None = None
                          ) -> dict[str, dict[str, Any]]:
@@ -385,7 +432,12 @@ def figures_per_workload(records: list[dict[str, Any]],
             "scaling": table["world_size"].nunique() > 1,
             "scaling_efficiency": table["world_size"].nunique() > 1,
             "memory": bool(table["mem_rank"].notna().any()) if "mem_rank" in table else False,
+            "accuracy_vs_n": (table["world_size"].nunique() > 1
+                              and bool(table["delta_top1"].notna().any())
+                              and bool((table["runs"] > 1).any())),
         }
+        if speed_not_comparable(table.to_dict("records")):  # an accuracy block: no times
+            shows.update(dict.fromkeys(_TIME_FIGURES, False))
         for key, fig in make_figures(recs, probes, table).items():
             if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
                 fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
