@@ -139,9 +139,10 @@ table: $(STAMP)
 # strategies and hooks that change the math. Ranks oversubscribe the cores: only top-1 counts.
 # About 80 min on 2 cores; PARITY_OUT=folder measures elsewhere.
 PARITY_OUT ?= results
-PARITY_N_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0.25 --train-limit 8192 \
-                 --test-limit 10000 --image-size 16 --width 0.125 --batch-size 128 --lr 0.2 \
-                 --epochs 8 --comm-probe-steps 0 --no-progress --repeats 3 --output $(PARITY_OUT)
+# the workload's options from bench parity's own list (one source), read when the rule runs
+PARITY_WORKLOAD = $(shell $(BIN)/python -c \
+  "from bench.commands.parity import WORKLOAD; print(' '.join(WORKLOAD))")
+PARITY_N_ARGS ?= $(PARITY_WORKLOAD) --repeats 3 --output $(PARITY_OUT)
 parity: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1,2,4,8 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 2,4,8 --cpu-syncbn $(PARITY_N_ARGS)

@@ -33,7 +33,7 @@ _SAID_ONCE = {"dev": "", "N": "N =", "runs": "runs", "speed-up": "speed-up", "ef
               "util": "GPU util", "img/J": "img/J"}
 
 
-# A block's workload names its machine ('... on H200', '... on AMD EPYC, 2 cores'): the
+# A block's workload names its machine ('... on H200', '... on AMD EPYC (2 cores)'): the
 # device goes without saying.
 SAID_BY_WORKLOAD = frozenset({"cuda", "cpu"})
 
