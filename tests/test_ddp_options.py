@@ -40,7 +40,8 @@ def test_knobs_are_recorded(cifar_dir, tmp_path):
     assert_ok(_run(cifar_dir, tmp_path, "--bucket-cap-mb", "5", "--gradient-as-bucket-view",
                    "--static-graph", "--find-unused-parameters", "--no-broadcast-buffers"))
     rec = only_record(tmp_path)
-    assert rec["ddp_options"] == {**KNOBS, "comm_hook": "none", "powersgd_rank": 1}
+    assert rec["ddp_options"] == {**KNOBS, "comm_hook": "none", "powersgd_rank": 1,
+                                  "cpu_syncbn": False}
     assert rec["grad_accum"] == 1
     assert rec["replicas_identical"] is True
 
