@@ -108,8 +108,10 @@ def test_loader_alone_finds_an_input_bound_run(tmp_path):
     trained = rec["summary"]["median_images_per_s"]
     assert trained >= 0.85 * ceiling, (trained, ceiling)
     # a rank gets a batch of 16 every 160 ms (2 workers, 320 ms each) and computes it in a
-    # few tens of ms: its loop waits for batches most of each epoch, and says so
-    for epoch in rec["per_epoch"]:
+    # few tens of ms: its loop waits for batches most of each timed epoch, and says so. (Not
+    # the warm-up epoch: once in CI its compute took 2.7 s of 3.5, a one-off stall the
+    # warm-up exists to absorb; timed epochs wait 65-73 % of the time here.)
+    for epoch in (e for e in rec["per_epoch"] if not e["warmup"]):
         assert epoch["input_wait_s"] > 0.5 * epoch["train_time_s"], epoch
     assert rec["summary"]["input_wait_share"] > 0.5
     assert proc.stdout.count("input wait ") == len(rec["per_epoch"]), proc.stdout
