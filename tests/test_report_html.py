@@ -67,6 +67,21 @@ def test_the_page_is_self_contained_and_escapes_what_records_say(tmp_path):
     assert "url(http" not in text and "@import" not in text
 
 
+def test_the_answer_names_a_block_it_has_nothing_to_say_about(tmp_path):
+    """A workload with one configuration has no verdict; the answer box says so rather than
+    leaving it out without a word."""
+    lone = record("c", "ddp", 1, [3.0, 2.0], [0.1, 0.5])
+    lone["env"] = {**lone["env"], "cpu": "Other CPU"}  # another machine: a block of its own
+    results = write_runs(tmp_path / "results", [record("a", "ddp", 1, [3.0, 2.0], [0.1, 0.5]),
+                                                 record("b", "ddp", 2, [3.0, 1.0], [0.1, 0.5]),
+                                                 lone])
+    text = _page(tmp_path, results)[0].read_text()
+    box = text.split('<div class="answer">')[1].split("</div>")[0]
+    assert "on Test (2 cores)</b>: Top-1 against ddp N=1" in box, box
+    lone_line = "on Other (2 cores)</b>: one configuration, nothing here to compare it with."
+    assert lone_line + "</li>" in box, box
+
+
 def test_the_html_file_is_checked_before_anything_is_read(tmp_path):
     proc = run_bench("report", "--results", str(ROOT / "results"), "--no-write", "--html",
                      str(tmp_path / "report.txt"))

@@ -163,6 +163,9 @@ def test_a_block_whose_ranks_oversubscribe_the_cores_shows_top1_only():
     header = next(line for line in text.splitlines() if line.startswith("strategy")).split()
     assert "img/s" not in header and "epoch" not in header and "top-1" in header, text
     assert "fastest" not in text and "(p 1)" in text, text
+    # its rows' warnings are about times ('CPU oversubscribed'): not beside a top-1
+    assert table["flags"].str.contains("CPU oversubscribed").any() and "⚠" not in text, text
     markdown = to_markdown_blocks(table)
     assert ACCURACY_ONLY in markdown and "img/s" not in markdown, markdown
     assert "final top-1 (%)" in markdown and "fastest" not in markdown, markdown
+    assert "⚠" not in markdown, markdown

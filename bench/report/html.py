@@ -119,6 +119,13 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
     answer = "".join(
         f"<li><b>{escape(name)}</b>: {escape(' '.join(verdict))}</li>"
         for name, _, _, _, verdict in blocks if verdict)
+    unanswered = [(name, rows) for name, _, _, rows, verdict in blocks if not verdict]
+    if answer and unanswered:  # a block left out of the answer says why, not nothing
+        answer += "".join(
+            f'<li class="muted"><b>{escape(name)}</b>: '
+            + ("one configuration, nothing here to compare it with." if len(rows) == 1
+               else "no two finished configurations to compare.") + "</li>"
+            for name, rows in unanswered)
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',

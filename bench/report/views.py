@@ -296,11 +296,18 @@ ACCURACY_ONLY = "ranks oversubscribe the cores: speed not comparable, top-1 only
 def _accuracy_only(names: list[str], rows: list[list[str]], records: list[dict]
                    ) -> tuple[list[str], list[list[str]], list[str]]:
     """A block with oversubscribed rows loses its time columns and says why in its heading
-    (nothing, elsewhere)."""
+    (nothing, elsewhere). Its rows lose their warnings too: every flag is about a time
+    figure (a slow run, efficiency, the crowding the heading already names), and a warning
+    beside a top-1 that it does not concern reads as one about the top-1. (The CSV and the
+    wide view keep them.)"""
     if not speed_not_comparable(records):
         return names, rows, []
     keep = [i for i, name in enumerate(names) if name not in _TIME_COLUMNS]
-    return [names[i] for i in keep], [[row[i] for i in keep] for row in rows], [ACCURACY_ONLY]
+    rows = [[row[i] for i in keep] for row in rows]
+    for row, record in zip(rows, records, strict=True):
+        if record.get("flags"):
+            row[-1] = row[-1].replace(f" ⚠ {record['flags']}", "")
+    return [names[i] for i in keep], rows, [ACCURACY_ONLY]
 
 
 def to_text(table, width: int = 120) -> str:
