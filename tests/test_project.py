@@ -109,6 +109,7 @@ def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
     assert f"validated on {tmp_path} (" in shown.stdout.replace("\n  ", " ")
     assert "(projected from its runs" in shown.stdout
     assert "slow comm 30 ms" in shown.stdout and "injected delay" in shown.stdout
+    assert "from datasheet rates" not in shown.stdout  # a probe's network: no such caveat
     assert plot.read_bytes()[:4] == b"\x89PNG"
     report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
     rows = list(csv.DictReader(report.stdout.splitlines()))
@@ -139,6 +140,10 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
     assert max(len(line) for line in lines) <= 120, text.stdout
     # nn.DataParallel is not projected: one line says why at each count, no row of dashes
     assert not [line for line in lines if line.startswith("dp ") and "—  " in line], text.stdout
+    # a datasheet network says what the published points showed of it
+    joined = " ".join(text.stdout.split())
+    assert "network h100-nvlink-ndr is from datasheet rates (not a probe): against 19 " \
+           "published results the model did no better than 'no communication'" in joined
     assert "dp tf32 is not projected: 8 GPUs — 1 process: measure it; 4096 GPUs — 1 process, 1 " \
            "node max" in text.stdout
     head = subprocess.run(f"{sys.executable} -m bench project results --format csv | head -1",
@@ -210,6 +215,15 @@ def test_where_communication_costs_the_model_beats_the_null_models_only_with_a_p
     assert max(-p.no_communication_error_pct for p in alexnet) > 20
     vgg32 = next(p for p in tf if p.precision.endswith("32") and p.gpus == 4)
     assert vgg32.predicted_step_s(fitted) > 1.4 * vgg32.step_s
+    # what `bench project` says over a datasheet network is these points' medians
+    from bench.project.scaling import PUBLISHED_MEDIANS
+
+    medians = {"model": [p.error_pct for p in costs],
+               "no communication": [p.no_communication_error_pct for p in costs],
+               "no overlap": [p.no_overlap_error_pct for p in costs]}
+    assert {name: round(statistics.median(map(abs, errors)), 1)
+            for name, errors in medians.items()} == PUBLISHED_MEDIANS
+    assert len(POINTS) == 19
 
 
 @pytest.mark.serial  # where backward starts in the step is a proportion of times: no load

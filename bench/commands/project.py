@@ -26,6 +26,7 @@ from bench.project.from_records import (
 )
 from bench.project.memory import fits_from, memory_at
 from bench.project.scaling import (
+    DATASHEET_CAVEAT,
     LEFT_OUT,
     NETWORKS,
     Network,
@@ -152,8 +153,9 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
             fits.append(f"{gpu_memory:g} GiB a GPU: {rec.get('strategy')} "
                         f"{rec.get('precision')} ({run_options(rec, work)}) "
                         + (said or "— its record has no memory_parts (a run before them)"))
+    datasheet = [f"network {net.name} is {DATASHEET_CAVEAT}"] if net.name in NETWORKS else []
     for line in (*fits, f"network: {net.name} — {net.source}",
-                 f"projection leaves out: {left_out}", *_calibration(root)):
+                 f"projection leaves out: {left_out}", *_calibration(root), *datasheet):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
 

@@ -101,6 +101,19 @@ NETWORKS = {
 }
 
 
+# What a projection over one of NETWORKS (datasheet rates, not a probe) rests on: the model
+# against 19 published results (benchmarks/published_scaling.py, docs/projection.md). A test
+# recomputes these figures from the benchmark, so this sentence cannot drift from them.
+PUBLISHED_MEDIANS = {"model": 25.3, "no communication": 25.4, "no overlap": 22.3}
+DATASHEET_CAVEAT = (
+    "from datasheet rates (not a probe): against 19 published results the model did no "
+    "better than 'no communication' (median |error| where communication costs >= 15 %: "
+    f"model {PUBLISHED_MEDIANS['model']} %, no communication "
+    f"{PUBLISHED_MEDIANS['no communication']} %, no overlap {PUBLISHED_MEDIANS['no overlap']} "
+    "%): its communication figures are a guess until `bench probe` measures your network "
+    "(docs/projection.md)")
+
+
 def _log2i(n: int) -> int:
     """NCCL's log2i (log2Down): the floor of log2, -1 for 0."""
     return int(n).bit_length() - 1
