@@ -99,7 +99,7 @@ def test_the_readme_has_a_table_per_workload_with_the_columns_that_differ():
     """What every row of a workload shares goes beside its name (a run that never finished
     has no figures and does not stop that), a column without any figure leaves, and with
     one run a row Δ top-1 has no p-value to show. Two workloads: two tables."""
-    from bench.report.views import to_markdown_blocks
+    from bench.report.readme_view import to_markdown_blocks
 
     records = [record("a", "ddp", 1, [5.0, 2.0], [0.1, 0.30]),
                record("b", "ddp", 2, [5.0, 1.0], [0.1, 0.32]),

@@ -147,7 +147,8 @@ def test_a_block_whose_ranks_oversubscribe_the_cores_shows_top1_only():
     from report_records import record
 
     from bench.report import summary_table
-    from bench.report.views import ACCURACY_ONLY, to_markdown_blocks, to_text
+    from bench.report.readme_view import to_markdown_blocks
+    from bench.report.views import ACCURACY_ONLY, to_text
 
     def run(run_id, n, seconds, top1):
         rec = record(run_id, "ddp", n, [seconds, seconds], [top1 - 0.1, top1])

@@ -13,7 +13,8 @@ from html import escape
 from typing import Any
 
 from bench.report.readme import hardware_lines
-from bench.report.views import plausibility_warnings, workload_blocks
+from bench.report.readme_view import workload_blocks
+from bench.report.views import plausibility_warnings
 
 _CSS = """
 :root { color-scheme: light; --ink: #1d2329; --muted: #5b6570; --line: #d8dde3;

@@ -1,0 +1,204 @@
+"""The report's figures beyond time and accuracy against N: time to target, where the time
+of a step goes, memory per rank by parts, scaling efficiency, accuracy against N and the
+probed bus bandwidth; each takes a workload's ok rows and returns a figure, or None when
+it has nothing to show."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bench.report.plot_labels import FLAG, SERIES, legend, ring_flagged, series_label, sets_apart
+
+
+def time_to_target_figure(ok):
+    """A bar per row: the MLPerf-scored time to target, the whisker spanning the runs that
+    reached it; rows that did not converge are named with no bar."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rows = [r for r in ok.itertuples() if not math.isnan(r.time_to_target_s)]
+    labels, heights, low, high = [], [], [], []
+    for r in rows:
+        reached = [t for t in r.run_times_to_target if not math.isinf(t)]
+        score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
+        lines = [r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}"]
+        lines += [f"accum {r.grad_accum}"] * (r.grad_accum != 1) + ["shared GPU"] * r.gpu_shared
+        lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
+        lines += [f"{FLAG} flagged"] * bool(r.flags)
+        labels.append("\n".join(lines))
+        heights.append(score)
+        low.append(score - min(reached) if reached and score else 0.0)
+        high.append(max(reached) - score if reached and score else 0.0)
+    ax.bar(range(len(rows)), heights, yerr=[low, high], capsize=3, color="tab:green")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    target = sorted({r.target_top1 for r in rows if r.target_top1 == r.target_top1})
+    ax.set_ylabel("time to target (s, MLPerf score)")
+    ax.set_title("Time to target accuracy" + (f" ({target[0]:g} % top-1)" if target else ""))
+    return fig
+
+
+def where_time_goes_figure(ok):
+    """A stacked bar per multi-rank row: the compute-only step (probe steps with gradient
+    sync off) and what communication added on top of it (the step's median minus that)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ok.itertuples() if not math.isnan(r.compute_step_s)]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    # a compute-only probe slower than the real step (exposed communication < 0: a slowed
+    # probe, flagged in the report) cannot be part of it: the bar is the measured step, and
+    # the probe a mark above it
+    slow_probe = [r.compute_step_s > r.step_time_s for r in rows]  # False for a NaN step
+    compute = [1000 * (r.step_time_s if slow else r.compute_step_s)
+               for r, slow in zip(rows, slow_probe)]
+    exposed = [max(0.0, 1000 * (r.step_time_s - r.compute_step_s)) for r in rows]
+    ax.bar(range(len(rows)), compute, color=["0.6" if slow else "tab:blue" for slow in slow_probe],
+           label="compute (sync off)")
+    ax.bar(range(len(rows)), exposed, bottom=compute, color="tab:red",
+           label="exposed communication")
+    above = [(i, 1000 * r.compute_step_s) for i, (r, slow) in enumerate(zip(rows, slow_probe))
+             if slow]
+    if above:
+        ax.bar([0], [0], color="0.6", label="measured step (split unknown)")
+        ax.plot(*zip(*above), "v", color="tab:red", markersize=9,
+                label=f"{FLAG} its compute-only probe, slower than the step (suspect)")
+        ax.set_ylim(0, 1.3 * max([*(c + e for c, e in zip(compute, exposed)),
+                                  *(y for _, y in above)]))
+    ax.set_xticks(range(len(rows)), bar_labels(rows), fontsize=7)
+    ax.set_ylabel("step time (ms, median)")
+    ax.set_title("Where the step time goes")
+    if rows:
+        ax.legend(fontsize=8)
+    return fig
+
+
+MEMORY_BARS = (("mem_parameters", "parameters", "tab:blue"),
+                ("mem_gradients", "gradients", "tab:orange"),
+                ("mem_optimizer_state", "optimizer state", "tab:green"),
+                ("mem_activations", "activations and workspace", "0.7"))
+
+
+def memory_figure(ok):
+    """A stacked bar per row (strategy and N): what one rank holds, by parts (records'
+    memory_parts), the peak less the interpreter's baseline in all."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ok.itertuples() if getattr(r, "mem_rank", math.nan) == r.mem_rank]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(rows)
+    for column, label, color in MEMORY_BARS:
+        heights = [getattr(r, column) if getattr(r, column) == getattr(r, column) else 0.0
+                   for r in rows]
+        ax.bar(range(len(rows)), heights, bottom=bottom, color=color, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(rows)), bar_labels(rows), fontsize=7)
+    ax.set_ylabel("memory per rank (MiB)")
+    ax.set_title("What one rank holds (peak, by parts)")
+    if rows:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def bar_labels(rows) -> list[str]:
+    """A bar per row, named on lines: strategy, N, device and precision, what sets it apart."""
+    return ["\n".join([r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}",
+                       *sets_apart(r)]) for r in rows]
+
+
+def efficiency_figure(ok):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
+    ax.plot(worlds, [100] * len(worlds), ":", color="grey", label="ideal (100 %)")
+    for key, grp in ok.groupby(SERIES):
+        grp = grp[grp["efficiency"].notna()].sort_values("world_size")
+        if len(grp):
+            ax.plot(grp["world_size"], 100 * grp["efficiency"], "o-",
+                    label=series_label(*key))
+            ring_flagged(ax, list(grp.itertuples()), grp["world_size"],
+                          100 * grp["efficiency"])
+    ax.set_xlabel("world size N")
+    ax.set_ylabel("scaling efficiency (%): speed-up / N")
+    ax.set_xticks(worlds)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Scaling efficiency")
+    legend(ax, fontsize=7)
+    return fig
+
+
+def accuracy_vs_n_figure(ok):
+    """Δ top-1 against the block's reference (ddp N=1) over N, a line per way of working,
+    each point with its row's 95 % CI as a bar and the reference's CI as a band around 0:
+    "does it cost accuracy" as the number of replicas grows."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    reference = ok[ok["is_reference"].astype(bool)] if "is_reference" in ok else ok.iloc[:0]
+    worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
+    band = reference["final_top1_ci"].iloc[0] if len(reference) else math.nan
+    if band == band:
+        ax.axhspan(-band, band, color="0.85", label=f"reference's 95 % CI (±{band:.2f})")
+    ax.axhline(0, color="grey", lw=0.8)
+    series = [*SERIES, "norm"]
+    reach = [0.0, *([band, -band] if band == band else [])]  # what the axis must show
+    for key, grp in ok.groupby(series, dropna=False):
+        grp = grp[grp["delta_top1"].notna() | grp["is_reference"].astype(bool)]
+        grp = grp.sort_values("world_size")
+        if not len(grp):
+            continue
+        deltas = [0.0 if r.is_reference else r.delta_top1 for r in grp.itertuples()]
+        cis = [0.0 if r.final_top1_ci != r.final_top1_ci else r.final_top1_ci
+               for r in grp.itertuples()]
+        norm = "" if key[-1] != "per-replica-bn" else ", per-replica BN"
+        ax.errorbar(grp["world_size"], deltas, yerr=cis, fmt="o-", capsize=3,
+                    label=series_label(*key[:-1]) + norm)
+        reach += [d + c for d, c in zip(deltas, cis)] + [d - c for d, c in zip(deltas, cis)]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(worlds, [str(n) for n in worlds])
+    ax.set_xlabel("replicas N")
+    ax.set_ylabel("Δ final top-1 vs reference (points)")
+    low, high = min(reach), max(reach)
+    pad = max(0.0, 2.0 - (high - low)) / 2 + 0.05 * (high - low)  # at least 2 points
+    ax.set_ylim(low - pad, high + pad)
+    ax.set_title("Accuracy against N (bars: each row's 95 % CI)")
+    legend(ax, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig
+
+
+def probes_of(devices: set[str], probes: list[dict[str, Any]],
+               networks: set[str | None]) -> list[dict[str, Any]]:
+    """The probes a workload's figure shows: of the devices and networks it ran on (a
+    probe's ``--tag`` names its network; None: untagged, the machine's own), the newest of
+    each device, backend, ranks and nodes (the one its table's ceiling uses; probes come
+    oldest first). A CPU probe says nothing about a GPU workload, a shaped link's nothing
+    about loopback, and an older probe of the same kind would be a second line with the
+    same label."""
+    from bench.records.probes import probe_kind
+
+    newest = {probe_kind(p): p for p in probes
+              if p.get("device") in devices and (p.get("tag") or None) in networks}
+    return list(newest.values())
+
+
+def busbw_figure(probes: list[dict[str, Any]]):
+    """Bus bandwidth against message size, one line per probe (device, backend, N)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for probe in probes:
+        rows = probe["results"]
+        nodes = probe.get("nodes") or 1
+        ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
+                label=f"{probe['device']} {probe['backend']} N={probe['world_size']}"
+                      + (f", {nodes} nodes" if nodes > 1 else ""))
+        ax.axvline(probe["gradient_bytes"], color="grey", linestyle=":")
+    models = {probe.get("model") for probe in probes}
+    model = models.pop() if len(models) == 1 else None
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"message size (bytes; dotted: one {model or 'model'} gradient)")
+    ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
+    ax.set_title("All-reduce ceiling (bench probe)")
+    ax.legend(fontsize=7)
+    return fig

@@ -1,0 +1,74 @@
+"""What every report figure shares: a row's label, the series a line belongs to, the mark
+and legend of a flagged row, and an accuracy axis that never magnifies a test image."""
+
+from __future__ import annotations
+
+import math
+
+from bench.records.describe import short_options
+
+
+def row_label(r) -> str:
+    """A row's name in plots: strategy, N, precision and what else sets it apart."""
+    return " ".join([r.strategy, f"N={r.world_size}", r.precision, *sets_apart(r)])
+
+
+def sets_apart(r) -> list[str]:
+    """What else tells a row from its workload's others: speed options, accumulation, a
+    flag."""
+    options = short_options(r.options)
+    extra = [] if options == "—" else [options]
+    if r.grad_accum > 1:
+        extra.append(f"accum {r.grad_accum}")
+    if getattr(r, "flags", ""):
+        extra.append(FLAG)
+    return extra
+
+
+FLAG = "⚠"
+FLAGGED = "⚠ flagged: suspect (see `bench report`)"
+
+
+def legend(ax, **kwargs) -> None:
+    """A legend with each label once (every line's flagged points share one entry)."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), **kwargs)
+
+
+def ring_flagged(ax, rows, xs, ys) -> None:
+    """A red ring around each point whose row is flagged."""
+    points = [(x, y) for r, x, y in zip(rows, xs, ys) if r.flags]
+    if points:
+        ax.scatter(*zip(*points), s=160, facecolors="none", edgecolors="tab:red",
+                   linewidths=1.5, zorder=5, label=FLAGGED)
+
+
+ACCURACY_SPAN = 5.0  # points: an accuracy axis never spans less (one test image is no chasm)
+
+
+def at_least_points(ax, values: list[float], span: float = ACCURACY_SPAN) -> None:
+    """Widen a top-1 axis to at least ``span`` points around its data, within 0-100, so
+    that differences of a few test images look as small as they are."""
+    values = [v for v in values if v == v and math.isfinite(v)]
+    if not values or max(values) - min(values) >= span:
+        return
+    middle = (max(values) + min(values)) / 2
+    low = min(max(0.0, middle - span / 2), 100.0 - span)
+    ax.set_ylim(low - 0.5, low + span + 0.5)
+
+
+def short_row_label(r) -> str:
+    return row_label(r) + (" shared GPU" if r.gpu_shared else "")
+
+
+# A line over N: the rows that differ only in N (one way of working, its options included:
+# the fastest path at N=1 is not a point of plain bf16's line).
+SERIES = ["strategy", "precision", "options", "grad_accum", "gpu_shared"]
+
+
+def series_label(strategy: str, precision: str, options: str, grad_accum: int,
+                  gpu_shared: bool) -> str:
+    extra = [] if options == "—" else [short_options(options)]
+    extra += [f"accum {grad_accum}"] * (grad_accum > 1) + ["shared GPU"] * gpu_shared
+    return f"{strategy} {precision}" + (f" ({', '.join(extra)})" if extra else "")
