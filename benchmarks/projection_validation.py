@@ -101,8 +101,8 @@ def run_matrix(output: Path, epochs: int = 2, matrix: tuple[Point, ...] = MATRIX
 def without_timeline(output: Path) -> list[float]:
     """The same predictions with gradients assumed ready evenly over backward (the model
     before the timeline was measured): errors in %, in the validation file's order."""
-    from bench.commands.project import predict_measured
     from bench.project.from_records import matching_probe, workload_of
+    from bench.project.validation import predict_measured
     from bench.records.files import load_records
     from bench.records.probes import load_probes
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as _dt
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,7 @@ from bench.config.options import parse_list
 from bench.project.from_records import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
-    allreduced_bytes,
     comm_hook,
-    matching_probe,
     run_options,
     series_key,
     workload_of,
@@ -35,15 +31,12 @@ from bench.project.scaling import (
     network_from_probe,
     project,
 )
-from bench.records.describe import median_step_s, model_width
-from bench.records.files import load_source, write_atomic
+from bench.project.validation import calibration_lines, validate_records
+from bench.records.describe import median_step_s
+from bench.records.files import load_source
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
 from bench.tools.folders import file_to_write
-
-VALIDATION_FILE = "projection-validation.json"
-
-
 
 
 def resolve_network(name: str | None, intra: float | None, inter: float | None,
@@ -111,7 +104,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     for line in skipped:
         print(f"bench project: {line}", file=sys.stderr)
     if validate:
-        return _validate(records, probes, root)
+        return validate_records(records, probes, root)
     net = resolve_network(network, intra, inter, probes)
     # A GPU network preset projects GPU runs; CPU runs go with a probe or given figures.
     device = None if network == "probe" or intra is not None else "cuda"
@@ -155,7 +148,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                         + (said or "— its record has no memory_parts (a run before them)"))
     datasheet = [f"network {net.name} is {DATASHEET_CAVEAT}"] if net.name in NETWORKS else []
     for line in (*fits, f"network: {net.name} — {net.source}",
-                 f"projection leaves out: {left_out}", *_calibration(root), *datasheet):
+                 f"projection leaves out: {left_out}", *calibration_lines(root), *datasheet):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
 
@@ -252,180 +245,6 @@ def _count(value: int | None) -> str:
     if value is None:
         return "—"
     return f"{value / 1e6:.1f} M" if value >= 1e6 else f"{value:,}"
-
-
-def _calibration(root: Path) -> list[str]:
-    """The validations the projection rests on: RESULTS's own and those of the results
-    folders inside it (results/testbed: the shaped network), each with the null models'."""
-    lines = []
-    for path in [root / VALIDATION_FILE, *sorted(root.glob(f"*/{VALIDATION_FILE}"))]:
-        try:
-            data = json.loads(path.read_text())
-            line = f"validated on {path.parent} ({data['date']}): " + _summary_line(data)
-        except OSError:
-            continue
-        except (ValueError, KeyError, TypeError):
-            line = f"{path} is not a validation `bench project --validate` wrote; ignored"
-        lines.append(line)
-    return lines or ["not yet validated on these results: run `bench project RESULTS "
-                     "--validate`"]
-
-
-def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any]) -> Projection:
-    """A measured run predicted at its own ranks and nodes, with the all-reduce times of
-    the probe of the same machines."""
-    from bench.records.probes import ideal_allreduce_s
-
-    n, nodes = rec["world_size"], rec.get("nodes") or 1
-    return project(work, n, n // nodes, network_from_probe(probe),
-                   measured_allreduce=lambda size: ideal_allreduce_s(probe, size))
-
-
-def _validate(records: list[dict[str, Any]], probes: list[dict[str, Any]], root: Path) -> int:
-    """Predict every measured multi-rank run from its own compute-only step and gradient
-    timeline and the probe of the same device, backend, ranks, nodes and network (tag); print
-    and keep the errors beside those of the null models, and the spread of each point's
-    repeats (runs of the same configuration on the same network)."""
-    points = []
-    for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
-        if rec.get("status") != "ok" or (rec.get("world_size") or 1) < 2:
-            continue
-        work, probe, measured = workload_of(rec), matching_probe(rec, probes), median_step_s(rec)
-        if work is None or probe is None or math.isnan(measured):
-            continue
-        predicted = predict_measured(rec, work, probe)
-        error = 100 * (predicted.step_s - measured) / measured
-        no_comm, no_overlap = null_models(rec, work, probe)
-        label = f"{rec['strategy']} x{model_width(rec):g}" + (f" accum {work.grad_accum}"
-                                                               if work.grad_accum > 1 else "")
-        points.append({"run_id": rec["run_id"], "label": label, "strategy": rec["strategy"],
-                       "world_size": rec["world_size"], "nodes": rec.get("nodes") or 1,
-                       "network": rec.get("tag") if probe.get("tag") else None,
-                       "point": repr((series_key(rec, work), comm_hook(rec), work.syncbn,
-                                      probe.get("tag"), rec["world_size"],
-                                      rec.get("nodes") or 1)),
-                       "bucket_cap_mb": work.bucket_bytes / 2**20,
-                       "buckets_ran": rec.get("gradient_buckets"),
-                       "buckets_modelled": [round(size / work.sent_fraction) for size, _
-                                            in work.buckets(work.bucket_bytes)],
-                       "injected_delay_ms": 1000 * work.hook_delay_s,
-                       "comm_hook": comm_hook(rec), "hook_work_ms": 1000 * work.hook_work_s,
-                       "gradient_timeline": work.timeline is not None,
-                       "compute_ms": 1000 * work.compute_step_s,
-                       "predicted_ms": 1000 * predicted.step_s, "measured_ms": 1000 * measured,
-                       "comm_share": max(0.0, 1 - work.compute_step_s / measured),
-                       "error_pct": error,
-                       "no_communication_error_pct": 100 * (no_comm - measured) / measured,
-                       "no_overlap_error_pct": 100 * (no_overlap - measured) / measured})
-    if not points:
-        raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
-                          "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
-                          "same device, backend, ranks and nodes in RESULTS/probes")
-    _add_spread(points)
-    print(_validation_table(points))
-    summary = {"date": _dt.date.today().isoformat(), **validation_summary(points),
-               "points": points}
-    write_atomic(root / VALIDATION_FILE, summary)
-    print(terminal.fill(_summary_line(summary) + f"; kept in {root / VALIDATION_FILE}",
-                        subsequent_indent="  "), file=sys.stderr)
-    return 0
-
-
-COMM_HEAVY = 0.25  # of the measured step: where a prediction must beat the null models most
-
-
-def _add_spread(points: list[dict[str, Any]]) -> None:
-    """Each run's ``spread_pct``: how far its point's repeats lie apart, (max - min) / median
-    of their measured steps (None: measured once)."""
-    by_point: dict[str, list[float]] = {}
-    for p in points:
-        by_point.setdefault(p["point"], []).append(p["measured_ms"])
-    for p in points:
-        steps = by_point[p["point"]]
-        p["repeats"] = len(steps)
-        p["spread_pct"] = (100 * (max(steps) - min(steps)) / statistics.median(steps)
-                           if len(steps) > 1 else None)
-
-
-def validation_summary(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median and worst |error| of the model and of each null model, over every run and
-    over the runs whose communication is at least COMM_HEAVY of the step."""
-    out: dict[str, Any] = {}
-    heavy = [p for p in points if p["comm_share"] >= COMM_HEAVY]
-    for key, name in (("error_pct", ""), ("no_communication_error_pct", "no_communication_"),
-                      ("no_overlap_error_pct", "no_overlap_")):
-        errors = [abs(p[key]) for p in points]
-        out[f"{name}median_error_pct"] = statistics.median(errors)
-        out[f"{name}worst_error_pct"] = max(errors)
-        if heavy:
-            out[f"{name}comm_heavy_median_error_pct"] = statistics.median(
-                abs(p[key]) for p in heavy)
-    out["comm_heavy_runs"] = len(heavy)
-    spreads = [p["spread_pct"] for p in points if p["spread_pct"] is not None]
-    out["median_repeat_spread_pct"] = statistics.median(spreads) if spreads else None
-    return out
-
-
-def _summary_line(s: dict[str, Any]) -> str:
-    line = (f"median |error| {s['median_error_pct']:.1f} %, worst {s['worst_error_pct']:.1f} "
-            f"% over {len(s['points'])} runs")
-    if "no_overlap_worst_error_pct" not in s:  # written before the null models were
-        return line
-    line += (f"; the null models (median / worst): no communication "
-             f"{s['no_communication_median_error_pct']:.1f} / "
-             f"{s['no_communication_worst_error_pct']:.1f} %, no overlap "
-             f"{s['no_overlap_median_error_pct']:.1f} / {s['no_overlap_worst_error_pct']:.1f} %")
-    if s.get("comm_heavy_runs"):
-        line += (f"; where communication is {COMM_HEAVY:.0%} of the step or more "
-                 f"({s['comm_heavy_runs']} runs), median |error| "
-                 f"{s['comm_heavy_median_error_pct']:.1f} % against no communication "
-                 f"{s['no_communication_comm_heavy_median_error_pct']:.1f} % and no overlap "
-                 f"{s['no_overlap_comm_heavy_median_error_pct']:.1f} %")
-    if s.get("median_repeat_spread_pct") is not None:
-        line += (f"; repeats of a point lie {s['median_repeat_spread_pct']:.1f} % apart "
-                 "(median)")
-    return line
-
-
-def _validation_table(points: list[dict[str, Any]]) -> str:
-    """A line per run, grouped by network: its configuration, the prediction against the
-    measured step, the spread of its repeats and the null models' errors."""
-    row = ("{:<22} {:>5} {:>6} {:<6} {:>5} {:>7} {:>9} {:>8} {:>6} {:>4} {:>7} {:>7}"
-           " {:>7}")
-    lines = [row.format("run (ids in the json)", "N", "bucket", "hook", "delay", "compute",
-                        "predicted", "measured", "spread", "comm", "error", "no comm", "no ovl."),
-             row.format("", "", "MB", "", "ms", "ms", "ms", "ms", "±%", "", "", "error",
-                        "error").rstrip()]
-    network = "-"
-    for p in sorted(points, key=lambda p: (p["network"] or "", p["point"])):
-        if p["network"] != network and any(q["network"] for q in points):
-            lines.append(f"network {p['network'] or '(untagged probes)'}:")
-            network = p["network"]
-        ranks = (str(p["world_size"]) if p["nodes"] == 1
-                 else f"{p['world_size']}/{p['nodes']}n")  # ranks / nodes
-        spread = "—" if p["spread_pct"] is None else f"{p['spread_pct'] / 2:.1f}"
-        lines.append(row.format(
-            p.get("label", p["run_id"])[:22], ranks, f"{p['bucket_cap_mb']:g}",
-            p["comm_hook"][:6], f"{p['injected_delay_ms']:g}", f"{p['compute_ms']:.1f}",
-            f"{p['predicted_ms']:.1f}", f"{p['measured_ms']:.1f}", spread,
-            f"{p['comm_share']:.0%}", f"{p['error_pct']:+.1f}%",
-            f"{p['no_communication_error_pct']:+.1f}%", f"{p['no_overlap_error_pct']:+.1f}%"))
-    return "\n".join(lines)
-
-
-def null_models(rec: dict[str, Any], work: Workload, probe: dict[str, Any]
-                ) -> tuple[float, float]:
-    """The obvious guesses a prediction must beat (seconds per step): "no communication"
-    (the compute-only step) and "no overlap" (the compute-only step, then every byte the
-    step all-reduces at the probe's speed, and any injected wait of every bucket, none of it
-    hidden behind backward)."""
-    from bench.records.probes import ideal_allreduce_s
-
-    buckets = len(work.buckets(work.bucket_bytes))
-    exchange = ideal_allreduce_s(probe, allreduced_bytes(rec))
-    return (work.compute_step_s,
-            work.compute_step_s + exchange + buckets * work.hook_delay_s + work.hook_work_s)
-
 
 
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
