@@ -143,10 +143,15 @@ class FSDPStrategy(DDPStrategy):
         return _resync(model)
 
     def gradient_sync_off(self, model: nn.Module, optimizer) -> SyncOff | str:
-        return SyncOff(_off_then_resync(model),
-                       "still communicating with sync off: FSDP's parameter all-gathers (only "
-                       "the gradient reduce-scatter is off; the step then has no sharded "
-                       "gradient to apply)")
+        """A compute-only step for FSDP: with only the gradient reduce-scatter off, every
+        step still all-gathers each unit's parameters in forward (and backward), and over a
+        slow link those gathers were most of the "compute" step (docs/projection.md). So
+        every unit is gathered once, in the first (warm-up) step, and kept whole: no
+        reshard after forward or backward until the probe ends. Memory then holds the whole
+        model for the probe's steps, as DDP's ranks always do."""
+        left = ("still communicating with sync off: SyncBatchNorm statistics"
+                if self.norm == "syncbn" else None)
+        return SyncOff(_gathered_once(model, self.fsdp_options.reshard_after_forward), left)
 
 
 def reduce_scatter_averages() -> bool:
@@ -163,10 +168,25 @@ def reduce_scatter_averages() -> bool:
 
 
 @contextlib.contextmanager
-def _off_then_resync(model: nn.Module):
+def _gathered_once(model: nn.Module, reshard_after_forward: bool):
+    """Gradient sync off, and each FSDP unit's parameters, once gathered, kept gathered;
+    afterwards the run's own settings again and every unit resharded. Collective on exit."""
+    units = [m for m in model.modules() if hasattr(m, "set_reshard_after_backward")]
+    inner = [unit for unit in units if unit is not model]  # the root never reshards after
+    for unit in inner:                                      # forward (FSDP2 sets it so)
+        unit.set_reshard_after_forward(False, recurse=False)
+    for unit in units:
+        unit.set_reshard_after_backward(False, recurse=False)
     model.set_requires_gradient_sync(False)
-    with _resync(model):
+    try:
         yield
+    finally:
+        model.set_requires_gradient_sync(True)
+        for unit in inner:
+            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)
+        for unit in units:
+            unit.set_reshard_after_backward(True, recurse=False)
+            unit.reshard()
 
 
 @contextlib.contextmanager

@@ -97,6 +97,28 @@ def test_the_projection_predicts_ddp_over_a_slow_link_and_the_null_models_do_not
         "\n  ", " "), done.stderr
 
 
+@pytest.mark.serial  # a compute step against a step: a neighbour's load moves the first
+def test_fsdps_compute_only_step_has_no_all_gathers_in_it(tmp_path):
+    """FSDP's compute-only step is what DDP's is: the steps of the run with nothing on the
+    wire. Over 50 Mbit/s a quarter-width ResNet-18's 2.8 MB of parameters take ~0.2 s to
+    all-gather, twice a step (forward and backward), and its reduce-scatter as long, several
+    times its compute: a compute step that still gathered was most of the measured step
+    (once 1.49 s of a 2.5 s step at 100 Mbit/s, docs/projection.md). Gathered once and kept
+    for the probe, it is a small part of it (0.31 of 1.33 s beside a busy sweep; before, 0.81)."""
+    with testbed.Testbed(nodes=2, rate_mbit=50, index=4) as net:
+        _both_nodes(net, ["run", "--strategy", "fsdp", "--cpu", "--gpus", "1", "--nodes", "2",
+                          "--rdzv-endpoint", f"{net.address(0)}:29403", "--epochs", "2",
+                          "--data", "synthetic", "--image-size", "16", "--train-limit", "256",
+                          "--test-limit", "16", "--width", "0.25", "--comm-probe-steps", "4",
+                          "--no-progress", "--output", str(tmp_path)])
+    [rec] = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json")]
+    assert rec["status"] == "ok" and rec["world_size"] == 2, rec.get("error")
+    step = rec["per_epoch"][-1]["step_time_p50_s"]
+    assert rec["compute_step_s"] is not None and rec["compute_step_s"] < 0.35 * step, (
+        rec["compute_step_s"], step)
+    assert not any("still communicating" in n for n in rec["notes"]), rec["notes"]
+
+
 KILLED = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
