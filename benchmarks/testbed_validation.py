@@ -10,6 +10,7 @@ Horovod is not among them: it spans machines through horovodrun's ssh, and the n
 run no ssh server.
 
     python benchmarks/testbed_validation.py [--output results/testbed] [--repeats 3]
+        [--only fsdp]   (that strategy's points again, after a change to how it is measured)
 
 Root only (namespaces). Each node's processes are held to one core of their own, as if the
 two nodes were two machines. tests/test_project.py runs a small version of it in CI."""
@@ -120,6 +121,20 @@ def run(net: Testbed, point: Point, output: Path, port: int, args: argparse.Name
     return next((line for line in outs[0].splitlines() if line.startswith("bench: ok")), "")
 
 
+def supersede(output: Path, strategy: str, tags: set[str]) -> None:
+    """Move the records of ``strategy`` over these networks aside: measured again, they
+    would otherwise be repeats of a point measured another way."""
+    import json
+
+    runs = output / "runs"
+    for path in sorted(runs.glob("*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("strategy") == strategy and rec.get("tag") in tags:
+            (runs / "superseded").mkdir(exist_ok=True)
+            path.rename(runs / "superseded" / path.name)
+            print(f"testbed_validation: {path.name} -> superseded/", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="results/testbed", help="results folder")
@@ -131,6 +146,10 @@ def main() -> int:
                         help="images an epoch (a global batch of 32: 12 steps)")
     parser.add_argument("--probe-steps", type=int, default=6,
                         help="--comm-probe-steps: the compute-only step each run measures")
+    parser.add_argument("--only", default=None, metavar="STRATEGY",
+                        help="measure that strategy's points again, and no other (the old "
+                             "records of those points go to OUTPUT/runs/superseded/; each "
+                             "rate's probe is kept)")
     args = parser.parse_args()
     why = unavailable()
     if why:
@@ -139,13 +158,21 @@ def main() -> int:
     output = Path(args.output)
     rates = tuple(float(r) for r in args.rates.split(","))
     points = matrix(rates)
+    if args.only:
+        points = [p for p in points if p.strategy == args.only]
+        rates = tuple(r for r in rates if any(p.rate_mbit == r for p in points))
+        if not points:
+            print(f"testbed_validation: no {args.only} point at these rates", file=sys.stderr)
+            return 2
+        supersede(output, args.only, {tag(r) for r in rates})
     port, start = 29500, time.monotonic()
     for index, rate in enumerate(rates, start=20):
         with Testbed(nodes=2, rate_mbit=rate, index=index) as net:
-            probe(net, rate, output, port)
-            port += 1
-            print(f"[{time.monotonic() - start:6.0f} s] probe at {rate:g} Mbit/s done",
-                  flush=True)
+            if not args.only:
+                probe(net, rate, output, port)
+                port += 1
+                print(f"[{time.monotonic() - start:6.0f} s] probe at {rate:g} Mbit/s done",
+                      flush=True)
             for repeat in range(args.repeats):
                 for point in (p for p in points if p.rate_mbit == rate):
                     done = run(net, point, output, port, args)
