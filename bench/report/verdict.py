@@ -45,6 +45,9 @@ class WorkloadVerdict:
     reference: str | None = None
     differs: list[tuple[str, float, float]] = field(default_factory=list)
     not_shown: list[tuple[str, float, float, float]] = field(default_factory=list)
+    # not significant, yet the mean lies outside the reference's own 95 % CI: the runs
+    # spread too widely for the test to say (more runs would)
+    unsettled: list[tuple[str, float, float, float]] = field(default_factory=list)
     one_run: list[str] = field(default_factory=list)
     other_schedule: list[str] = field(default_factory=list)
     own_batches: bool = False  # each row at the largest batch it fits: top-1 not compared
@@ -140,6 +143,7 @@ def speed_calls(rows: list[dict], noise: tuple[float, int] | None) -> list[Speed
 def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
     """Sort the finished rows by what their top-1 against the reference can say."""
     finished = [r for r in rows if r["status"] == "ok"]
+    reference_ci = _reference_ci(finished)
     precisions = {str(r["precision"]) for r in finished}
     several_n = len({r["world_size"] for r in finished}) > 1
     for r in finished:
@@ -154,9 +158,24 @@ def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
             verdict.one_run.append(label)
         elif r["p_value"] < SIGNIFICANT:
             verdict.differs.append((label, r["delta_top1"], r["p_value"]))
+        elif _unsettled(r, reference_ci):
+            verdict.unsettled.append((label, r["delta_top1"], r["p_value"],
+                                      r.get("final_top1_ci", math.nan)))
         else:
             verdict.not_shown.append((label, r["delta_top1"], r["p_value"],
                                       r.get("final_top1_ci", math.nan)))
+
+
+def _reference_ci(rows: list[dict]) -> float:
+    """The 95 % CI half-width (points) of the block's reference row's mean (NaN: none)."""
+    ref = next((r for r in rows if r.get("is_reference") and r["status"] == "ok"), None)
+    return ref.get("final_top1_ci", math.nan) if ref is not None else math.nan
+
+
+def _unsettled(r: dict, reference_ci: float) -> bool:
+    """Not significant, but the row's mean lies outside the reference's 95 % CI."""
+    return (math.isfinite(reference_ci) and r["p_value"] >= SIGNIFICANT
+            and abs(r["delta_top1"]) > reference_ci)
 
 
 def verdicts(table) -> dict[str, WorkloadVerdict]:
@@ -213,11 +232,23 @@ def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
             + ".")
     if verdict.not_shown:
         cis = [ci for *_, ci in verdict.not_shown if math.isfinite(ci)]
-        width = (f"; their 95 % CIs are ±{min(cis):.2f} to ±{max(cis):.2f} points, so a "
-                 "difference smaller than that is not ruled out" if cis else "")
+        spans = (f"its 95 % CI is ±{cis[0]:.2f} points" if len(verdict.not_shown) == 1
+                 else f"their 95 % CIs are ±{min(cis):.2f} to ±{max(cis):.2f} points") if cis \
+            else ""
+        width = (f"; {spans}, so a difference smaller than that is not ruled out"
+                 if cis else "")
         out.append("No difference in top-1 from " + verdict.reference + " is shown for "
                    + _names([f"{label} ({delta:+.2f}, p {p:.2g})"
                              for label, delta, p, _ in verdict.not_shown]) + width + ".")
+    if verdict.unsettled:
+        one = len(verdict.unsettled) == 1
+        out.append("Not settled: " + _names(
+            [f"{label} ({delta:+.2f}, p {p:.2g}, 95 % CI ±{ci:.2f})"
+             for label, delta, p, ci in verdict.unsettled])
+            + (": its mean lies" if one else ": their means lie")
+            + f" outside {verdict.reference}'s 95 % CI, but "
+            + ("its runs spread" if one else "their runs spread")
+            + " too widely for the test to tell; more runs would.")
     if verdict.one_run:
         out.append("Top-1 against " + verdict.reference + " cannot be judged with one run: "
                    + _names(verdict.one_run) + ".")
@@ -236,8 +267,8 @@ def add_verdict_fields(table):
     """The verdict as fields of each row (``bench report --format json``): speed_rank (1:
     fastest at its workload and N), speed_vs_fastest (img/s over the fastest's), speed_call
     ('fastest'; 'within noise', 'slower' or 'not judged' against the fastest),
-    accuracy_call ('reference', 'differs', 'not shown to differ', 'one run', 'another
-    schedule') and the workload's verdict sentences."""
+    accuracy_call ('reference', 'differs', 'not shown to differ', 'not settled', 'one run',
+    'another schedule') and the workload's verdict sentences."""
     found = verdicts(table)
     rows = table.to_dict("records")
     noise = {d: noise_of(rows, d) for d in {r["device"] for r in rows}}
@@ -257,12 +288,14 @@ def add_verdict_fields(table):
     table["speed_rank"] = [place[i][0] if i in place else None for i in range(len(rows))]
     table["speed_vs_fastest"] = [place[i][1] if i in place else None for i in range(len(rows))]
     table["speed_call"] = [place[i][2] if i in place else None for i in range(len(rows))]
-    table["accuracy_call"] = [_accuracy_call(r) for r in rows]
+    reference_ci = {name: _reference_ci([r for r in rows if r["workload"] == name])
+                    for name in found}
+    table["accuracy_call"] = [_accuracy_call(r, reference_ci[r["workload"]]) for r in rows]
     table["verdict"] = [verdict_sentences(found[r["workload"]]) for r in rows]
     return table
 
 
-def _accuracy_call(r: dict) -> str | None:
+def _accuracy_call(r: dict, reference_ci: float) -> str | None:
     if r["status"] != "ok":
         return None
     if r.get("is_reference"):
@@ -273,4 +306,6 @@ def _accuracy_call(r: dict) -> str | None:
         return None
     if not math.isfinite(r.get("p_value", math.nan)):
         return "one run"
-    return "differs" if r["p_value"] < SIGNIFICANT else "not shown to differ"
+    if r["p_value"] < SIGNIFICANT:
+        return "differs"
+    return "not settled" if _unsettled(r, reference_ci) else "not shown to differ"
