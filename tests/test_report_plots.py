@@ -237,3 +237,14 @@ def test_an_accuracy_block_draws_top1_against_n_and_no_times():
     assert list(line.get_xdata()) == [1, 2, 8]
     first, _, last = line.get_ydata()
     assert first == 0.0 and last < 0
+    assert ax.get_yscale() == "linear"
+    # a row 20 points down (PowerSGD r=1 in the committed block): the axis turns symmetric-
+    # log beyond the reference's band, so the rows within a point stay apart; lines at one
+    # N stand side by side
+    far = [run(f"far-{i}", 8, 0.72 + i / 20) for i in range(3)]
+    for rec in far:
+        rec["ddp_options"] = {"comm_hook": "powersgd", "powersgd_rank": 1}
+    ax = figures_per_workload(records + far)[CPU_BLOCK.format(100)]["accuracy_vs_n"].axes[0]
+    assert ax.get_yscale() == "symlog"
+    xs = [line.get_xdata()[-1] for line in ax.lines if line.get_marker() == "o"]
+    assert len(xs) == 2 and xs[0] != xs[1] and all(7.5 < x < 8.5 for x in xs), xs

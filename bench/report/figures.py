@@ -127,6 +127,9 @@ def efficiency_figure(ok):
     return fig
 
 
+SYMLOG_SPAN = 8.0  # points: an accuracy-against-N axis wider than this goes symmetric-log
+
+
 def accuracy_vs_n_figure(ok):
     """Δ top-1 against the block's reference (ddp N=1) over N, a line per way of working,
     each point with its row's 95 % CI as a bar and the reference's CI as a band around 0:
@@ -142,27 +145,59 @@ def accuracy_vs_n_figure(ok):
     ax.axhline(0, color="grey", lw=0.8)
     series = [*SERIES, "norm"]
     reach = [0.0, *([band, -band] if band == band else [])]  # what the axis must show
-    for key, grp in ok.groupby(series, dropna=False):
-        grp = grp[grp["delta_top1"].notna() | grp["is_reference"].astype(bool)]
-        grp = grp.sort_values("world_size")
-        if not len(grp):
-            continue
+    groups = [(key, grp.sort_values("world_size")) for key, grp in ok.groupby(series,
+                                                                              dropna=False)]
+    groups = [(key, grp[grp["delta_top1"].notna() | grp["is_reference"].astype(bool)])
+              for key, grp in groups]
+    groups = [(key, grp) for key, grp in groups if len(grp)]
+    # an option every line shares (the block's learning rate) is said once, not per line
+    shared = set.intersection(*[set(str(key[2]).split(", ")) for key, _ in groups]) \
+        if groups else set()
+    shared.discard("—")
+    for i, (key, grp) in enumerate(groups):
         deltas = [0.0 if r.is_reference else r.delta_top1 for r in grp.itertuples()]
         cis = [0.0 if r.final_top1_ci != r.final_top1_ci else r.final_top1_ci
                for r in grp.itertuples()]
         norm = "" if key[-1] != "per-replica-bn" else ", per-replica BN"
-        ax.errorbar(grp["world_size"], deltas, yerr=cis, fmt="o-", capsize=3,
-                    label=series_label(*key[:-1]) + norm)
+        options = ", ".join(o for o in str(key[2]).split(", ") if o not in shared) or "—"
+        # lines side by side around each N, so that points and bars at one N do not hide
+        # one another (a factor on the log axis)
+        dodge = 2 ** (0.035 * (i - (len(groups) - 1) / 2))
+        ax.errorbar(grp["world_size"] * dodge, deltas, yerr=cis, fmt="o-", capsize=3,
+                    markersize=4, label=series_label(key[0], key[1], options, *key[3:-1])
+                    + norm)
         reach += [d + c for d, c in zip(deltas, cis)] + [d - c for d, c in zip(deltas, cis)]
     ax.set_xscale("log", base=2)
     ax.set_xticks(worlds, [str(n) for n in worlds])
     ax.set_xlabel("replicas N")
-    ax.set_ylabel("Δ final top-1 vs reference (points)")
     low, high = min(reach), max(reach)
-    pad = max(0.0, 2.0 - (high - low)) / 2 + 0.05 * (high - low)  # at least 2 points
-    ax.set_ylim(low - pad, high + pad)
+    linthresh = max(1.0, 2 * band) if band == band else 1.0
+    if high - low > max(SYMLOG_SPAN, 4 * linthresh):  # a row far off the others: linear
+        # within ±linthresh, log beyond, so that the rest stay legible
+        ax.set_yscale("symlog", linthresh=linthresh, linscale=1.5)
+        ax.set_ylabel(f"Δ final top-1 vs reference (points;\nlinear within ±{linthresh:.2g}, "
+                      "log beyond)")
+        bottom, top = (low * 1.3 if low < 0 else -linthresh,
+                       high * 1.3 if high > 0 else linthresh)
+        ax.set_ylim(bottom, top)
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+        # inside the linear part 0 and ±1; beyond it steps of about 2x, none so close to
+        # the bend that its label meets ±1's
+        steps = (5, 10, 20, 40, 80)
+        ticks = [t for t in (*(-v for v in steps), -1, 0, 1, *steps)
+                 if bottom <= t <= top and (abs(t) <= 1 or abs(t) >= 2.5 * linthresh)]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:+g}" if v else "0"))
+    else:
+        ax.set_ylabel("Δ final top-1 vs reference (points)")
+        pad = max(0.0, 2.0 - (high - low)) / 2 + 0.05 * (high - low)  # at least 2 points
+        ax.set_ylim(low - pad, high + pad)
     ax.set_title("Accuracy against N (bars: each row's 95 % CI)")
-    legend(ax, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    legend(ax, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5),
+           title=f"every line: {', '.join(sorted(shared))}" if shared else None,
+           title_fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig
 

@@ -83,8 +83,13 @@ def device_noise(rows: list[dict]) -> tuple[float, int] | None:
 
 def noise_of(rows: list[dict], device: str) -> tuple[float, int] | None:
     """How far one run of ``device`` moves on its own: the widest spread of its repeated
-    rows here; on CPU without any, the measured ONE_RUN_NOISE (count 0); else None."""
-    found = device_noise([r for r in rows if r["device"] == device and r["status"] == "ok"])
+    rows here; on CPU without any, the measured ONE_RUN_NOISE (count 0); else None. Rows of
+    an accuracy block say nothing of it: their times are the crowding (8 ranks on 2 cores,
+    and whatever ran beside them), which the block shows no figure of."""
+    crowded = {name for name in {r["workload"] for r in rows}
+               if speed_not_comparable([r for r in rows if r["workload"] == name])}
+    found = device_noise([r for r in rows if r["device"] == device and r["status"] == "ok"
+                          and r["workload"] not in crowded])
     if found is None and device == "cpu":
         return ONE_RUN_NOISE, 0
     return found
