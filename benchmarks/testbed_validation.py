@@ -18,6 +18,7 @@ two nodes were two machines. tests/test_project.py runs a small version of it in
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -124,8 +125,6 @@ def run(net: Testbed, point: Point, output: Path, port: int, args: argparse.Name
 def supersede(output: Path, strategy: str, tags: set[str]) -> None:
     """Move the records of ``strategy`` over these networks aside: measured again, they
     would otherwise be repeats of a point measured another way."""
-    import json
-
     runs = output / "runs"
     for path in sorted(runs.glob("*.json")):
         rec = json.loads(path.read_text())

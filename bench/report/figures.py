@@ -145,11 +145,9 @@ def accuracy_vs_n_figure(ok):
     ax.axhline(0, color="grey", lw=0.8)
     series = [*SERIES, "norm"]
     reach = [0.0, *([band, -band] if band == band else [])]  # what the axis must show
-    groups = [(key, grp.sort_values("world_size")) for key, grp in ok.groupby(series,
-                                                                              dropna=False)]
-    groups = [(key, grp[grp["delta_top1"].notna() | grp["is_reference"].astype(bool)])
-              for key, grp in groups]
-    groups = [(key, grp) for key, grp in groups if len(grp)]
+    judged = ok[ok["delta_top1"].notna() | ok["is_reference"].astype(bool)]
+    groups = [(key, grp.sort_values("world_size"))
+              for key, grp in judged.groupby(series, dropna=False)]
     # an option every line shares (the block's learning rate) is said once, not per line
     shared = set.intersection(*[set(str(key[2]).split(", ")) for key, _ in groups]) \
         if groups else set()

@@ -48,6 +48,7 @@ class WorkloadVerdict:
     # not significant, yet the mean lies outside the reference's own 95 % CI: the runs
     # spread too widely for the test to say (more runs would)
     unsettled: list[tuple[str, float, float, float]] = field(default_factory=list)
+    reference_ci: float = math.nan  # the reference row's 95 % CI half-width (points)
     one_run: list[str] = field(default_factory=list)
     other_schedule: list[str] = field(default_factory=list)
     own_batches: bool = False  # each row at the largest batch it fits: top-1 not compared
@@ -148,7 +149,7 @@ def speed_calls(rows: list[dict], noise: tuple[float, int] | None) -> list[Speed
 def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
     """Sort the finished rows by what their top-1 against the reference can say."""
     finished = [r for r in rows if r["status"] == "ok"]
-    reference_ci = _reference_ci(finished)
+    verdict.reference_ci = _reference_ci(finished)
     precisions = {str(r["precision"]) for r in finished}
     several_n = len({r["world_size"] for r in finished}) > 1
     for r in finished:
@@ -163,7 +164,7 @@ def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
             verdict.one_run.append(label)
         elif r["p_value"] < SIGNIFICANT:
             verdict.differs.append((label, r["delta_top1"], r["p_value"]))
-        elif _unsettled(r, reference_ci):
+        elif _unsettled(r, verdict.reference_ci):
             verdict.unsettled.append((label, r["delta_top1"], r["p_value"],
                                       r.get("final_top1_ci", math.nan)))
         else:
@@ -237,11 +238,11 @@ def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
             + ".")
     if verdict.not_shown:
         cis = [ci for *_, ci in verdict.not_shown if math.isfinite(ci)]
-        spans = (f"its 95 % CI is ±{cis[0]:.2f} points" if len(verdict.not_shown) == 1
-                 else f"their 95 % CIs are ±{min(cis):.2f} to ±{max(cis):.2f} points") if cis \
-            else ""
-        width = (f"; {spans}, so a difference smaller than that is not ruled out"
-                 if cis else "")
+        width = ""
+        if cis:
+            spans = (f"its 95 % CI is ±{cis[0]:.2f} points" if len(verdict.not_shown) == 1
+                     else f"their 95 % CIs are ±{min(cis):.2f} to ±{max(cis):.2f} points")
+            width = f"; {spans}, so a difference smaller than that is not ruled out"
         out.append("No difference in top-1 from " + verdict.reference + " is shown for "
                    + _names([f"{label} ({delta:+.2f}, p {p:.2g})"
                              for label, delta, p, _ in verdict.not_shown]) + width + ".")
@@ -293,9 +294,8 @@ def add_verdict_fields(table):
     table["speed_rank"] = [place[i][0] if i in place else None for i in range(len(rows))]
     table["speed_vs_fastest"] = [place[i][1] if i in place else None for i in range(len(rows))]
     table["speed_call"] = [place[i][2] if i in place else None for i in range(len(rows))]
-    reference_ci = {name: _reference_ci([r for r in rows if r["workload"] == name])
-                    for name in found}
-    table["accuracy_call"] = [_accuracy_call(r, reference_ci[r["workload"]]) for r in rows]
+    table["accuracy_call"] = [_accuracy_call(r, found[r["workload"]].reference_ci)
+                              for r in rows]
     table["verdict"] = [verdict_sentences(found[r["workload"]]) for r in rows]
     return table
 
