@@ -89,6 +89,14 @@ def test_a_collapse_is_caught_with_one_run_a_side_and_b_flags_are_shown(tmp_path
     near = write_runs(tmp_path / "c", [_slower(repeat("z", "ddp", 2, 50, 10.0), 1.3)])
     proc = run_bench("compare", str(one_a), str(near), "--format", "json")
     assert proc.returncode == 0 and "within the 35 %" in json.loads(proc.stdout)[0]["verdict"]
+    # an accuracy block's repeats (8 ranks on 2 cores, 1x to 5x apart) are the crowding,
+    # not how far one run moves: the bound stays 35 % (it read 1064 % on the demo)
+    crowded = [{**_slower(repeat(f"n8-{i}", "ddp", 8, 50, 10.0), f), "train_size": 8192,
+                "oversubscribed": {"processes": 8, "cores": 2}} for i, f in enumerate((1, 3, 5))]
+    write_runs(tmp_path / "a", crowded)
+    proc = run_bench("compare", str(one_a), str(one_b), "--format", "json")
+    (row,) = [r for r in json.loads(proc.stdout) if r["verdict"].startswith("REGRESSED")]
+    assert "beyond the 35 %" in row["verdict"], row["verdict"]
 
 
 def _at_clock(rec, mhz):

@@ -77,20 +77,22 @@ def _rates(r: dict) -> list[float]:
 def device_noise(rows: list[dict]) -> tuple[float, int] | None:
     """The widest run-to-run spread (fastest run's img/s over the slowest's) among the rows
     with repeats, and how many such rows: what one run of this device can move by. None
-    without a repeated row."""
-    spreads = [max(v) / min(v) for v in map(_rates, rows) if len(v) >= 2 and min(v) > 0]
+    without a repeated row. Rows of an accuracy block say nothing of it: their times are
+    the crowding (8 ranks on 2 cores, and whatever ran beside them), which the block shows
+    no figure of (the report's verdict and `bench compare` alike)."""
+    crowded = {name for name in {r.get("workload") for r in rows}
+               if speed_not_comparable([r for r in rows if r.get("workload") == name])}
+    spreads = [max(v) / min(v) for v in (_rates(r) for r in rows
+                                         if r.get("workload") not in crowded)
+               if len(v) >= 2 and min(v) > 0]
     return (max(spreads), len(spreads)) if spreads else None
 
 
 def noise_of(rows: list[dict], device: str) -> tuple[float, int] | None:
     """How far one run of ``device`` moves on its own: the widest spread of its repeated
-    rows here; on CPU without any, the measured ONE_RUN_NOISE (count 0); else None. Rows of
-    an accuracy block say nothing of it: their times are the crowding (8 ranks on 2 cores,
-    and whatever ran beside them), which the block shows no figure of."""
-    crowded = {name for name in {r["workload"] for r in rows}
-               if speed_not_comparable([r for r in rows if r["workload"] == name])}
-    found = device_noise([r for r in rows if r["device"] == device and r["status"] == "ok"
-                          and r["workload"] not in crowded])
+    rows here (accuracy blocks left out); on CPU without any, the measured ONE_RUN_NOISE
+    (count 0); else None."""
+    found = device_noise([r for r in rows if r["device"] == device and r["status"] == "ok"])
     if found is None and device == "cpu":
         return ONE_RUN_NOISE, 0
     return found
