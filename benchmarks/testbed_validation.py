@@ -107,6 +107,15 @@ def probe(net: Testbed, rate_mbit: float, output: Path, port: int) -> None:
                    timeout=1800)
 
 
+def probed_split(output: Path, rate_mbit: float) -> bool:
+    """Whether the newest probe of this rate timed all-gather and reduce-scatter too (probes
+    before 2026-11-27 did not: FSDP's points are predicted from them)."""
+    from bench.records.probes import load_probes, measured_split
+
+    kept = [p for p in load_probes(output) if p.get("tag") == tag(rate_mbit)]
+    return bool(kept) and measured_split(kept[-1])
+
+
 def run(net: Testbed, point: Point, output: Path, port: int, args: argparse.Namespace) -> str:
     argv = ["run", "--strategy", point.strategy, "--cpu", "--gpus", "1", "--nodes", "2",
             "--rdzv-endpoint", f"{net.address(0)}:{port}", "--data", "synthetic",
@@ -148,7 +157,8 @@ def main() -> int:
     parser.add_argument("--only", default=None, metavar="STRATEGY",
                         help="measure that strategy's points again, and no other (the old "
                              "records of those points go to OUTPUT/runs/superseded/; each "
-                             "rate's probe is kept)")
+                             "rate's probe is kept unless it lacks all-gather and "
+                             "reduce-scatter times)")
     args = parser.parse_args()
     why = unavailable()
     if why:
@@ -167,7 +177,7 @@ def main() -> int:
     port, start = 29500, time.monotonic()
     for index, rate in enumerate(rates, start=20):
         with Testbed(nodes=2, rate_mbit=rate, index=index) as net:
-            if not args.only:
+            if not args.only or not probed_split(output, rate):
                 probe(net, rate, output, port)
                 port += 1
                 print(f"[{time.monotonic() - start:6.0f} s] probe at {rate:g} Mbit/s done",

@@ -68,6 +68,27 @@ def test_buckets_follow_the_measured_timeline():
         assert GradientTimeline.from_record(bad) is None
 
 
+def test_fsdp_takes_its_all_gathers_and_reduce_scatter_at_what_the_probe_measured():
+    """An FSDP step of 1 s (forward 1/3, backward 2/3) moving 100 MB in five units. At 1 GB/s
+    per all-reduce and half of it per all-gather and reduce-scatter (NCCL's rings: 50 ms
+    each), compute leads: the first unit's all-gather shows in forward (10 ms), its
+    all-gather and the last unit's reduce-scatter in backward (10 + 10 ms). With gloo's
+    figures, all-gather 3x and reduce-scatter 5x half an all-reduce (150 and 250 ms):
+    30 ms, then 30 + 50 ms. At 8x each (400 ms) communication leads: forward takes the
+    all-gather and the last unit's compute (400 + 66.7 ms), backward both collectives
+    and the last unit's compute (800 + 133.3 ms)."""
+    work = Workload("fsdp", 1.0, 100_000_000, 25 * 2**20)
+    ring = project(work, 2, 2, NET, measured_allreduce=lambda size: size / 1e9)
+    assert ring.step_s == pytest.approx(1.030)
+    gloo = project(work, 2, 2, NET, measured_allreduce=lambda size: size / 1e9,
+                   measured_split=(lambda size: 1.5 * size / 1e9, lambda size: 2.5 * size / 1e9))
+    assert gloo.step_s == pytest.approx(1.110)
+    slow = Network("gloo", 400.0, 400.0, "nvlink", "hand-written", gather_factor=8,
+                   scatter_factor=8)
+    at_8 = project(work, 2, 2, slow, measured_allreduce=lambda size: size / 1e9)
+    assert at_8.step_s == pytest.approx(0.4 + 1 / 15 + 0.8 + 2 / 15)
+
+
 @pytest.mark.serial  # its runs' step times are predicted within 15 %: no neighbour's load
 def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
     """Five runs of benchmarks/projection_validation.py's matrix, every delay (0, 10 and 30

@@ -53,6 +53,11 @@ def test_a_probe_across_two_nodes_measures_the_rate_of_their_link(rate_mbit, tmp
     payload_gbs = rate_mbit / 8 / 1000 * 1448 / 1514  # GB/s
     assert (0.8 * payload_gbs <= largest["busbw_GBps"] <= 1.05 * payload_gbs * 1514 / 1448), (
         largest, payload_gbs)
+    # an all-gather into (a reduce-scatter from) a tensor of S bytes sends each rank's half,
+    # S/2, over the link: it cannot take less than that at the payload rate
+    half_s = largest["bytes"] / 2 / (payload_gbs * 1e9)
+    assert largest["all_gather_s"] >= 0.95 * half_s, (largest, half_s)
+    assert largest["reduce_scatter_s"] >= 0.95 * half_s, (largest, half_s)
 
 
 def test_the_projection_predicts_ddp_over_a_slow_link_and_the_null_models_do_not(tmp_path):

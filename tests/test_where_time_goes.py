@@ -140,6 +140,7 @@ def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
                      "--output", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "busbw (GB/s)" in proc.stdout and "<- one gradient" in proc.stdout
+    assert "all-gather" in proc.stdout and "red.-scatter" in proc.stdout
     (path,) = (tmp_path / "probes").glob("*.json")
     probe = json.loads(path.read_text())
     assert probe["kind"] == "allreduce-probe" and probe["world_size"] == 2
@@ -149,6 +150,7 @@ def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
     for r in probe["results"]:
         # nccl-tests: busbw = algbw * 2(n-1)/n, which is algbw itself at n = 2
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"]) and r["time_s"] > 0
+        assert r["all_gather_s"] > 0 and r["reduce_scatter_s"] > 0  # FSDP's collectives
     # small messages are latency-bound: 1 KiB moves far slower per byte than 1 MiB
     by_size = {r["bytes"]: r["algbw_GBps"] for r in probe["results"]}
     assert by_size[1024**2] > 10 * by_size[1024]

@@ -2,7 +2,11 @@
 and of exactly the model's gradient, over the backend and world size a run would use, started
 by torchrun like a run's ranks. Reports nccl-tests' figures (algbw = bytes / time, busbw =
 algbw · 2(n-1)/n) and the ideal time to all-reduce one gradient, and writes a record to
-``OUTPUT/probes/`` that ``bench report`` uses as the comm ceiling per device and N.
+``OUTPUT/probes/`` that ``bench report`` uses as the comm ceiling per device and N. At each
+size it also times the all-gather and the reduce-scatter of a tensor that size (FSDP's and
+ZeRO's collectives): what they cost against an all-reduce is the backend's, not the bytes'
+(gloo's reduce-scatter took 2.6 all-reduces' time on loopback), and ``bench project`` takes
+FSDP's from them.
 
 ``python -m bench.commands.probe WORKER OUT.json SIZES...`` is one rank (torchrun's env)."""
 
@@ -38,15 +42,26 @@ TARGET_S = 0.25  # time spent per size (at least MIN_ITERS iterations)
 MIN_ITERS, MAX_ITERS = 3, 50
 
 
-def _time_allreduce(dist, torch, numel: int, device) -> tuple[float, int]:
-    """Median seconds of one all-reduce of ``numel`` floats (after warm-up) and iterations."""
-    tensor = torch.ones(numel, dtype=torch.float32, device=device)
+def _collectives(dist, torch, numel: int, world: int, device) -> dict[str, Any]:
+    """One call of each collective a strategy may use, on ``numel`` floats (the all-reduced
+    size): all-reduce (DDP, Horovod), and the all-gather and reduce-scatter that FSDP and
+    ZeRO split it into (the gathered and scattered tensor of the same size, ``world``
+    shards). Their cost per byte differs by backend (gloo's reduce-scatter is no ring)."""
+    whole = torch.ones(numel - numel % world, dtype=torch.float32, device=device)
+    shard = torch.ones(whole.numel() // world, dtype=torch.float32, device=device)
+    return {"time_s": lambda: dist.all_reduce(whole),
+            "all_gather_s": lambda: dist.all_gather_into_tensor(whole, shard),
+            "reduce_scatter_s": lambda: dist.reduce_scatter_tensor(shard, whole)}
+
+
+def _time_collective(dist, torch, call, device) -> tuple[float, int]:
+    """Median seconds of one ``call()`` (after warm-up) on the slowest rank, and iterations."""
 
     def once() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        dist.all_reduce(tensor)
+        call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start
@@ -78,10 +93,14 @@ def rank_main(backend: str, out: str, sizes: list[int], timeout: float) -> None:
     world = dist.get_world_size()
     rows = []
     for size in sizes:
-        seconds, iters = _time_allreduce(dist, torch, size // 4, device)
-        algbw = size / seconds
-        rows.append({"bytes": size, "time_s": seconds, "iterations": iters,
-                     "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * bus_factor(world) / 1e9})
+        row: dict[str, Any] = {"bytes": size}
+        for key, call in _collectives(dist, torch, size // 4, world, device).items():
+            row[key], iters = _time_collective(dist, torch, call, device)
+            if key == "time_s":
+                algbw = size / row[key]
+                row.update(iterations=iters, algbw_GBps=algbw / 1e9,
+                           busbw_GBps=algbw * bus_factor(world) / 1e9)
+        rows.append(row)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({"world_size": world, "results": rows}))
     dist.destroy_process_group()
@@ -173,8 +192,8 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                 *map(str, sizes)]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // gpus)),
                    BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
-        print(f"bench probe: all-reduce, {gpus * nodes} ranks ({device}, {backend}), "
-              f"{len(sizes)} sizes", flush=True)
+        print(f"bench probe: all-reduce, all-gather and reduce-scatter, {gpus * nodes} ranks "
+              f"({device}, {backend}), {len(sizes)} sizes", flush=True)
         # The agent dies with bench (kill -9 included: a 2-node probe's agent waits minutes
         # for its peer), its ranks with it (they arm their death signal: see the end of this
         # file). In its own session, a Ctrl-C reaches bench alone, which ends it.

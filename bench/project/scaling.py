@@ -10,7 +10,9 @@ tree) plus bytes over the algorithm bandwidth (a ring's busbw * N / 2(N-1); a tr
 .92 * .5, times NCCL's correction for medium sizes; LL halves a ring's bandwidth and divides
 a tree's by 3.8), and NCCL takes the fastest of ring and tree, LL and Simple. DDP's buckets are
 simulated as backward makes them ready; SyncBatchNorm adds two blocking small collectives per
-BatchNorm layer; FSDP moves 1.5x DDP's bytes; Horovod fuses into 64 MiB buffers each cycle.
+BatchNorm layer; FSDP moves 1.5x DDP's bytes (its all-gathers and reduce-scatter at the cost
+against all-reduce that a probe measured, where one did) in a pipeline of five units a
+phase, compute or communication the busier; Horovod fuses into 64 MiB buffers each cycle.
 
 Left out, and said with every projection: the input pipeline, stragglers, network congestion
 and contention between jobs, and any change of compute with N (the per-GPU batch is held at the
@@ -74,6 +76,11 @@ class Network:
     intra_hop: str  # "nvlink" | "pci"
     source: str
     fixed_latency_s: float | None = None  # a measured network (probe): per ring step
+    # An all-gather's and a reduce-scatter's time over half an all-reduce's of the same
+    # tensor: 1 for NCCL's rings (each moves half an all-reduce's bytes); a probe measures
+    # its backend's (gloo's took 3.8 and 5.2 on loopback, 2 ranks, 89.6 MB)
+    gather_factor: float = 1.0
+    scatter_factor: float = 1.0
 
     def busbw(self, nodes: int) -> float:
         """Bytes/s a ring achieves: the intra-node links, and across nodes the slower of
@@ -273,10 +280,26 @@ def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
     return step, step - c
 
 
+FSDP_UNITS = 5  # bench's fully_shard units: each of ResNet-18's four stages and the root
+
+
+def _pipelined(compute: float, comm: float, first: float, last: float = 0.0,
+               units: int = FSDP_UNITS) -> float:
+    """Seconds of one FSDP phase (forward, or backward) over ``units`` equal units, each
+    unit's compute waiting for its all-gather, the next all-gather prefetched under it, and
+    in backward its reduce-scatter after it: a flow shop whose makespan is the busier of
+    the two resources plus what of the other cannot overlap it. Compute-bound: all compute,
+    then the first unit's all-gather and the last one's reduce-scatter (``first`` and
+    ``last`` over ``units``). Communication-bound: every collective, then the last unit's
+    compute."""
+    return max(compute + (first + last) / units, comm + compute / units)
+
+
 def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
-            measured_allreduce=None) -> Projection:
+            measured_allreduce=None, measured_split=None) -> Projection:
     """One strategy at ``gpus`` GPUs; ``measured_allreduce(bytes) -> s`` replaces the model's
-    all-reduce (validation against a probe of the same machines)."""
+    all-reduce and ``measured_split`` (``(all_gather(bytes) -> s, reduce_scatter(bytes) ->
+    s)``) its all-gather and reduce-scatter: validation against a probe of the same machines."""
     nodes = max(1, math.ceil(gpus / gpus_per_node))
     c = w.compute_step_s
     if gpus == 1:
@@ -293,19 +316,26 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
             return measured_allreduce(size)
         return allreduce_s(size, gpus, nodes, net)
 
+    def gather(size: int) -> float:
+        if measured_split is not None:
+            return measured_split[0](size)
+        return comm(size) / 2 * net.gather_factor
+
+    def scatter(size: int) -> float:
+        if measured_split is not None:
+            return measured_split[1](size)
+        return comm(size) / 2 * net.scatter_factor
+
     syncbn = (2 * w.batchnorm_layers * comm(SYNCBN_MESSAGE_BYTES)
               if w.syncbn and gpus > 1 else 0.0)
     if w.strategy == "fsdp":
-        # all-gather in forward, again in backward, reduce-scatter: 1.5 all-reduces of bytes,
-        # prefetched under forward and backward; the first all-gather is never hidden
-        forward_ag = comm(w.gradient_bytes) / 2
-        backward = comm(w.gradient_bytes)
-        exposed = (max(0.0, forward_ag - w.forward_s())
-                   + max(0.0, backward - w.backward_s())
-                   # five units (the stem + four stages): the first all-gather and the
-                   # last reduce-scatter are never hidden
-                   + forward_ag / 5 + (backward - forward_ag) / 5)
-        step = c + exposed
+        forward_ag, backward_rs = gather(w.gradient_bytes), scatter(w.gradient_bytes)
+        forward, backward = w.forward_s(), w.backward_s()
+        step = (c - forward - backward
+                + _pipelined(forward, forward_ag, first=forward_ag)
+                + _pipelined(backward, forward_ag + backward_rs,
+                             first=forward_ag, last=backward_rs))
+        exposed = step - c
     elif w.strategy == "horovod":
         step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,
                                         per_bucket_extra=HOROVOD_CYCLE_S / 2)
@@ -337,7 +367,11 @@ def _bottleneck(w: Workload, step: float, exposed: float, syncbn: float, gpus: i
 
 def network_from_probe(probe: dict) -> Network:
     """The user's own network from a ``bench probe`` record: busbw of the largest message
-    and the latency per ring step from the smallest (a fit of NCCL's form to the curve)."""
+    and the latency per ring step from the smallest (a fit of NCCL's form to the curve), and
+    where the probe timed them, the all-gather's and reduce-scatter's cost against half an
+    all-reduce at the gradient's size (the backend's, kept at any N)."""
+    from bench.records.probes import ideal_allreduce_s, measured_split
+
     points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])
     ranks = probe["world_size"]
     steps = 2 * (ranks - 1)
@@ -346,6 +380,15 @@ def network_from_probe(probe: dict) -> Network:
     busbw = steps / ranks / per_byte / 1e9
     latency = max(0.0, t_small - small * per_byte) / steps
     label = f"probe {probe.get('probe_id')} ({probe['device']} {probe['backend']} N={ranks})"
+    factors = {}
+    if measured_split(probe):
+        size = probe.get("gradient_bytes") or large
+        half = ideal_allreduce_s(probe, size) / 2
+        factors = {"gather_factor": ideal_allreduce_s(probe, size, "all_gather_s") / half,
+                   "scatter_factor": ideal_allreduce_s(probe, size, "reduce_scatter_s") / half}
+    split = (f"; all-gather {factors['gather_factor']:.2f} and reduce-scatter "
+             f"{factors['scatter_factor']:.2f} x half an all-reduce" if factors else "")
     return Network(label, busbw, busbw, "pci",
                    f"measured by bench probe: {busbw:.2f} GB/s bus bandwidth, "
-                   f"{1e6 * latency:.0f} µs per ring step", fixed_latency_s=latency)
+                   f"{1e6 * latency:.0f} µs per ring step{split}", fixed_latency_s=latency,
+                   **factors)

@@ -23,6 +23,7 @@ from bench.project.from_records import (
 from bench.project.scaling import Projection, Workload, network_from_probe, project
 from bench.records.describe import median_step_s, model_width
 from bench.records.files import write_atomic
+from bench.records.probes import ideal_allreduce_s, measured_split
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
 
@@ -47,13 +48,20 @@ def calibration_lines(root: Path) -> list[str]:
 
 
 def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any]) -> Projection:
-    """A measured run predicted at its own ranks and nodes, with the all-reduce times of
-    the probe of the same machines."""
-    from bench.records.probes import ideal_allreduce_s
-
+    """A measured run predicted at its own ranks and nodes, with the collective times of
+    the probe of the same machines (all-gather and reduce-scatter where it timed them)."""
     n, nodes = rec["world_size"], rec.get("nodes") or 1
     return project(work, n, n // nodes, network_from_probe(probe),
-                   measured_allreduce=lambda size: ideal_allreduce_s(probe, size))
+                   measured_allreduce=lambda size: ideal_allreduce_s(probe, size),
+                   measured_split=_split_of(probe))
+
+
+def _split_of(probe: dict[str, Any]):
+    """The probe's (all-gather, reduce-scatter) time functions, or None."""
+    if not measured_split(probe):
+        return None
+    return (lambda size: ideal_allreduce_s(probe, size, "all_gather_s"),
+            lambda size: ideal_allreduce_s(probe, size, "reduce_scatter_s"))
 
 
 def validate_records(records: list[dict[str, Any]], probes: list[dict[str, Any]],
@@ -194,10 +202,13 @@ def null_models(rec: dict[str, Any], work: Workload, probe: dict[str, Any]
     """The obvious guesses a prediction must beat (seconds per step): "no communication"
     (the compute-only step) and "no overlap" (the compute-only step, then every byte the
     step all-reduces at the probe's speed, and any injected wait of every bucket, none of it
-    hidden behind backward)."""
-    from bench.records.probes import ideal_allreduce_s
-
+    hidden behind backward; FSDP's two all-gathers and reduce-scatter at the probe's times
+    for them, or half an all-reduce each)."""
     buckets = len(work.buckets(work.bucket_bytes))
     exchange = ideal_allreduce_s(probe, allreduced_bytes(rec))
+    if rec.get("strategy") == "fsdp":
+        split = _split_of(probe)
+        exchange = (2 * split[0](work.gradient_bytes) + split[1](work.gradient_bytes)
+                    if split else 1.5 * ideal_allreduce_s(probe, work.gradient_bytes))
     return (work.compute_step_s,
             work.compute_step_s + exchange + buckets * work.hook_delay_s + work.hook_work_s)

@@ -11,6 +11,7 @@ from bench.records.files import read_record
 from bench.records.schema import NUMBER, wrong_type
 
 KIB, MIB = 1024, 1024 * 1024
+SPLIT_COLLECTIVES = ("all_gather_s", "reduce_scatter_s")  # a result's optional keys
 
 
 def bus_factor(world: int) -> float:
@@ -19,13 +20,19 @@ def bus_factor(world: int) -> float:
 
 
 def probe_table(record: dict[str, Any]) -> str:
-    lines = [f"{'size':>10} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"]
+    """The probe's figures a line per size; the all-gather's and reduce-scatter's times
+    where it measured them (probes from before 2026-11-27 did not)."""
+    split = all("all_gather_s" in r for r in record["results"])
+    lines = [f"{'size':>10} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+             + (f" {'all-gather':>11} {'red.-scatter':>12}" if split else "")]
     for r in record["results"]:
         size = r["bytes"]
         label = f"{size / MIB:.1f} MiB" if size >= MIB else f"{size // KIB} KiB"
         mark = "  <- one gradient" if size == record["gradient_bytes"] else ""
+        both = (f" {1000 * r['all_gather_s']:>8.3f} ms {1000 * r['reduce_scatter_s']:>9.3f} ms"
+                if split else "")
         lines.append(f"{label:>10} {1000 * r['time_s']:>10.3f} {r['algbw_GBps']:>13.3f} "
-                     f"{r['busbw_GBps']:>13.3f}{mark}")
+                     f"{r['busbw_GBps']:>13.3f}{both}{mark}")
     return "\n".join(lines) + "\n"
 
 
@@ -71,16 +78,25 @@ def probe_problem(data: Any) -> str | None:
     for i, point in enumerate(results):
         if not isinstance(point, dict):
             return f"results[{i}] is not an object"
-        for key in ("bytes", "time_s", "busbw_GBps"):
+        for key in ("bytes", "time_s", "busbw_GBps", *SPLIT_COLLECTIVES):
             value = point.get(key)
+            if key in SPLIT_COLLECTIVES and value is None:
+                continue  # optional: probes before 2026-11-27 timed all-reduce alone
             if wrong_type(value, NUMBER) or value <= 0:
                 return f"results[{i}].{key} is {value!r}, not a positive number"
     return None
 
 
-def ideal_allreduce_s(probe: dict[str, Any], size: int) -> float:
-    """The probe's all-reduce time at ``size`` bytes, interpolated log-log between sizes."""
-    points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])
+def measured_split(probe: dict[str, Any]) -> bool:
+    """Whether the probe timed the all-gather and reduce-scatter at every size."""
+    return all(key in r for r in probe["results"] for key in SPLIT_COLLECTIVES)
+
+
+def ideal_allreduce_s(probe: dict[str, Any], size: int, key: str = "time_s") -> float:
+    """The probe's all-reduce time at ``size`` bytes, interpolated log-log between sizes
+    (``key``: "all_gather_s" or "reduce_scatter_s" for those collectives of a tensor of
+    ``size`` bytes, where ``measured_split``)."""
+    points = sorted((r["bytes"], r[key]) for r in probe["results"])
     for (b0, t0), (b1, t1) in zip(points, points[1:]):
         if b0 <= size <= b1:
             if b0 == b1:
