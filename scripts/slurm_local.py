@@ -7,12 +7,18 @@ munge`).
 
     python3 scripts/slurm_local.py up FOLDER     # prints `export SLURM_CONF=...`
     python3 scripts/slurm_local.py down FOLDER
+
+``NamespaceCluster`` is a Slurm of several nodes on this machine, for the tests: each node a
+network namespace of benchmarks/testbed.py (its own address on a shared link), slurmctld
+beside node 0's slurmd, and every node's processes seeing an /etc/hosts of their own that
+names the nodes and gives this machine's host name the node's address (what gloo binds to).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -171,6 +177,130 @@ def _alive(pid: int) -> bool:
         return False
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(
         f"/proc/{pid}/status").read_text().lower()
+
+
+class NamespaceCluster:
+    """A ``nodes``-node Slurm on this machine, the nodes ``n0``, ``n1``... in network
+    namespaces joined by a link of ``rate_mbit`` (benchmarks/testbed.py, whose reaper ends
+    whatever still runs in them when it closes, kill -9 of this process included). Slurm's
+    commands run in a node with ``command(node, argv)`` and ``env()``. Its processes enter
+    the node's network namespace alone (``ip netns exec`` would mount a sysfs without the
+    cgroup tree slurmd needs) and a private mount namespace where the node's hosts file is
+    bound over /etc/hosts."""
+
+    def __init__(self, folder: Path, nodes: int = 2, rate_mbit: float = 10000,
+                 index: int = 60, timeout: float = 60.0) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from benchmarks.testbed import Testbed
+
+        self.folder, self.nodes, self.timeout = folder, nodes, timeout
+        self.net = Testbed(nodes=nodes, rate_mbit=rate_mbit, index=index)
+        self.pids: dict[str, int] = {}
+        self.seconds = math.nan
+
+    def name(self, node: int) -> str:
+        return f"n{node}"
+
+    def config(self) -> str:
+        host, folder = socket.gethostname(), self.folder
+        names = f"n[0-{self.nodes - 1}]"
+        return "\n".join([
+            "ClusterName=bench-nodes", f"SlurmctldHost={host}({self.net.address(0)})",
+            "SlurmUser=root", "AuthType=auth/munge", "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none", "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU", "ReturnToService=2", "MpiDefault=none",
+            # each node has an address of its own: the same ports on every one
+            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+            f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool-%n'}",
+            f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+            f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={folder / 'slurmctld.log'}",
+            f"SlurmdLogFile={folder / 'slurmd-%n.log'}",
+            "JobCompType=jobcomp/none", "KillWait=5", "MinJobAge=300",
+            "SlurmctldTimeout=30", "SlurmdTimeout=30", "InactiveLimit=0",
+            *[f"NodeName={self.name(k)} NodeAddr={self.net.address(k)} CPUs=1 State=UNKNOWN"
+              for k in range(self.nodes)],
+            f"PartitionName=nodes Nodes={names} Default=YES MaxTime=INFINITE State=UP", ""])
+
+    def command(self, node: int, argv: list[str]) -> list[str]:
+        """``argv`` on ``node``: its network, its /etc/hosts."""
+        hosts = self.folder / f"hosts-{self.name(node)}"
+        return ["nsenter", f"--net=/run/netns/{self.net.namespace(node)}", "unshare",
+                "--mount", "--propagation", "private", "sh", "-c",
+                f'mount --bind "{hosts}" /etc/hosts && exec "$@"', "sh", *argv]
+
+    def env(self) -> dict[str, str]:
+        return env_for(self.folder)
+
+    def __enter__(self) -> NamespaceCluster:
+        why = missing()
+        if why:
+            raise RuntimeError(f"local Slurm cannot start: {why}")
+        started = time.monotonic()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "state").mkdir(exist_ok=True)
+        self.net.__enter__()
+        try:
+            host = socket.gethostname()
+            for k in range(self.nodes):
+                (self.folder / f"spool-{self.name(k)}").mkdir(exist_ok=True)
+                (self.folder / f"hosts-{self.name(k)}").write_text(
+                    f"127.0.0.1 localhost\n{self.net.address(k)} {host}\n"
+                    + "".join(f"{self.net.address(j)} {self.name(j)}\n"
+                              for j in range(self.nodes)))
+            (self.folder / "slurm.conf").write_text(self.config())
+            if not MUNGE_SOCKET.exists():
+                Path("/run/munge").mkdir(parents=True, exist_ok=True)
+                self.pids["munged"] = subprocess.Popen(
+                    [_binary("munged"), "--foreground", "--force"], stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True).pid
+                _wait("munged's socket", MUNGE_SOCKET.exists, self.timeout)
+            conf = str(self.folder / "slurm.conf")
+            daemons = [("slurmctld", 0, [_binary("slurmctld"), "-D", "-f", conf])] + [
+                (f"slurmd-{self.name(k)}", k,
+                 [_binary("slurmd"), "-D", "-N", self.name(k), "-f", conf])
+                for k in range(self.nodes)]
+            for name, node, argv in daemons:
+                with open(self.folder / f"{name}.out", "w") as log:
+                    proc = subprocess.Popen(self.command(node, argv), stdout=log,
+                                            stderr=subprocess.STDOUT, env=self.env(),
+                                            start_new_session=True)
+                self.pids[name] = proc.pid  # nsenter, unshare and sh exec it: its own pid
+                time.sleep(0.5)
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited at once: "
+                                       f"{(self.folder / f'{name}.out').read_text()[-2000:]}")
+
+            def idle() -> bool:
+                out = subprocess.run(self.command(0, [_binary("sinfo"), "-h", "-o", "%T"]),
+                                     env=self.env(), capture_output=True, text=True)
+                return out.returncode == 0 and out.stdout.split() == ["idle"]
+
+            _wait(f"{self.nodes} nodes idle in sinfo", idle, self.timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.seconds = round(time.monotonic() - started, 1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The slurmds, slurmctld and a munged this started, by pid; then the namespaces."""
+        order = [n for n in self.pids if n.startswith("slurmd")] + ["slurmctld", "munged"]
+        for name in order:
+            pid = self.pids.get(name)
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while _alive(pid) and time.monotonic() < deadline:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
+                    time.sleep(0.1)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        self.net.close()
 
 
 def main(argv: list[str]) -> int:

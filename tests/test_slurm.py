@@ -17,6 +17,10 @@ from conftest import FAST, ROOT, records
 sys.path.insert(0, str(ROOT / "scripts"))
 import slurm_local
 
+from benchmarks.testbed import unavailable
+
+TESTBED_MISSING = unavailable()
+
 pytestmark = [
     pytest.mark.skipif(slurm_local.missing() is not None,
                        reason=f"a local Slurm cannot start: {slurm_local.missing()}"),
@@ -290,3 +294,39 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@pytest.mark.skipif(TESTBED_MISSING is not None, reason=f"no namespaces: {TESTBED_MISSING}")
+def test_a_sweep_over_two_nodes_runs_each_combination_as_one_srun_step_across_them(tmp_path):
+    """A real two-node Slurm (scripts/slurm_local.py's NamespaceCluster: a slurmd in each of
+    two network namespaces, each node its own address): `bench sweep --slurm --nodes 2
+    --submit` writes one array; its task runs the sweep's path on the first node, whose run
+    is one srun step of a task a rank on each node. Each combination leaves one ok record of
+    2 ranks on 2 nodes that names the step's nodes, and the second node's slurmd launched a
+    task of each job."""
+    with slurm_local.NamespaceCluster(tmp_path / "cluster", nodes=2) as cluster:
+        sweep = [sys.executable, "-m", "bench", "sweep", "--slurm", "--strategies", "ddp,fsdp",
+                 "--gpus", "1", "--nodes", "2", *TINY, "--output", str(tmp_path / "results"),
+                 "--submit", "--time", "00:05:00"]
+        proc = subprocess.run(cluster.command(0, sweep), env=cluster.env(), cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert len(_submitted(proc.stdout)) == 1  # one shape: 1 rank a node, 2 nodes
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            queue = subprocess.run(cluster.command(0, ["squeue", "-h"]), env=cluster.env(),
+                                   capture_output=True, text=True)
+            if queue.returncode == 0 and not queue.stdout.strip():
+                break
+            time.sleep(0.5)
+        second_node = (tmp_path / "cluster" / "slurmd-n1.log").read_text()
+    found = records(tmp_path / "results")
+    logs = "".join(p.read_text() for p in (tmp_path / "results" / "slurm").glob("*.out"))
+    assert sorted(r["strategy"] for r in found) == ["ddp", "fsdp"], logs
+    for rec in found:
+        assert rec["status"] == "ok" and rec["launcher"] == "slurm", (rec.get("error"), logs)
+        assert rec["world_size"] == 2 and rec["nodes"] == 2, rec
+        assert rec["rendezvous"]["step_nodes"] == "n[0-1]", rec["rendezvous"]
+    array_jobs = {r["rendezvous"]["slurm_job"] for r in found}
+    launched = set(re.findall(r"launch task StepId=(\d+)\.0 ", second_node))
+    assert len(array_jobs) == 2 and array_jobs <= launched, (array_jobs, second_node)

@@ -56,6 +56,7 @@ LONG = {
     # workflows through daemons or many runs
     r"test_slurm.py::test_a_cancelled_array_task": "a Slurm array, cancelled and resubmitted",
     r"test_slurm.py::test_a_sweep_runs_as_job_arrays": "a sweep as Slurm arrays",
+    r"test_slurm.py::test_a_sweep_over_two_nodes": "a sweep as arrays on a two-node Slurm",
     r"test_slurm.py::test_an_array_task_killed_with_sigkill": "a Slurm array task killed "
                                                               "with SIGKILL, resubmitted",
     r"test_slurm.py::test_a_step_whose_tasks_do_not_match": "a refused Slurm step",

@@ -85,8 +85,9 @@ def sweep_key(cfg: RunConfig) -> str:
 
 
 def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
-                repeats: int) -> list[Combo]:
-    """Every combination, validated before anything runs (bad input: ConfigError)."""
+                repeats: int, srun_steps: bool = False) -> list[Combo]:
+    """Every combination, validated before anything runs (bad input: ConfigError);
+    ``srun_steps``: as the srun steps of a job array over several nodes."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1 (got {repeats})")
     combos = []
@@ -95,7 +96,7 @@ def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
             cfg = base.derive(strategy=strategy, gpus=n)
             if base.batch_fits_in:  # each run's batch is found later; one that splits here
                 cfg = cfg.derive(batch_size=n)
-            RunPlan(cfg, probe_output=False)
+            RunPlan(cfg, probe_output=False, srun_step=srun_steps)
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
     return combos
@@ -134,7 +135,8 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
               only: int | None = None, largest: LargestBatch | None = None) -> int:
     """Every combination in order (``only``: the one of that index, a Slurm array task's;
     ``largest``: each at the largest batch that fits, --batch-size max)."""
-    combos = plan_combos(base, strategies, gpus, repeats)
+    combos = plan_combos(base, strategies, gpus, repeats,
+                        srun_steps=base.nodes > 1 and in_batch_step())
     if only is not None:
         if not 0 <= only < len(combos):
             raise ConfigError(f"--only {only}: this sweep has combinations 0 to "
@@ -212,6 +214,10 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
             return f"failed: {how}"
         print(f"  batch {batch} (global): {how}", flush=True)
         cmd += ["--batch-size", str(batch), "--batch-fits-in", largest.fits_in]
+    if base.nodes > 1 and in_batch_step():
+        # a job array's task over several nodes: the run is one srun step, a task a rank
+        cmd = ["srun", f"--nodes={base.nodes}", f"--ntasks-per-node={combo.gpus}",
+               "--kill-on-bad-exit=1", *cmd]
     proc = start_dying_with_me(cmd, start_new_session=True)
     started = time.monotonic()
     try:
@@ -233,6 +239,12 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
         raise
 
 
+def in_batch_step(env: dict[str, str] | None = None) -> bool:
+    """Whether this process is a Slurm job's batch script (not one of its srun steps)."""
+    env = dict(os.environ if env is None else env)
+    return bool(env.get("SLURM_JOB_ID")) and not env.get("SLURM_STEP_ID")
+
+
 def _mark_timeout(output: str, combo: Combo, seconds: float) -> bool:
     """The stopped run's record becomes failed with the timeout; False if it had none."""
     marked = False
@@ -251,21 +263,24 @@ USES_TORCH = True
 
 def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, time: str,
                   partition: str | None, max_parallel: int, cpus_per_rank: int,
-                  cpu: bool, workdir: str, output: str) -> dict[int, str]:
-    """One sbatch job array per shape (world size N: the cores, or GPUs, one combination
-    needs), each over the indices of its combinations in the sweep's fixed order. Task i
-    runs `bench sweep ... --only i`: the local sweep's own path (claims, tags, superseded
-    records, the repeat's seed), its run launching N ranks on the task's node."""
+                  cpu: bool, workdir: str, output: str, nodes: int = 1) -> dict[int, str]:
+    """One sbatch job array per shape (N ranks a node: the cores, or GPUs, one combination
+    needs on each of its ``nodes``), each over the indices of its combinations in the
+    sweep's fixed order. Task i runs `bench sweep ... --only i`: the local sweep's own path
+    (claims, tags, superseded records, the repeat's seed), its run launching N ranks on the
+    task's node, or with several nodes one srun step of N tasks a node, a task a rank."""
     by_shape: dict[int, list[int]] = {}
     for i, combo in enumerate(combos):
         by_shape.setdefault(combo.gpus, []).append(i)
     scripts = {}
     for n, indices in by_shape.items():
+        shape = (["#SBATCH --nodes=1", "#SBATCH --ntasks=1",
+                  f"#SBATCH --cpus-per-task={cpus_per_rank * n}"] if nodes == 1 else
+                 [f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={n}",
+                  f"#SBATCH --cpus-per-task={cpus_per_rank}"])
         lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}-n{n}",
                  f"#SBATCH --array={','.join(map(str, indices))}%{max_parallel}",
-                 "#SBATCH --nodes=1", "#SBATCH --ntasks=1",
-                 f"#SBATCH --cpus-per-task={cpus_per_rank * n}",
-                 *([] if cpu else [f"#SBATCH --gpus-per-node={n}"]),
+                 *shape, *([] if cpu else [f"#SBATCH --gpus-per-node={n}"]),
                  f"#SBATCH --time={time}", f"#SBATCH --chdir={workdir}",
                  f"#SBATCH --output={output}/slurm/%x-%A_%a.out"]
         if partition:
@@ -274,9 +289,16 @@ def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, 
             "",
             f"# Combination $SLURM_ARRAY_TASK_ID of this sweep's {len(combos)} (those of "
             + (terminal.count(n, "CPU process", "CPU processes") if cpu
-               else terminal.count(n, "GPU")) + "):",
-            "# the sweep's own path, resumable; its run starts its ranks on this node.",
+               else terminal.count(n, "GPU")) + ("" if nodes == 1 else f" a node on {nodes} nodes")
+            + "):",
+            ("# the sweep's own path, resumable; its run starts its ranks on this node."
+             if nodes == 1 else
+             f"# the sweep's own path, resumable; its run is one srun step across the job's "
+             f"{nodes} nodes."),
             "set -euo pipefail",
+            *([] if nodes == 1 else
+              ["# since Slurm 22.05 srun inherits --cpus-per-task only through this variable",
+               'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"']),
             " ".join([sys.executable, "-m", "bench", "sweep", *map(shlex.quote, sweep_args),
                       "--only", '"$SLURM_ARRAY_TASK_ID"']),
             "",
@@ -290,9 +312,6 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
     """``bench sweep --slurm``: the job arrays written (and with --submit, submitted)."""
     import shutil
 
-    if base.nodes > 1:
-        raise ConfigError("bench sweep --slurm runs each combination on one node; for "
-                          "multi-node runs write one job each with `bench slurm`")
     if args.max_parallel < 1 or args.cpus_per_task < 1:
         raise ConfigError("--max-parallel and --cpus-per-task must be at least 1")
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
@@ -300,7 +319,7 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or use "
                           "--dry-run and copy the scripts there")
-    combos = plan_combos(base, names, gpus, args.repeats)
+    combos = plan_combos(base, names, gpus, args.repeats, srun_steps=base.nodes > 1)
     output = str(Path(base.output).resolve())
     sweep_args = ["--strategies", args.strategies, "--gpus", args.gpus, "--repeats",
                   str(args.repeats), *(["--force"] if args.force else []),
@@ -311,10 +330,12 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
     scripts = array_scripts(combos, sweep_args, job_name=args.job_name, time=args.time,
                             partition=args.partition, max_parallel=args.max_parallel,
                             cpus_per_rank=args.cpus_per_task, cpu=base.cpu,
-                            workdir=str(Path.cwd()), output=output)
+                            workdir=str(Path.cwd()), output=output, nodes=base.nodes)
     if args.dry_run:
         for n, text in scripts.items():
-            print(f"# --- world size {n} ---\n{text}")
+            shape = (f"{terminal.count(n, 'rank')} a node on {base.nodes} nodes"
+                     if base.nodes > 1 else f"world size {n}")
+            print(f"# --- {shape} ---\n{text}")
         return EXIT_OK
     folder = Path(output) / "slurm"
     folder.mkdir(parents=True, exist_ok=True)

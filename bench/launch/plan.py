@@ -57,7 +57,10 @@ class RunPlan:
 
     reserve: Path | None = None  # room kept for the record's closing (open_record makes it)
 
-    def __init__(self, cfg: RunConfig, probe_output: bool = True) -> None:
+    def __init__(self, cfg: RunConfig, probe_output: bool = True,
+                 srun_step: bool = False) -> None:
+        """``srun_step``: validate the run as the srun step it will be (a job array's task
+        over several nodes: `bench sweep --slurm` plans it before any Slurm exists)."""
         cfg.validate()
         Fault.from_env()  # the test hooks' variables are read by every rank: checked here
         defect_from_env()
@@ -89,7 +92,7 @@ class RunPlan:
         cfg = cfg.derive(**resolved)
         self.topology = Topology(
             device_type=self.device_type, gpus=cfg.gpus, nodes=cfg.nodes, hosts=cfg.hosts,
-            rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None,
+            rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None or srun_step,
             timeout=group_timeout(cfg.timeout, cfg.compile, cfg.gpus * cfg.nodes),
             backend=cfg.backend or ("nccl" if self.device_type == "cuda" else "gloo"),
             gpu_shared=self.slurm is None and shares_gpus(cfg, self.device_type),

@@ -181,7 +181,9 @@ def open_record(plan: RunPlan, argv: list[str]) -> RunRecord:
                     None if dataset == "synthetic" else str(Path(cfg.data_dir).resolve()))
     if plan.slurm is not None:
         record.set_rendezvous({"slurm_job": plan.slurm.job_id,
-                               "master": plan.slurm.master_addr, "port": plan.port})
+                               "master": plan.slurm.master_addr, "port": plan.port,
+                               # where Slurm put the step's tasks (this run's ranks)
+                               "step_nodes": os.environ.get("SLURM_STEP_NODELIST")})
     elif cfg.nodes > 1:
         record.set_rendezvous({"endpoint": cfg.rdzv_endpoint, "id": cfg.rdzv_id})
     if plan.writes_record:
