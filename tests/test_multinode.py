@@ -58,6 +58,13 @@ def test_two_nodes_on_loopback_write_one_record(tmp_path):
     assert rec["per_epoch"][-1]["test_images"] == 10
     # one loader worker per replica, as asked: each node's rank has one (it had one per node)
     assert (rec["workers_per_replica"], rec["workers_per_process"]) == (1, 1)
+    # the same command again the same day has the same run id: refused, the record kept
+    again = run_bench("run", "--strategy", "ddp", "--nodes", "2", "--gpus", "1", "--node-rank",
+                      "0", "--rdzv-endpoint", endpoint, "--rdzv-id", "looptest", *SMALL,
+                      "--workers", "1", "--output", str(tmp_path))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert "already ended today (ok" in again.stderr and "--rdzv-id" in again.stderr
+    assert only_record(tmp_path) == rec
 
 
 def test_slurm_tasks_train_together(tmp_path):

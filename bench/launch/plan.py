@@ -51,6 +51,23 @@ def shared_run_id(strategy: str, world: int, device_type: str, run_tag: str) -> 
     return f"{day}-{strategy}-{world}{device_type}-{run_tag}"
 
 
+def _refuse_a_second_run(record_path: Path, rdzv_id: str | None) -> None:
+    """A multi-node run's id is the day and its rendezvous id, which every node derives
+    from the command: the same command again the same day would overwrite the record of
+    the first. A record there that is not ``running`` (another node's start of this run)
+    is such an earlier run: refused, with the fix."""
+    if not record_path.exists():
+        return
+    try:
+        status = json.loads(record_path.read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = "unreadable"
+    if status != "running":
+        raise ConfigError(f"a run with rendezvous id {rdzv_id} already ended today ({status}, "
+                          f"{record_path}): pass --rdzv-id NAME, a new name, the same on "
+                          "every node, to keep both records")
+
+
 class RunPlan:
     """What a validated ``bench run`` will do; built before anything is written. Its
     ``cfg`` is derived from the one given (defaults resolved), never that one changed."""
@@ -147,6 +164,8 @@ class RunPlan:
         else:
             self.run_id = new_run_id(cfg.strategy, self.replicas, self.device_type)
         self.record_path = self.runs / f"{self.run_id}.json"
+        if cfg.nodes > 1 and self.slurm is None:
+            _refuse_a_second_run(self.record_path, cfg.rdzv_id)
         if cfg.mllog:
             self.cfg = cfg.derive(mllog=check_mllog_path(cfg.mllog, self.run_id))
 
