@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, records, run_bench
@@ -194,3 +197,64 @@ def test_a_claim_from_another_host_is_taken_only_once_its_heartbeat_is_stale(tmp
     assert time.time() - claim.stat().st_mtime < 1.0
     taken.release()
     assert not list(folder.iterdir())  # the staged file (host and pid in its name) is gone
+
+
+def _uts_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a second host name needs root's `unshare --uts`")
+def test_a_lost_hosts_claim_is_respected_while_it_beats_and_taken_once_it_stops(tmp_path):
+    """Two hosts share a results folder: host B (a UTS namespace with a host name of its own,
+    the same filesystem) runs a sweep; every process of B is killed at once, as a machine
+    that loses power (nothing closes its record or claim). A sweep here skips the
+    combination while B's claim still beats, and once it has been silent past the limit
+    (BENCH_CLAIM_STALE_S, 10 s here) takes it, saying so, moves B's `running` record aside
+    and leaves one ok record."""
+    out = tmp_path / "results"
+    env = {**os.environ, "BENCH_CLAIM_STALE_S": "10"}
+    # one combination for both hosts (the same options): ~40 s of epochs, B killed early
+    args = ["sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--data", "synthetic",
+            "--train-limit", "256", "--test-limit", "8", "--width", "0.125", "--batch-size",
+            "32", "--epochs", "40", "--no-progress", "--comm-probe-steps", "0",
+            "--loader-probe-steps", "0", "--output", str(out)]
+    host_b = subprocess.Popen(
+        ["unshare", "--uts", "sh", "-c", 'hostname host-b && exec "$@"', "sh",
+         sys.executable, "-m", "bench", *args],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    claims = out / "runs" / ".claims"
+    deadline = time.monotonic() + 120
+    while not any(r.get("status") == "running" and r.get("per_epoch")
+                  for r in records(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (claim,) = claims.glob("*.claim")
+    assert json.loads(claim.read_text())["host"] == "host-b"
+    while_it_beats = run_bench(*args, env=env, timeout=120)
+    assert while_it_beats.returncode == 0, while_it_beats.stdout + while_it_beats.stderr
+    assert "being run by another sweep" in while_it_beats.stdout, while_it_beats.stdout
+    # host B is lost: every process in its namespace killed at once
+    namespace = _uts_namespace(host_b.pid)
+    for _ in range(3):
+        for pid in [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]:
+            if pid != os.getpid() and _uts_namespace(pid) == namespace:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    host_b.wait(timeout=10)
+    (lost,) = records(out)
+    assert lost["status"] == "running" and lost["owner"]["host"] == "host-b", lost
+    silent = time.time() - claim.stat().st_mtime
+    time.sleep(max(0.0, 11 - silent))
+    after = run_bench(*args, env=env, timeout=300)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert re.search(r"taking the claim on \S+ from host-b \(pid \d+\): no heartbeat for "
+                     r"1\d s, past the 10 s limit", after.stderr), after.stderr
+    (done,) = records(out)
+    assert done["status"] == "ok" and done["owner"]["host"] != "host-b", done
+    assert (out / "runs" / "superseded" / f"{lost['run_id']}.json").exists()
+    assert not list(claims.iterdir())

@@ -63,6 +63,7 @@ LONG = {
     r"test_slurm.py::test_a_batch_step_and_a_one_task_step": "two more Slurm step shapes",
     r"test_kill.py::test_kill_9_of_bench_sweep": "a sweep killed and resumed",
     r"test_sweep.py::test_two_sweeps_at_once": "two sweeps sharing combinations",
+    r"test_sweep.py::test_a_lost_hosts_claim": "a host lost mid-run, its claim taken later",
     r"test_testbed.py::test_the_projection_predicts": "validation over a shaped link",
     r"test_testbed.py::test_fsdps_compute_only_step": "FSDP over a shaped link",
     r"test_testbed.py::test_a_probe_across_two_nodes_measures_the_rate_of_their_link\[200":
