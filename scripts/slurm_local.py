@@ -148,26 +148,31 @@ def down(folder: Path, grace: float = 10.0) -> None:
         return
     pids = json.loads(path.read_text())
     for name in ("slurmd", "slurmctld", "munged"):
-        pid = pids.get(name)
-        if not pid:
-            continue
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not our child (a `down` from another process)
-                done = 0 if _alive(pid) else pid
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if pids.get(name):
+            _stop(pids[name], grace)
     path.unlink()
+
+
+def _stop(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM, up to ``grace`` seconds to end (reaped where it is this process's child),
+    then SIGKILL."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child (a `down` from another process)
+            done = 0 if _alive(pid) else pid
+        if done:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _alive(pid: int) -> bool:
@@ -287,19 +292,8 @@ class NamespaceCluster:
         """The slurmds, slurmctld and a munged this started, by pid; then the namespaces."""
         order = [n for n in self.pids if n.startswith("slurmd")] + ["slurmctld", "munged"]
         for name in order:
-            pid = self.pids.get(name)
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-                deadline = time.monotonic() + 10
-                while _alive(pid) and time.monotonic() < deadline:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, os.WNOHANG)
-                    time.sleep(0.1)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
+            if self.pids.get(name):
+                _stop(self.pids[name])
         self.net.close()
 
 

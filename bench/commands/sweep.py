@@ -24,6 +24,7 @@ from bench.config.options import config_from_args, given, parse_list, run_option
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan
 from bench.launch.preflight import check_output_writable
+from bench.launch.slurm import in_batch_step
 from bench.records.claims import Claim
 from bench.records.files import (
     records_by_tag,
@@ -237,12 +238,6 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
     except BaseException:
         _stop(proc)
         raise
-
-
-def in_batch_step(env: dict[str, str] | None = None) -> bool:
-    """Whether this process is a Slurm job's batch script (not one of its srun steps)."""
-    env = dict(os.environ if env is None else env)
-    return bool(env.get("SLURM_JOB_ID")) and not env.get("SLURM_STEP_ID")
 
 
 def _mark_timeout(output: str, combo: Combo, seconds: float) -> bool:

@@ -84,6 +84,12 @@ def slurm_task(env: dict[str, str] | None = None) -> SlurmTask | None:
     )
 
 
+def in_batch_step(env: dict[str, str] | None = None) -> bool:
+    """Whether this process is a Slurm job's batch script (not one of its srun steps)."""
+    env = dict(os.environ if env is None else env)
+    return bool(env.get("SLURM_JOB_ID")) and not env.get("SLURM_STEP_ID")
+
+
 def slurm_note(env: dict[str, str] | None = None) -> str | None:
     """Why Slurm's variables, where they are set, are not followed (``slurm_task`` None):
     the line bench prints before launching its ranks itself; None outside Slurm."""
@@ -91,7 +97,7 @@ def slurm_note(env: dict[str, str] | None = None) -> str | None:
     if not env.get("SLURM_JOB_ID") or slurm_task(env) is not None:
         return None
     job = env["SLURM_JOB_ID"]
-    if not env.get("SLURM_STEP_ID"):
+    if in_batch_step(env):
         return (f"in Slurm job {job}'s batch step: launching the ranks here (for one Slurm "
                 "task per rank, start bench with srun)")
     return (f"in a one-task step of Slurm job {job}: launching the ranks here "

@@ -205,10 +205,12 @@ def null_models(rec: dict[str, Any], work: Workload, probe: dict[str, Any]
     hidden behind backward; FSDP's two all-gathers and reduce-scatter at the probe's times
     for them, or half an all-reduce each)."""
     buckets = len(work.buckets(work.bucket_bytes))
-    exchange = ideal_allreduce_s(probe, allreduced_bytes(rec))
-    if rec.get("strategy") == "fsdp":
-        split = _split_of(probe)
-        exchange = (2 * split[0](work.gradient_bytes) + split[1](work.gradient_bytes)
-                    if split else 1.5 * ideal_allreduce_s(probe, work.gradient_bytes))
+    split = _split_of(probe) if rec.get("strategy") == "fsdp" else None
+    if split:
+        exchange = 2 * split[0](work.gradient_bytes) + split[1](work.gradient_bytes)
+    elif rec.get("strategy") == "fsdp":
+        exchange = 1.5 * ideal_allreduce_s(probe, work.gradient_bytes)
+    else:
+        exchange = ideal_allreduce_s(probe, allreduced_bytes(rec))
     return (work.compute_step_s,
             work.compute_step_s + exchange + buckets * work.hook_delay_s + work.hook_work_s)

@@ -22,7 +22,7 @@ def bus_factor(world: int) -> float:
 def probe_table(record: dict[str, Any]) -> str:
     """The probe's figures a line per size; the all-gather's and reduce-scatter's times
     where it measured them (probes from before 2026-11-27 did not)."""
-    split = all("all_gather_s" in r for r in record["results"])
+    split = measured_split(record)
     lines = [f"{'size':>10} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
              + (f" {'all-gather':>11} {'red.-scatter':>12}" if split else "")]
     for r in record["results"]:
