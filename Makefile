@@ -101,7 +101,7 @@ $(GPU_VENV)/.installed:
 	  $$c -c pass > /dev/null 2>&1 && { py=$$c; break; }; done; \
 	[ -n "$$py" ] || { echo "make gpu-venv: no Python $(GPU_PYTHON) here (the GPU machine's): install one, or set GPU_PYTHON_BIN to an interpreter with $(GPU_TORCH)"; exit 2; }; \
 	echo "$$py -m venv $(GPU_VENV)"; $$py -m venv $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install --quiet $(GPU_TORCH)
+	$(GPU_VENV)/bin/python -m pip install --quiet $(GPU_TORCH) numpy  # apex imports numpy; the GPU machine has it
 	touch $@
 
 gpu-venv: $(GPU_VENV)/.installed

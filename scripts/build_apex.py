@@ -98,14 +98,18 @@ def can_build_cuda() -> tuple[bool, str]:
 
 
 def arch_list() -> str:
-    """The visible GPUs' capabilities, else TORCH_CUDA_ARCH_LIST, else 9.0 (H100/H200)."""
+    """The visible GPUs' capabilities, else TORCH_CUDA_ARCH_LIST, else 9.0 (H100/H200).
+
+    The GPUs come first: the lent machines' images set TORCH_CUDA_ARCH_LIST=9.0a, which
+    named another wheel than the 9.0 one built beforehand on a machine without a GPU (the
+    list is part of the cache key), so every lease compiled apex again (98-160 s)."""
     import torch
 
-    if "TORCH_CUDA_ARCH_LIST" in os.environ:
-        return os.environ["TORCH_CUDA_ARCH_LIST"]
     if torch.cuda.is_available():
         caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
         return ";".join(f"{major}.{minor}" for major, minor in sorted(caps))
+    if "TORCH_CUDA_ARCH_LIST" in os.environ:
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
     return "9.0"
 
 

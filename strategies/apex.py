@@ -125,6 +125,14 @@ class ApexStrategy(DDPStrategy):
         self.notes.append(f"apex {opt_level}, {which_ddp} DDP, apex build: {apex_build()}")
         return model, optimizer
 
+    def exact_arithmetic(self) -> contextlib.AbstractContextManager:
+        # O1 patches torch's functions (sum, stack, +=...) to cast CUDA inputs that are not
+        # fp32, float64 included, to fp32; its own switch turns that off for a while.
+        amp = importlib.import_module("apex.amp")
+        if getattr(amp._amp_state, "handle", None) is None:  # not initialised: nothing patched
+            return contextlib.nullcontext()
+        return amp.disable_casts()
+
     def no_sync(self, model: nn.Module):
         # torch DDP can skip the all-reduce of micro-steps; apex DDP reduces every backward.
         return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()

@@ -171,6 +171,11 @@ class Strategy:
             share += [None] * (-(-size // self.world_size) - len(share))
         return share
 
+    def exact_arithmetic(self) -> contextlib.AbstractContextManager:
+        """Context for bookkeeping that must run in the dtype it is written in (the float64
+        replica fingerprint): apex O1 patches torch's functions to cast their inputs."""
+        return contextlib.nullcontext()
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Context for a gradient-accumulation micro-step whose gradients are not yet
         communicated (DDP: ``model.no_sync()``)."""

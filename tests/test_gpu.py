@@ -227,4 +227,6 @@ def test_ranks_sharing_a_gpu_are_recorded_and_marked(tmp_path):
     # each rank would count the shared GPU's energy: none is recorded
     assert all(e["gpu_clocks"]["energy_j"] is None for e in rec["per_epoch"]), rec["per_epoch"]
     report = run_bench("report", "--results", str(tmp_path))
-    assert "not comparable" in report.stdout
+    # the table marks the row; the sentence why goes with the report's other notes (stderr)
+    assert "(shared)" in report.stdout and "shared GPUs" in report.stdout, report.stdout
+    assert "not comparable" in report.stderr, report.stderr

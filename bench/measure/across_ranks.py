@@ -70,16 +70,17 @@ def replica_fingerprint(strategy: Strategy, model: nn.Module) -> tuple[bool | No
     with weights and products beside it, takes ten times the model's fp32 bytes, and killed
     a run of a 128 M-parameter model after its training had fitted."""
     local = torch.zeros(3, dtype=torch.float64, device=strategy.device)
-    offset = 0  # the position of the parameter's first element among all of them
-    for p in strategy.eval_module(model).parameters():
-        flat = full_tensor(p.detach()).reshape(-1)
-        for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
-            x = flat[start:start + FINGERPRINT_CHUNK].to(local.device, torch.float64)
-            first = offset + start + 1
-            weights = torch.arange(first, first + x.numel(), dtype=torch.float64,
-                                   device=x.device)
-            local += torch.stack([x.sum(), (x * x).sum(), (x * weights).sum()])
-        offset += flat.numel()
+    with strategy.exact_arithmetic():  # apex O1 would sum float64 in float32
+        offset = 0  # the position of the parameter's first element among all of them
+        for p in strategy.eval_module(model).parameters():
+            flat = full_tensor(p.detach()).reshape(-1)
+            for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
+                x = flat[start:start + FINGERPRINT_CHUNK].to(local.device, torch.float64)
+                first = offset + start + 1
+                weights = torch.arange(first, first + x.numel(), dtype=torch.float64,
+                                       device=x.device)
+                local += torch.stack([x.sum(), (x * x).sum(), (x * weights).sum()])
+            offset += flat.numel()
     high, low = local.clone(), -local
     strategy.all_reduce(high, "max")
     strategy.all_reduce(low, "max")
