@@ -7,11 +7,19 @@ gather of statistics with counts, the backward reduction) exist only for acceler
 every CPU run of several ranks normalises per replica, unlike the same strategy on GPUs,
 and the accuracy of N CPU ranks with SyncBN cannot be measured (issue "Does it cost
 accuracy", item 4). This module is the math of torch's CUDA path in plain tensor
-operations: each rank's mean and biased variance and its element count are all-gathered
-and merged (Chan's parallel variance, as ``batch_norm_gather_stats_with_counts``), the
-input gradient takes the global sums of ``dy`` and ``dy * (x - mean)`` (one all-reduce),
-and the weight and bias gradients stay local, for DDP to average like every other
-parameter's. tests/syncbn_shared_check.py holds it to BatchNorm over the whole batch."""
+operations: each rank's mean and biased variance and its element count are exchanged and
+merged (Chan's parallel variance, as ``batch_norm_gather_stats_with_counts``), the input
+gradient takes the global sums of ``dy`` and ``dy * (x - mean)`` (one exchange), and the
+weight and bias gradients stay local, for DDP to average like every other parameter's.
+tests/syncbn_shared_check.py holds it to BatchNorm over the whole batch.
+
+The exchange is a gather to the group's first rank and a broadcast of what it gathered, not
+gloo's ring all-gather or all-reduce: CPU ranks usually share cores, and a ring step waits
+for one particular rank to be scheduled. 8 ranks on 2 cores, 64 float64s: 2.6 ms against
+12.6 (all-gather) and 21.4 (all-reduce); with a ResNet-18's 20 BatchNorm layers that was
+0.68 s of collectives a step, and the parity workload's SyncBN epoch at N=8 took 49 s
+against 6 s with per-replica BatchNorm. Every rank sums the same stack in rank order, so
+the merged statistics stay identical on every rank."""
 
 from __future__ import annotations
 
@@ -27,6 +35,20 @@ def _channel_view(t: torch.Tensor, dims: int) -> torch.Tensor:
     return t.view(1, -1, *([1] * (dims - 2)))
 
 
+def exchange(mine: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Every rank's ``mine`` (a 1-D tensor of the same size everywhere), stacked in rank
+    order, on every rank of ``group``: gathered by its first rank, then broadcast (two
+    steps where a ring takes N-1; the module's docstring has the figures)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    root = 0 if group is None else dist.get_global_rank(group, 0)
+    parts = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
+    dist.gather(mine, parts, dst=root, group=group)
+    stacked = torch.stack(parts) if parts is not None else torch.empty(
+        world, mine.numel(), dtype=mine.dtype)
+    dist.broadcast(stacked, src=root, group=group)
+    return stacked
+
+
 def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, torch.Tensor,
                                                                     float]:
     """The mean and biased variance per channel of the batch all ranks of ``group`` hold
@@ -34,10 +56,7 @@ def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor,
     reduce = [0, *range(2, x.dim())]
     var, mean = torch.var_mean(x.detach().double(), dim=reduce, unbiased=False)
     count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64)
-    mine = torch.cat([mean, var, count])
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, mine, group=group)
-    stats = torch.stack(everyone)
+    stats = exchange(torch.cat([mean, var, count]), group)
     channels = x.size(1)
     counts = stats[:, -1:]
     total = counts.sum()
@@ -73,8 +92,7 @@ class _Normalise(torch.autograd.Function):
         sum_dy_xmu = (grad_out * centred).sum(reduce).double()
         grad_weight = (sum_dy_xmu * invstd).to(grad_out.dtype) if weight is not None else None
         grad_bias = sum_dy.to(grad_out.dtype)
-        both = torch.cat([sum_dy, sum_dy_xmu])
-        dist.all_reduce(both, group=ctx.group)
+        both = exchange(torch.cat([sum_dy, sum_dy_xmu]), ctx.group).sum(0)
         channels = sum_dy.numel()
         mean_dy = both[:channels] / ctx.total
         mean_dy_xmu = both[channels:] / ctx.total

@@ -297,3 +297,35 @@ def test_report_prints_the_gpu_breakdown_of_a_real_h100_trace(tmp_path):
     assert sum(shares) == pytest.approx(100, abs=0.2) and shares[1] == 0  # N=1: no NCCL
     assert shares[0] > 5 and shares[3] > 50  # a tiny model: the GPU mostly waits
     assert (tmp_path / "trace_breakdown.csv").read_text().startswith("run_id,")
+
+
+def test_top_kernels_ranks_a_real_h100_traces_kernels(tmp_path):
+    """scripts/top_kernels.py (what the GPU lease prints of the fastest path's profile) on
+    the H100 trace: kernel time, not operators; the largest first; the shares of the
+    listed kernels add up to at most the whole."""
+    import gzip
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "traces").mkdir()
+    trace = ROOT / "tests" / "data" / "h100-ddp-profile-kernels.trace.json.gz"
+    shutil.copy(trace, tmp_path / "traces" / "t.trace.json.gz")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "top_kernels.py"),
+                           str(tmp_path), "--top", "5"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    head, *rows = proc.stdout.splitlines()
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    total_ms = sum(e["dur"] for e in events if e.get("cat") == "kernel") / 1e3
+    assert f"{total_ms:.1f} ms of kernel time" in head, head
+    assert len(rows) == 5
+    shares = [float(r.split("%")[0]) for r in rows]
+    spent = [float(r.split("%")[1].split("ms")[0]) for r in rows]
+    assert spent == sorted(spent, reverse=True) and sum(shares) <= 100.05
+    assert spent[0] <= total_ms
+    # a folder with neither records nor traces: one line, exit 2
+    empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "top_kernels.py"),
+                            str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert empty.returncode == 2 and len(empty.stderr.strip().splitlines()) == 1
