@@ -137,7 +137,7 @@ table: $(STAMP)
 # ±0.6 points), in order of what matters most if it is stopped (each sweep resumes): ddp with
 # per-replica BN, ddp with SyncBN (--cpu-syncbn), ddp-amp bf16 (SyncBN), then at N=8 the
 # strategies and hooks that change the math. Ranks oversubscribe the cores: only top-1 counts.
-# About 80 min on 2 cores; PARITY_OUT=folder measures elsewhere.
+# 73 min on 2 cores, alone (4,362 s, 2026-11-27); PARITY_OUT=folder measures elsewhere.
 PARITY_OUT ?= results
 # the workload's options from bench parity's own list (one source), read when the rule runs
 PARITY_WORKLOAD = $(shell $(BIN)/python -c \

@@ -142,7 +142,11 @@ def up(folder: Path, cpus: int | None = None, timeout: float = 60.0) -> dict[str
 
 def down(folder: Path, grace: float = 10.0) -> None:
     """Stop exactly the daemons ``up`` started (their pids from FOLDER/pids.json), slurmd
-    first, then slurmctld and munged; each gets SIGTERM, then SIGKILL."""
+    first, then slurmctld and munged; each gets SIGTERM, then SIGKILL. Then what their jobs
+    left: a job still running when slurmd stops keeps its slurmstepd and its tasks (a test
+    that failed mid-job left bench ranks holding port 20001, and the next cluster's first
+    job died of EADDRINUSE); every process whose environment names this cluster's
+    slurm.conf is ended the same way."""
     path = folder / "pids.json"
     if not path.exists():
         return
@@ -150,7 +154,40 @@ def down(folder: Path, grace: float = 10.0) -> None:
     for name in ("slurmd", "slurmctld", "munged"):
         if pids.get(name):
             _stop(pids[name], grace)
+    for pid in left_by_jobs(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while left_by_jobs(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left_by_jobs(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     path.unlink()
+
+
+def left_by_jobs(folder: Path) -> list[int]:
+    """The live processes (this one and its ancestors aside) whose environment holds
+    SLURM_CONF=FOLDER/slurm.conf: slurmstepd and the tasks of this cluster's jobs."""
+    mark = b"\0" + f"SLURM_CONF={folder / 'slurm.conf'}".encode() + b"\0"
+    spared, pid = set(), os.getpid()
+    while pid > 1:
+        spared.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in spared:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or a kernel thread
+            continue
+        if mark in b"\0" + environ + b"\0" and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 def _stop(pid: int, grace: float = 10.0) -> None:

@@ -63,6 +63,31 @@ def _sbatch(script: Path, env: dict) -> str:
     return out.stdout.strip().split(";")[0]
 
 
+def test_down_ends_the_steps_and_tasks_of_a_job_still_running(tmp_path):
+    """A cluster of its own (first in the module, before the shared one starts): a job
+    still running when the cluster goes down leaves no slurmstepd and no task behind."""
+    folder = tmp_path / "cluster"
+    slurm_local.up(folder)
+    try:
+        env = slurm_local.env_for(folder)
+        out = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 600"], env=env,
+                             capture_output=True, text=True, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        deadline = time.monotonic() + 60
+        names: list[str] = []
+        while time.monotonic() < deadline and "sleep" not in names:
+            names = [Path(f"/proc/{pid}/comm").read_text().strip()
+                     for pid in slurm_local.left_by_jobs(folder)
+                     if Path(f"/proc/{pid}/comm").exists()]
+            time.sleep(0.2)
+        assert "sleep" in names and "slurmstepd" in names, names
+        left = slurm_local.left_by_jobs(folder)
+    finally:
+        slurm_local.down(folder)
+    assert slurm_local.left_by_jobs(folder) == []
+    assert not any(slurm_local._alive(pid) for pid in left), left
+
+
 def test_bench_slurm_submits_a_job_whose_two_tasks_train_as_two_ranks(slurm, tmp_path):
     """`bench slurm --cpu ... --submit` on a real cluster: sbatch runs its script, srun its
     two tasks, which form one gloo group; the record says slurm, 2 ranks, the job's id."""
