@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.report.trace_breakdown import read_trace
 
 
 def epoch_line(record: dict) -> str:
@@ -29,9 +31,7 @@ def epoch_line(record: dict) -> str:
 
 
 def top(trace: Path, count: int) -> list[str]:
-    opener = gzip.open if trace.suffix == ".gz" else open
-    with opener(trace, "rt") as handle:
-        events = json.load(handle).get("traceEvents", [])
+    events = read_trace(trace).get("traceEvents") or []
     cats = {ev.get("cat") for ev in events}
     cat = "kernel" if "kernel" in cats else "cpu_op"
     spent: collections.Counter = collections.Counter()
