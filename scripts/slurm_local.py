@@ -88,6 +88,13 @@ def _wait(what: str, check, timeout: float) -> None:
     raise RuntimeError(f"local Slurm: {what} within {timeout:.0f} s")
 
 
+def _on_every_cpu() -> None:
+    """A node's daemons own the whole node. Started from a process pinned to some cores (a
+    pytest-xdist worker is), slurmd gave its tasks only those: a task of 2 CPUs got 1."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or a smaller cpuset
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+
+
 def up(folder: Path, cpus: int | None = None, timeout: float = 60.0) -> dict[str, int]:
     """Start the daemons (their pids are written to FOLDER/pids.json as they start) and wait
     until `sinfo` shows the node idle; on any failure, stop what was started."""
@@ -119,7 +126,7 @@ def up(folder: Path, cpus: int | None = None, timeout: float = 60.0) -> dict[str
             with open(folder / f"{name}.out", "w") as log:
                 proc = subprocess.Popen([_binary(name), "-D", "-f", str(folder / "slurm.conf")],
                                         stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_on_every_cpu)
             keep(name, proc)
             time.sleep(0.5)
             if proc.poll() is not None:
