@@ -87,6 +87,21 @@ def test_a_raising_rank_prints_its_own_traceback_once_and_keeps_it(strategy, tmp
     assert rec["error_traceback"].endswith("RuntimeError: injected fault (BENCH_FAULT) at step 2")
 
 
+def test_a_rank_that_said_its_error_and_then_aborted_is_named_by_its_error(tmp_path):
+    """A rank that raised, wrote its error, then died of SIGABRT in its teardown (gloo
+    aborts one now and then as its group goes while a peer waits in a collective): its
+    error is the cause. Before, torchrun's report of the signal won, and a full disk read
+    as `rank 0 was killed by signal 6 (SIGABRT) [in eval batch 1]` (a CI failure)."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--output", str(tmp_path), env={"BENCH_FAULT": "abort:0:2"})
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bench: run failed: rank 0: RuntimeError: injected fault "
+                           "(BENCH_FAULT) at step 2 [in train epoch 1 step 2]"), proc.stderr
+    assert "signal" not in last, last
+    assert only_record(tmp_path)["error"].startswith("rank 0: RuntimeError: injected fault")
+
+
 @pytest.mark.parametrize("accum, fix", [("1", "16 images per replica at once: lower "
                                                "--batch-size, or keep it and add --grad-accum 2 "
                                                "(8 at once, the same global batch)"),

@@ -133,5 +133,8 @@ def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | Non
     timed_out = nccl_watchdog_timeout(output)
     if timed_out is not None and not scratch.has_errors():
         scratch.collective_timeout(*timed_out)
-    elif killed is not None:
+    elif killed is not None and not scratch.error(killed[0]).exists():
+        # A rank that said its error and then died of a signal died in its teardown (gloo
+        # aborts now and then as a group goes while a peer waits in a collective): its
+        # error is the cause, and the signal hid it (a full disk read as SIGABRT).
         scratch.signal_death(*killed)

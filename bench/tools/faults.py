@@ -20,11 +20,13 @@ if TYPE_CHECKING:  # torch is imported where a fault fires, not with this module
 class Fault:
     """``KIND:RANK:STEP``, or several joined by commas, each before global optimizer step
     STEP (counted from 1) of that rank: ``raise`` (it raises), ``hang`` (it stops taking
-    part), ``stop`` (it sends itself SIGSTOP, as a suspended or debugged process is) or
+    part), ``stop`` (it sends itself SIGSTOP, as a suspended or debugged process is),
     ``oom`` (it asks its device for 1,024 times what it holds: the allocator's own
     out-of-memory error, with its figures; CUDA's allocator refuses a request over 1 EB
-    before trying, with a message that has none); ``exit`` (STEP 0: the rank exits with 1
-    once its run is over, its record finished, as a rank that crashes in its teardown)."""
+    before trying, with a message that has none); ``abort`` (it raises, and once it has
+    said its error dies of SIGABRT, as a rank whose gloo group aborts it in its teardown);
+    ``exit`` (STEP 0: the rank exits with 1 once its run is over, its record finished, as
+    a rank that crashes in its teardown)."""
 
     events: tuple[tuple[str, int, int], ...]
 
@@ -37,10 +39,11 @@ class Fault:
         for part in text.split(","):
             fields = part.strip().split(":")
             kind = fields[0]
-            if (len(fields) != 3 or kind not in ("raise", "hang", "stop", "oom", "exit")
+            if (len(fields) != 3 or kind not in ("raise", "hang", "stop", "oom", "abort", "exit")
                     or not all(f.isdigit() for f in fields[1:])):
                 raise ConfigError(f"BENCH_FAULT={text!r}: each fault is KIND:RANK:STEP with KIND "
-                                  "raise, hang, stop, oom or exit and RANK, STEP whole numbers (a "
+                                  "raise, hang, stop, oom, abort or exit and RANK, STEP whole "
+                                  "numbers (a "
                                   "test hook: unset it for a real run)")
             events.append((kind, int(fields[1]), int(fields[2])))
         return cls(tuple(events))
@@ -48,11 +51,14 @@ class Fault:
     def exits_after_the_run(self, rank: int) -> bool:
         return ("exit", rank, 0) in self.events
 
+    def aborts_after_its_error(self, rank: int) -> bool:
+        return any(kind == "abort" and fault_rank == rank for kind, fault_rank, _ in self.events)
+
     def maybe_fire(self, rank: int, step: int, device: torch.device) -> None:
         for kind, fault_rank, fault_step in self.events:
             if (rank, step) != (fault_rank, fault_step):
                 continue
-            if kind == "raise":
+            if kind in ("raise", "abort"):
                 raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
             if kind == "oom":
                 import torch

@@ -167,6 +167,9 @@ def run_rank(spec_path: str | Path) -> None:
         if scratch.exists():
             with contextlib.suppress(OSError):
                 scratch.write_error(rank, _rank_error(exc, spec, strategy, heartbeat.phase))
+        fault = Fault.from_env()
+        if fault is not None and fault.aborts_after_its_error(strategy.rank):
+            os.abort()
         raise
     finally:
         strategy.teardown(clean)
@@ -196,7 +199,14 @@ if __name__ == "__main__":
     from bench.tools.streams import guard_standard_streams
 
     guard_standard_streams()  # a rank's lines must not end it (an ASCII-only encoding)
-    main()
     from bench.tools.quick_exit import exit_now
 
+    try:
+        main()
+    except Exception:
+        # Python's own report and exit code, without the interpreter's teardown: the
+        # traceback keeps the DDP wrapper alive past its group's end, and freeing it there
+        # aborted the rank now and then (SIGABRT), after it had said its error.
+        traceback.print_exc()
+        exit_now(1)
     exit_now(0)
