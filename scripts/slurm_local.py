@@ -170,6 +170,11 @@ def down(folder: Path, grace: float = 10.0) -> None:
     for pid in left_by_jobs(folder):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    # SIGKILL is delivered, not yet done: under load a killed slurmstepd and its tasks were
+    # still alive when this returned (a test saw 6 of them). Gone, or zombies, before it does.
+    deadline = time.monotonic() + grace
+    while left_by_jobs(folder) and time.monotonic() < deadline:
+        time.sleep(0.05)
     path.unlink()
 
 

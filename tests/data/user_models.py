@@ -75,7 +75,7 @@ def hangs_in_every_rank(num_classes: int) -> nn.Module:
 
 class _StateHeavy(nn.Module):
     """Much training state and much activation memory per image, little compute: a stand-in
-    for a large model in `bench sweep --batch-size max`'s test. ``bank`` is 128 M parameters
+    for a large model in `bench sweep --batch-size max`'s test. ``bank`` is 32 M parameters
     in 16 tensors (ZeRO-1 shards whole tensors) that every step touches, so each has a
     gradient and momentum: DDP holds parameters, gradients, momentum and its buckets whole
     on every rank, ZeRO-1 half the momentum. Each image is stretched 8 x per side: ~2.4 MiB
@@ -85,7 +85,7 @@ class _StateHeavy(nn.Module):
         import torch
 
         super().__init__()
-        self.bank = nn.ParameterList(nn.Parameter(torch.zeros(8 * 2**20)) for _ in range(16))
+        self.bank = nn.ParameterList(nn.Parameter(torch.zeros(2 * 2**20)) for _ in range(16))
         self.gain = nn.Parameter(torch.ones(1))
         self.head = nn.Linear(3, num_classes)
 
