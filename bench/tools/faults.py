@@ -43,8 +43,7 @@ class Fault:
                     or not all(f.isdigit() for f in fields[1:])):
                 raise ConfigError(f"BENCH_FAULT={text!r}: each fault is KIND:RANK:STEP with KIND "
                                   "raise, hang, stop, oom, abort or exit and RANK, STEP whole "
-                                  "numbers (a "
-                                  "test hook: unset it for a real run)")
+                                  "numbers (a test hook: unset it for a real run)")
             events.append((kind, int(fields[1]), int(fields[2])))
         return cls(tuple(events))
 
