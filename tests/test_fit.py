@@ -61,7 +61,8 @@ def test_what_bench_fit_cannot_do_is_one_line(args, says):
 
 USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 # 32 M parameters in 16 tensors, 128 MiB a part (tests/data/user_models.py). Under 2.3 GiB
-# the search found ~140 images a replica for ddp, ~225 for ddp-zero, 15 s a try on a core;
+# bench fit found 140 images a replica for ddp, 224 for ddp-zero (1.6 x; side by side, a
+# core each, 2026-11-28), 14-15 s a try;
 # a bank 4 times as large under 5.5 GiB took 446 s for the test, 30 s a try.
 HEAVY = ["--cpu", "--model", "user_models:state_heavy", "--data", "synthetic", "--image-size",
          "16", "--weight-decay", "0", "--no-progress", "--comm-probe-steps", "0",
