@@ -113,29 +113,33 @@ class _UntilDone:
 
 
 _REPORT = "Root Cause (first observed failure):"
-_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_FAILURE = re.compile(r"time\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 _AFTER_A_PEER = {signal.SIGABRT, signal.SIGTERM}  # how ranks end once a peer has died
 
 
 def torchrun_root_cause(text: str) -> tuple[int, int] | None:
-    """(rank, signal) when torchrun's failure report blames a rank killed by a signal.
+    """(rank, signal) when torchrun's failure report blames, or should blame, a rank killed
+    by a signal.
 
     torchrun lists every rank that ended, the peers it stopped (SIGTERM) included, and names
-    the earliest as root cause; failures seen in one poll share a timestamp, so it names the
-    lowest rank. A peer that aborted (SIGABRT) on a broken collective, or that torchrun
-    stopped, can then take the blame of a rank killed by another signal: that one is named.
+    the earliest as root cause; failures seen in one poll share a timestamp (to the second),
+    so it names the lowest rank. A peer that failed at once on its broken collective (exit
+    code 1, or SIGABRT), or that torchrun stopped, can then take the blame of a rank killed by
+    another signal in the same poll: that one is named.
     """
     at = text.rfind(_REPORT)
     root = _FAILURE.search(text, at) if at >= 0 else None
-    if root is None or int(root.group(2)) >= 0:
+    if root is None:
         return None
-    rank, signum = int(root.group(1)), -int(root.group(2))
-    if signum in _AFTER_A_PEER:
-        listed = text.rfind("Failures:", 0, at)
-        for other, code in _FAILURE.findall(text[listed if listed >= 0 else at:]):
-            if int(code) < 0 and -int(code) not in _AFTER_A_PEER:
-                return int(other), -int(code)
-    return rank, signum
+    time, rank, code = root.group(1), int(root.group(2)), int(root.group(3))
+    if code < 0 and -code not in _AFTER_A_PEER:
+        return rank, -code
+    listed = text.rfind("Failures:", 0, at)
+    for other_time, other, other_code in _FAILURE.findall(text[listed if listed >= 0 else at:]):
+        signum = -int(other_code)
+        if other_time == time and signum > 0 and signum not in _AFTER_A_PEER:
+            return int(other), signum
+    return (rank, -code) if code < 0 else None
 
 
 # What ProcessGroupNCCL's watchdog logs before it aborts a rank whose collective outlived
