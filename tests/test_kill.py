@@ -281,6 +281,53 @@ def test_a_collective_nccls_watchdog_ended_is_named_under_mp_spawn(tmp_path):
     assert "Watchdog caught collective operation timeout" in proc.stderr  # passed on
 
 
+def test_a_killed_rank_is_named_when_mp_spawn_finds_the_peer_that_exited_first(tmp_path):
+    """Real mp.spawn, two processes: rank 1 is SIGKILLed, and rank 0, which says its error
+    (a broken collective) and exits with 1, ends before bench's launcher looks again (it is
+    stopped meanwhile, as a busy machine may leave it). torch finds both in one wait and
+    names the lowest rank; the run must still name rank 1 and its signal."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "from pathlib import Path\n"
+        "from bench.launch.job import Launch\n"
+        "from bench.launch.spawn import spawn_ranks\n"
+        "from bench.train.scratch import RankError, Scratch\n"
+        "def rank(index, folder):\n"
+        "    scratch = Scratch(Path(folder))\n"
+        "    scratch.beat(index).write_text('train epoch 1 step 3')\n"
+        "    pid_file = scratch.root / 'pid-1'\n"
+        "    if index == 1:\n"
+        "        while not (scratch.root / 'launcher-stopped').exists():\n"
+        "            time.sleep(0.01)\n"
+        "        pid_file.with_suffix('.tmp').write_text(str(os.getpid()))\n"
+        "        pid_file.with_suffix('.tmp').rename(pid_file)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    launcher = os.getppid()\n"
+        "    os.kill(launcher, signal.SIGSTOP)\n"
+        "    (scratch.root / 'launcher-stopped').touch()\n"
+        "    while not pid_file.exists():\n"
+        "        time.sleep(0.01)\n"
+        "    stat = Path(f'/proc/{pid_file.read_text()}/stat')\n"
+        "    while stat.read_text().rsplit(')', 1)[1].split()[0] != 'Z':\n"
+        "        time.sleep(0.001)\n"
+        "    scratch.write_error(0, RankError('RuntimeError: Connection reset by peer [in "
+        "train epoch 1 step 3]', False, ''))\n"
+        "    subprocess.Popen(['sh', '-c', f'sleep 0.5; kill -CONT {launcher}'])  # once gone\n"
+        "    os._exit(1)\n"
+        "if __name__ == '__main__':\n"
+        "    scratch = Scratch(Path(sys.argv[1]))\n"
+        "    scratch.root.mkdir()\n"
+        "    run = Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
+        "    rc = spawn_ranks(rank, (sys.argv[1],), run)\n"
+        "    cause = scratch.root_cause\n"
+        "    print(rc, cause.read_text() if cause.exists() else 'no cause\\n', end='')\n")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "scratch")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout == (
+        "1 rank 1 was killed by signal 9 (SIGKILL) [in train epoch 1 step 3]\n"), proc.stderr
+
+
 def _descendants(pid: int) -> set[int]:
     """Every process below ``pid`` now, from /proc (the run's own tree, nobody else's)."""
     children: dict[int, list[int]] = {}

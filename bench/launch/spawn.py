@@ -1,4 +1,6 @@
-"""TODO"""
+"""Ranks started by ``torch.multiprocessing`` from bench's own process (``ddp-spawn``, the
+verify and probe drivers): their stderr read here, their deaths told apart from their
+peers' consequences."""
 
 from __future__ import annotations
 
@@ -10,12 +12,8 @@ import threading
 from collections.abc import Callable
 
 from bench.launch.job import GRACE_S, POLL_S, Launch, find_root_cause, mark_terminal
-from bench.launch.output import (
-    InheritedStderr,
-)
-from bench.tools.lifetime import (
-    die_with_parent,
-)
+from bench.launch.output import AFTER_A_PEER, InheritedStderr
+from bench.tools.lifetime import die_with_parent
 from bench.tools.ports import MASTER_ADDR
 from bench.tools.quick_exit import exit_now
 from bench.train.rank import run_rank
@@ -66,12 +64,12 @@ def spawn_ranks(target: Callable[..., None], args: tuple, launch: Launch) -> int
     # torch logs "Terminating process N via signal SIGTERM" for a peer still alive after the
     # grace period (a loaded machine): what follows a failure, which bench's line says.
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
-    level = spawn_log.level
-    spawn_log.setLevel(logging.ERROR)
+    stopped_by_torch = _StoppedByTorch()
+    spawn_log.addFilter(stopped_by_torch)
     try:
-        rc = _join_spawned(context, launch, grace, stderr.echo, killed)
+        rc = _join_spawned(context, launch, grace, stderr.echo, killed, stopped_by_torch.pids)
     finally:
-        spawn_log.setLevel(level)
+        spawn_log.removeFilter(stopped_by_torch)
         output = stderr.close()
         for name in getattr(context, "error_files", ()):  # torch keeps a failed rank's
             with contextlib.suppress(OSError):  # traceback file in the temporary directory
@@ -81,10 +79,28 @@ def spawn_ranks(target: Callable[..., None], args: tuple, launch: Launch) -> int
     return rc
 
 
+class _StoppedByTorch(logging.Filter):
+    """Holds back torch's warnings about the peers it stops once a rank has failed, and
+    keeps the pids it had to SIGKILL: their signal is torch's, not the cause."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pids: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Unable to shutdown process") and record.args:
+            self.pids.add(int(record.args[0]))  # type: ignore[index, arg-type]
+        return record.levelno >= logging.ERROR
+
+
 def _join_spawned(context, launch: Launch, grace: dict, echo: threading.Event,
-                  killed: list[tuple[int, int]]) -> int:
+                  killed: list[tuple[int, int]], stopped_by_torch: set[int]) -> int:
     """Wait for the spawned ranks while the watchdog looks at their heartbeats; a rank that
-    a signal ended goes into ``killed`` (rank, signal)."""
+    a signal ended goes into ``killed`` (rank, signal).
+
+    torch names the first rank it finds ended in one wait, the lowest: a peer that failed
+    on its broken collective (exit 1, or SIGABRT) at once can come first. A rank in the same
+    wait killed by another signal (not torch's own SIGTERM or SIGKILL) is the cause."""
     import torch.multiprocessing as mp
 
     try:
@@ -92,7 +108,13 @@ def _join_spawned(context, launch: Launch, grace: dict, echo: threading.Event,
             launch.check_progress()
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # the rank's error file (or the signal, kept here) says what; bench prints it
-        if isinstance(exc, mp.ProcessExitedException) and exc.exit_code < 0:
+        signalled = [(index, -process.exitcode) for index, process in enumerate(context.processes)
+                     if process.exitcode is not None and process.exitcode < 0
+                     and -process.exitcode not in AFTER_A_PEER
+                     and process.pid not in stopped_by_torch]
+        if signalled:
+            killed.append(signalled[0])
+        elif isinstance(exc, mp.ProcessExitedException) and exc.exit_code < 0:
             killed.append((exc.error_index, -exc.exit_code))
         return 1
     except BaseException:
