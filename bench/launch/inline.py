@@ -1,4 +1,5 @@
-"""TODO"""
+"""A run in the launching process itself (nn.DataParallel, a Slurm task), watched by a
+thread as a launcher watches its ranks."""
 
 from __future__ import annotations
 

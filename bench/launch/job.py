@@ -1,4 +1,6 @@
-"""TODO"""
+"""What every launcher shares: the run's ``Launch`` (its ranks, scratch folder and
+watchdog), stopping a process group, the ranks' environment, and the cause of a death the
+ranks could not say themselves."""
 
 from __future__ import annotations
 
@@ -15,19 +17,13 @@ from pathlib import Path
 
 from bench.launch.output import nccl_watchdog_timeout
 from bench.launch.slurm import SlurmTask
-from bench.tools.lifetime import (
-    ForkedChild,
-)
+from bench.tools.lifetime import ForkedChild
 from bench.train.scratch import Scratch
 
 # SIGTERM, then this long, then SIGKILL: ranks act on SIGTERM at once (no handler), and
 # a stopped or hung one never will; torch's own 30 s would only be waited out.
 GRACE_S = 3.0
-
-
-POLL_S = 0.5
-
-
+POLL_S = 0.5  # how often a launcher looks at its ranks (and their heartbeats)
 AFTER_FAILURE_S = 5.0  # a rank failed: this long for its launcher to stop the others
 
 

@@ -24,13 +24,9 @@ from bench.launch.preflight import (
 from bench.launch.slurm import default_rdzv_id, slurm_cpus_per_task, slurm_note, slurm_task
 from bench.measure.flops import cached_train_flops_per_image
 from bench.models.registry import check_model_builds
-from bench.records.files import (
-    new_run_id,
-)
+from bench.records.files import new_run_id
 from bench.records.run_record import RunRecord
-from bench.tools.errors import (
-    ConfigError,
-)
+from bench.tools.errors import ConfigError
 from bench.tools.faults import Fault, defect_from_env
 from bench.train.build import tf32_label
 from bench.train.mllog import check_mllog_path

@@ -16,9 +16,7 @@ from bench.config.run_config import RunConfig
 from bench.launch import launchers
 from bench.launch.job import Launch, RunTimeout
 from bench.launch.plan import RunPlan, watchdog_timeout
-from bench.launch.preflight import (
-    prepare_data,
-)
+from bench.launch.preflight import prepare_data
 from bench.launch.summary import print_ok, print_start
 from bench.records.files import (
     read_record,
