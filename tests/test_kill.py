@@ -244,18 +244,35 @@ def test_a_collective_ended_by_nccls_watchdog_is_a_timeout_not_a_signal(tmp_path
     assert scratch.root_cause.read_text().startswith("rank 1 was killed by signal 6 (SIGABRT)")
 
 
+def _spawned_by_bench(tmp_path: Path, ranks: str) -> subprocess.CompletedProcess:
+    """Two processes running ``rank(index, folder)`` (defined in ``ranks``, a script's text)
+    started by bench's own mp.spawn launcher; it prints its exit code and the cause it wrote."""
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "from pathlib import Path\n"
+        "from bench.launch.job import Launch\n"
+        "from bench.launch.spawn import spawn_ranks\n"
+        "from bench.train.scratch import RankError, Scratch\n"
+        f"{ranks}"
+        "if __name__ == '__main__':\n"
+        "    scratch = Scratch(Path(sys.argv[1]))\n"
+        "    scratch.root.mkdir()\n"
+        "    run = Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
+        "    rc = spawn_ranks(rank, (sys.argv[1],), run)\n"
+        "    cause = scratch.root_cause\n"
+        "    print(rc, cause.read_text() if cause.exists() else 'no cause\\n', end='')\n")
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "scratch")],
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_a_collective_nccls_watchdog_ended_is_named_under_mp_spawn(tmp_path):
     """Ranks bench spawns itself (ddp-spawn) write to stderr it passes on, not to a launcher's:
     the watchdog's line, written from C++ to file descriptor 2 before the rank aborts, must
     still reach the terminal and make the cause a timeout, not 'killed by signal 6'. Real
     mp.spawn, two processes: rank 0 logs the line and aborts, rank 1 waits (the stopped peer)."""
-    script = tmp_path / "spawned.py"
-    script.write_text(
-        "import os, sys, time\n"
-        "from pathlib import Path\n"
-        "from bench.launch.job import Launch\n"
-        "from bench.launch.spawn import spawn_ranks\n"
-        "from bench.train.scratch import Scratch\n"
+    proc = _spawned_by_bench(
+        tmp_path,
         "def rank(index, folder):\n"
         "    Scratch(Path(folder)).beat(index).write_text('train epoch 3 step 2')\n"
         "    if index == 0:\n"
@@ -266,15 +283,7 @@ def test_a_collective_nccls_watchdog_ended_is_named_under_mp_spawn(tmp_path):
         "                    b'Timeout(ms)=20000) ran for 20012 milliseconds before timing '\n"
         "                    b'out.\\n')\n"
         "        os.abort()\n"
-        "    time.sleep(60)\n"
-        "if __name__ == '__main__':\n"
-        "    scratch = Scratch(Path(sys.argv[1]))\n"
-        "    scratch.root.mkdir()\n"
-        "    run = Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
-        "    rc = spawn_ranks(rank, (sys.argv[1],), run)\n"
-        "    print(rc, scratch.root_cause.read_text(), end='')\n")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "scratch")],
-                          capture_output=True, text=True, timeout=120)
+        "    time.sleep(60)\n")
     assert proc.stdout == (
         "1 timeout: rank 0: NCCL's watchdog ended its _ALLGATHER_BASE after 20 s (--timeout): a "
         "rank stopped taking part [in train epoch 3 step 2]\n"), proc.stderr
@@ -286,13 +295,8 @@ def test_a_killed_rank_is_named_when_mp_spawn_finds_the_peer_that_exited_first(t
     (a broken collective) and exits with 1, ends before bench's launcher looks again (it is
     stopped meanwhile, as a busy machine may leave it). torch finds both in one wait and
     names the lowest rank; the run must still name rank 1 and its signal."""
-    script = tmp_path / "spawned.py"
-    script.write_text(
-        "import os, signal, subprocess, sys, time\n"
-        "from pathlib import Path\n"
-        "from bench.launch.job import Launch\n"
-        "from bench.launch.spawn import spawn_ranks\n"
-        "from bench.train.scratch import RankError, Scratch\n"
+    proc = _spawned_by_bench(
+        tmp_path,
         "def rank(index, folder):\n"
         "    scratch = Scratch(Path(folder))\n"
         "    scratch.beat(index).write_text('train epoch 1 step 3')\n"
@@ -314,16 +318,7 @@ def test_a_killed_rank_is_named_when_mp_spawn_finds_the_peer_that_exited_first(t
         "    scratch.write_error(0, RankError('RuntimeError: Connection reset by peer [in "
         "train epoch 1 step 3]', False, ''))\n"
         "    subprocess.Popen(['sh', '-c', f'sleep 0.5; kill -CONT {launcher}'])  # once gone\n"
-        "    os._exit(1)\n"
-        "if __name__ == '__main__':\n"
-        "    scratch = Scratch(Path(sys.argv[1]))\n"
-        "    scratch.root.mkdir()\n"
-        "    run = Launch(Path('unused'), 2, 0, 1, scratch, timeout=60)\n"
-        "    rc = spawn_ranks(rank, (sys.argv[1],), run)\n"
-        "    cause = scratch.root_cause\n"
-        "    print(rc, cause.read_text() if cause.exists() else 'no cause\\n', end='')\n")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "scratch")],
-                          capture_output=True, text=True, timeout=120)
+        "    os._exit(1)\n")
     assert proc.stdout == (
         "1 rank 1 was killed by signal 9 (SIGKILL) [in train epoch 1 step 3]\n"), proc.stderr
 
