@@ -114,7 +114,13 @@ class _UntilDone:
 
 _REPORT = "Root Cause (first observed failure):"
 _FAILURE = re.compile(r"time\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-AFTER_A_PEER = {signal.SIGABRT, signal.SIGTERM}  # how ranks end once a peer has died
+_AFTER_A_PEER = {signal.SIGABRT, signal.SIGTERM}  # how ranks end once a peer has died
+
+
+def own_death(signum: int) -> bool:
+    """Whether a rank ended by ``signum`` (0 or less: none) was killed for its own sake, not
+    aborted on a broken collective or stopped by its launcher once a peer had died."""
+    return signum > 0 and signum not in _AFTER_A_PEER
 
 
 def torchrun_root_cause(text: str) -> tuple[int, int] | None:
@@ -132,13 +138,12 @@ def torchrun_root_cause(text: str) -> tuple[int, int] | None:
     if root is None:
         return None
     time, rank, code = root.group(1), int(root.group(2)), int(root.group(3))
-    if code < 0 and -code not in AFTER_A_PEER:
+    if own_death(-code):
         return rank, -code
     listed = text.rfind("Failures:", 0, at)
     for other_time, other, other_code in _FAILURE.findall(text[listed if listed >= 0 else at:]):
-        signum = -int(other_code)
-        if other_time == time and signum > 0 and signum not in AFTER_A_PEER:
-            return int(other), signum
+        if other_time == time and own_death(-int(other_code)):
+            return int(other), -int(other_code)
     return (rank, -code) if code < 0 else None
 
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 from bench.launch.job import GRACE_S, POLL_S, Launch, find_root_cause, mark_terminal
-from bench.launch.output import AFTER_A_PEER, InheritedStderr
+from bench.launch.output import InheritedStderr, own_death
 from bench.tools.lifetime import die_with_parent
 from bench.tools.ports import MASTER_ADDR
 from bench.tools.quick_exit import exit_now
@@ -99,8 +99,9 @@ def _join_spawned(context, launch: Launch, grace: dict, echo: threading.Event,
     a signal ended goes into ``killed`` (rank, signal).
 
     torch names the first rank it finds ended in one wait, the lowest: a peer that failed
-    on its broken collective (exit 1, or SIGABRT) at once can come first. A rank in the same
-    wait killed by another signal (not torch's own SIGTERM or SIGKILL) is the cause."""
+    on its broken collective (exit 1, or SIGABRT) at once can come first. A rank killed by
+    another signal, by the time torch has stopped the rest (not torch's own SIGTERM or the
+    SIGKILL it sent after its grace), is the cause."""
     import torch.multiprocessing as mp
 
     try:
@@ -109,8 +110,7 @@ def _join_spawned(context, launch: Launch, grace: dict, echo: threading.Event,
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         # the rank's error file (or the signal, kept here) says what; bench prints it
         signalled = [(index, -process.exitcode) for index, process in enumerate(context.processes)
-                     if process.exitcode is not None and process.exitcode < 0
-                     and -process.exitcode not in AFTER_A_PEER
+                     if process.exitcode is not None and own_death(-process.exitcode)
                      and process.pid not in stopped_by_torch]
         if signalled:
             killed.append(signalled[0])
