@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, ROOT, records
+from conftest import FAST, HELD_MODEL, NO_PROBE, ROOT, held_env, records
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import slurm_local
@@ -29,6 +29,11 @@ pytestmark = [
 
 TINY = ["--cpu", "--data", "synthetic", "--train-limit", "128", "--test-limit", "16",
         "--epochs", "1", *FAST]
+# A run to cancel or kill while it trains: held in its epochs while the test's hold file
+# exists (tests/data/user_models.py), each of its 60 at least 0.4 s; released, it ends in a
+# second or two.
+HELD = ["--cpu", "--data", "synthetic", "--train-limit", "128", "--test-limit", "16",
+        "--batch-size", "32", "--no-progress", *NO_PROBE, "--epochs", "60", *HELD_MODEL]
 
 
 @pytest.fixture(scope="module")
@@ -242,11 +247,12 @@ def test_a_cancelled_array_task_is_closed_and_a_resubmitted_sweep_reruns_only_it
     """scancel of a running array task: Slurm SIGTERMs its processes (and SIGKILLs them
     KillWait later); its record ends interrupted with the reason, no rank of it is left, and
     the same sweep submitted again runs that combination alone."""
-    env, _ = slurm
+    hold = tmp_path / "hold"
+    hold.touch()  # the runs are held in their epochs until the task is cancelled
+    env = held_env(slurm[0], hold)
     out = tmp_path / "results"
-    long = [a for a in TINY if a not in ("--epochs", "1")]
     sweep = [sys.executable, "-m", "bench", "sweep", "--slurm", "--strategies", "ddp",
-             "--gpus", "1", "--repeats", "2", *long, "--epochs", "60", "--max-parallel", "1",
+             "--gpus", "1", "--repeats", "2", *HELD, "--max-parallel", "1",
              "--output", str(out), "--submit"]
     proc = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
@@ -254,6 +260,7 @@ def test_a_cancelled_array_task_is_closed_and_a_resubmitted_sweep_reruns_only_it
     (job,) = _submitted(proc.stdout)
     cancelled = _first_running(out)
     subprocess.run(["scancel", f"{job}_0"], env=env, check=True)
+    hold.unlink()
     _wait_for(job, env)
     by_id = {r["run_id"]: r for r in records(out)}
     closed = by_id[cancelled["run_id"]]
@@ -278,12 +285,12 @@ def test_an_array_task_killed_with_sigkill_is_closed_and_rerun_alone(slurm, tmp_
     the ended job SIGTERMs what is left, so the sweep and its run close the record as
     interrupted (SIGTERM) and give the claim back; no process of the run is left, and the
     sweep submitted again moves that record to superseded/ and reruns it alone."""
-    env, _ = slurm
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = held_env(slurm[0], hold)
     out = tmp_path / "results"
-    long = [a for a in TINY if a not in ("--epochs", "1")]
     sweep = [sys.executable, "-m", "bench", "sweep", "--slurm", "--strategies", "ddp",
-             "--gpus", "1", "--repeats", "1", *long, "--epochs", "60", "--output", str(out),
-             "--submit"]
+             "--gpus", "1", "--repeats", "1", *HELD, "--output", str(out), "--submit"]
     proc = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -292,6 +299,7 @@ def test_an_array_task_killed_with_sigkill_is_closed_and_rerun_alone(slurm, tmp_
     claims = list((out / "runs" / ".claims").glob("*"))
     assert claims, "the running combination holds no claim"
     subprocess.run(["scancel", "--signal=KILL", "--full", f"{job}_0"], env=env, check=True)
+    hold.unlink()
     _wait_for(job, env)
     (closed,) = records(out)
     assert (closed["status"], closed["error"]) == ("interrupted", "SIGTERM"), closed

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, records, run_bench
+from conftest import HELD_MODEL, ROOT, held_env, records, run_bench
 
 SWEEP = ["sweep", "--strategies", "dp,ddp", "--gpus", "1,2", "--cpu", "--epochs", "1",
          "--width", "0.125", "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
@@ -216,11 +216,13 @@ def test_a_lost_hosts_claim_is_respected_while_it_beats_and_taken_once_it_stops(
     (BENCH_CLAIM_STALE_S, 10 s here) takes it, saying so, moves B's `running` record aside
     and leaves one ok record."""
     out = tmp_path / "results"
-    env = {**os.environ, "BENCH_CLAIM_STALE_S": "10"}
-    # one combination for both hosts (the same options): ~40 s of epochs, B killed early
+    hold = tmp_path / "hold"
+    hold.touch()  # B's run is held in its epochs (at least 0.8 s each) until B is lost
+    env = held_env({**os.environ, "BENCH_CLAIM_STALE_S": "10"}, hold)
+    # one combination for both hosts (the same options)
     args = ["sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--data", "synthetic",
-            "--train-limit", "256", "--test-limit", "8", "--width", "0.125", "--batch-size",
-            "32", "--epochs", "40", "--no-progress", "--comm-probe-steps", "0",
+            "--train-limit", "256", "--test-limit", "8", "--batch-size", "32", "--epochs",
+            "40", *HELD_MODEL, "--no-progress", "--comm-probe-steps", "0",
             "--loader-probe-steps", "0", "--output", str(out)]
     host_b = subprocess.Popen(
         ["unshare", "--uts", "sh", "-c", 'hostname host-b && exec "$@"', "sh",
@@ -246,6 +248,7 @@ def test_a_lost_hosts_claim_is_respected_while_it_beats_and_taken_once_it_stops(
                     os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
     host_b.wait(timeout=10)
+    hold.unlink()
     (lost,) = records(out)
     assert lost["status"] == "running" and lost["owner"]["host"] == "host-b", lost
     silent = time.time() - claim.stat().st_mtime

@@ -97,3 +97,29 @@ class _StateHeavy(nn.Module):
 
 def state_heavy(num_classes: int) -> nn.Module:
     return _StateHeavy(num_classes)
+
+
+class _Held(nn.Module):
+    """tiny_cnn whose forward pass waits HELD_S first while the file named by $HOLD_FILE
+    exists: a test holds a run in its epochs (to cancel, kill or claim it while it runs)
+    without spending CPU on them, and lets what follows finish at once by removing the file.
+    Every step still completes, so heartbeats and progress go on as in any run."""
+
+    HELD_S = 0.1
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.net = tiny_cnn(num_classes)
+
+    def forward(self, images):
+        import os
+        import time
+
+        hold = os.environ.get("HOLD_FILE")
+        if hold and os.path.exists(hold):
+            time.sleep(self.HELD_S)
+        return self.net(images)
+
+
+def held(num_classes: int) -> nn.Module:
+    return _Held(num_classes)
