@@ -16,14 +16,25 @@ from conftest import ROOT, run_bench
 
 from bench.tools.memory_limit import MemoryCage, unavailable
 
-FIT = ["--strategy", "ddp", "--gpus", "1", "--cpu", "--data", "synthetic", "--image-size", "16"]
+USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
+# 32 M parameters in 16 tensors, 128 MiB a part (tests/data/user_models.py). Under 2.3 GiB
+# at N=2 bench fit found 140 images a replica for ddp, 224 for ddp-zero (1.6 x; side by
+# side, a core each, 14-15 s a try), alone 148 and 264 (7-8 s a try; 2026-11-28);
+# a bank 4 times as large under 5.5 GiB took 446 s for the test, 30 s a try.
+HEAVY = ["--cpu", "--model", "user_models:state_heavy", "--data", "synthetic", "--image-size",
+         "16", "--weight-decay", "0", "--no-progress", "--comm-probe-steps", "0",
+         "--loader-probe-steps", "0"]
+FIT = ["--strategy", "ddp", "--gpus", "1", *HEAVY]
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
 def test_the_batch_found_trains_and_twice_it_runs_out_of_memory():
+    """One process of the state-heavy model under 1.5 GiB: 352 images fitted and 368 did not
+    (alone, 2026-11-28; 7 s a try, where ResNet-18's tries at ~600 images took 10-20 s),
+    so from 192 the search takes 6 or 7 tries."""
     limit = 1.5  # GiB for the launcher and its rank together
-    proc = run_bench("fit", *FIT, "--memory-limit", str(limit), "--start", "224",
-                     "--max-tries", "8", "--json", timeout=900)
+    proc = run_bench("fit", *FIT, "--memory-limit", str(limit), "--start", "192",
+                     "--max-tries", "8", "--json", env=USER, timeout=900)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     best = found["largest_batch_per_replica"]
@@ -42,8 +53,9 @@ def test_the_batch_found_trains_and_twice_it_runs_out_of_memory():
         run = subprocess.run(
             [sys.executable, "-m", "bench", "run", *FIT, "--batch-size", str(bigger),
              "--epochs", "1", "--train-limit", str(3 * bigger), "--test-limit", str(bigger),
-             "--comm-probe-steps", "0", "--no-progress", "--output", out],
-            cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=cage.enter)
+             "--output", out],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=cage.enter,
+            env={**os.environ, **USER})
         assert run.returncode != 0 and cage.oom_killed(), run.stderr[-2000:]
 
 
@@ -57,16 +69,6 @@ def test_what_bench_fit_cannot_do_is_one_line(args, says):
     proc = run_bench("fit", *args)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr
-
-
-USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
-# 32 M parameters in 16 tensors, 128 MiB a part (tests/data/user_models.py). Under 2.3 GiB
-# bench fit found 140 images a replica for ddp, 224 for ddp-zero (1.6 x; side by side, a
-# core each, 2026-11-28), 14-15 s a try;
-# a bank 4 times as large under 5.5 GiB took 446 s for the test, 30 s a try.
-HEAVY = ["--cpu", "--model", "user_models:state_heavy", "--data", "synthetic", "--image-size",
-         "16", "--weight-decay", "0", "--no-progress", "--comm-probe-steps", "0",
-         "--loader-probe-steps", "0"]
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
