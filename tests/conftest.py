@@ -56,6 +56,8 @@ FIXTURE_TEST = 10
 NO_PROBE = ["--comm-probe-steps", "0"]
 PROBE = ["--comm-probe-steps", "20"]
 FAST = ["--width", "0.125", "--batch-size", "32", "--no-progress", *NO_PROBE]
+# The environment a run needs to import tests/data/user_models.py (`--model user_models:X`)
+USER_MODELS = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 # tests/data/user_models.py's `held`: a tiny model whose steps wait while a file exists
 HELD_MODEL = ["--model", "user_models:held"]
 
@@ -64,7 +66,7 @@ def held_env(env: dict[str, str], hold: Path) -> dict[str, str]:
     """``env`` with tests/data's models importable and `user_models:held` runs held while
     the file ``hold`` exists (a test cancels, kills or claims a run while it trains, then
     removes the file so that every run after it finishes at once)."""
-    return {**env, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}", "HOLD_FILE": str(hold)}
+    return {**env, **USER_MODELS, "HOLD_FILE": str(hold)}
 
 
 # A suite started in the background by a non-interactive shell (`cmd &` in a script: POSIX

@@ -12,11 +12,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_bench
+from conftest import ROOT, USER_MODELS, run_bench
 
 from bench.tools.memory_limit import MemoryCage, unavailable
 
-USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 # 32 M parameters in 16 tensors, 128 MiB a part (tests/data/user_models.py). Under 2.3 GiB
 # at N=2 bench fit found 140 images a replica for ddp, 224 for ddp-zero (1.6 x; side by
 # side, a core each, 14-15 s a try), alone 148 and 264 (7-8 s a try; 2026-11-28);
@@ -34,7 +33,7 @@ def test_the_batch_found_trains_and_twice_it_runs_out_of_memory():
     so from 192 the search takes 6 or 7 tries."""
     limit = 1.5  # GiB for the launcher and its rank together
     proc = run_bench("fit", *FIT, "--memory-limit", str(limit), "--start", "192",
-                     "--max-tries", "8", "--json", env=USER, timeout=900)
+                     "--max-tries", "8", "--json", env=USER_MODELS, timeout=900)
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     best = found["largest_batch_per_replica"]
@@ -55,7 +54,7 @@ def test_the_batch_found_trains_and_twice_it_runs_out_of_memory():
              "--epochs", "1", "--train-limit", str(3 * bigger), "--test-limit", str(bigger),
              "--output", out],
             cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=cage.enter,
-            env={**os.environ, **USER})
+            env={**os.environ, **USER_MODELS})
         assert run.returncode != 0 and cage.oom_killed(), run.stderr[-2000:]
 
 
@@ -81,7 +80,7 @@ def test_a_sweep_at_the_largest_batch_gives_zero_the_larger_batch(tmp_path):
     sweep = ["sweep", "--strategies", "ddp,ddp-zero", "--gpus", "2", "--batch-size", "max",
              "--memory-limit", "2.3", "--fit-start", "128", *HEAVY, "--epochs", "1",
              "--train-limit", "2048", "--test-limit", "256", "--output", str(out)]
-    proc = run_bench(*sweep, env=USER, timeout=1500)
+    proc = run_bench(*sweep, env=USER_MODELS, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     fits = {f["strategy"]: f for f in map(json.loads, map(Path.read_text,
                                                           (out / "fits").glob("*.json")))}
@@ -105,7 +104,7 @@ def test_a_sweep_at_the_largest_batch_gives_zero_the_larger_batch(tmp_path):
     assert "batch: largest that fits 2.3 GiB (CPU, all processes)" in text, report.stdout
     assert f"ddp-zero {2 * zero} fp32" in text and f"ddp {2 * ddp} fp32" in text, report.stdout
     assert "top-1 is not comparable across batch sizes" in text, report.stdout
-    again = run_bench(*sweep[:-2], "--repeats", "2", "--output", str(out), env=USER,
+    again = run_bench(*sweep[:-2], "--repeats", "2", "--output", str(out), env=USER_MODELS,
                       timeout=900)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert again.stdout.count("found before") == 2 and "bench fit: batch" not in again.stdout, \

@@ -12,13 +12,12 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_ok, only_record, run_bench
+from conftest import USER_MODELS, assert_ok, only_record, run_bench
 from PIL import Image
 
 from bench.data.image_sets import ImageSet, resized, synthetic_split
 from bench.launch.summary import forks_can_deadlock
 
-USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 TINY = ["--cpu", "--gpus", "2", "--epochs", "1", "--no-progress", "--comm-probe-steps", "0"]
 FOLDER_CLASSES = ("cat", "dog", "fish")
 FOLDER_TRAIN, FOLDER_VAL = 8, 5  # per class: 24 training, 15 evaluation images
@@ -112,7 +111,7 @@ def test_an_imagefolder_trains_and_evaluates_every_image_once(image_folder, tmp_
     """15 evaluation images over 2 ranks (one padded slot): each counted once."""
     assert_ok(run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
                         str(image_folder), "--model", "user_models:tiny_cnn", "--batch-size",
-                        "8", *TINY, "--epochs", "2", "--output", str(tmp_path), env=USER))
+                        "8", *TINY, "--epochs", "2", "--output", str(tmp_path), env=USER_MODELS))
     rec = only_record(tmp_path)
     assert rec["dataset"] == "imagefolder"
     assert (rec["train_size"], rec["test_size"]) == (3 * FOLDER_TRAIN, 3 * FOLDER_VAL)
@@ -126,7 +125,7 @@ def test_an_imagefolder_trains_and_evaluates_every_image_once(image_folder, tmp_
 def test_an_imagefolder_trains_exactly_like_one_plain_process(image_folder):
     proc = run_bench("verify", "--strategies", "ddp,fsdp", "--gpus", "2", "--steps", "2",
                      "--batch-size", "8", "--cpu", "--data", "imagefolder", "--data-dir",
-                     str(image_folder), "--model", "user_models:tiny_cnn", env=USER)
+                     str(image_folder), "--model", "user_models:tiny_cnn", env=USER_MODELS)
     assert_ok(proc)
     assert proc.stdout.count(" pass ") == 2, proc.stdout
 
@@ -228,7 +227,7 @@ def test_a_loader_worker_that_never_serves_fails_the_run_after_its_timeout(tmp_p
     proc = run_bench("run", "--strategy", "dp", "--data", "imagefolder", "--data-dir",
                      str(root), "--model", "user_models:tiny_cnn", "--batch-size", "8",
                      "--workers", "1", "--timeout", "6", *TINY, "--output",
-                     str(tmp_path / "out"), env=USER, timeout=120)
+                     str(tmp_path / "out"), env=USER_MODELS, timeout=120)
     assert proc.returncode == 1, proc.stderr
     error = only_record(tmp_path / "out")["error"]
     assert error == ("timeout: rank 0: its DataLoader workers served no batch for 6 s "

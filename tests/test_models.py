@@ -7,11 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import ROOT, assert_ok, only_record, run_bench
+from conftest import USER_MODELS, assert_ok, only_record, run_bench
 
 from strategies.horovod import HorovodStrategy
 
-USER = {"PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'data'}"}
 TINY = ["--cpu", "--gpus", "2", "--epochs", "1", "--data", "synthetic", "--train-limit", "64",
         "--test-limit", "16", "--batch-size", "16", "--no-progress", "--comm-probe-steps", "0"]
 HOROVOD = HorovodStrategy("horovod").requires("cpu")
@@ -23,7 +22,7 @@ HOROVOD = HorovodStrategy("horovod").requires("cpu")
         HOROVOD is not None, reason=f"horovod unavailable: {HOROVOD}"))])
 def test_a_user_factory_trains_under_each_strategy(strategy, tmp_path):
     assert_ok(run_bench("run", "--strategy", strategy, "--model", "user_models:tiny_cnn",
-                        *TINY, "--output", str(tmp_path), env=USER))
+                        *TINY, "--output", str(tmp_path), env=USER_MODELS))
     rec = only_record(tmp_path)
     # 3*16*9+16 + 16*32*9+32 + 32*100+100 parameters, counted by hand
     assert rec["model"] == {"name": "user_models:tiny_cnn", "width": 1.0,
@@ -69,7 +68,7 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
 ])
 def test_a_model_that_cannot_be_built_is_one_line(args, says, tmp_path):
     proc = run_bench("run", "--strategy", "ddp", *args, *TINY, "--output", str(tmp_path),
-                     env=USER)
+                     env=USER_MODELS)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and not (tmp_path / "runs").exists()
 
@@ -80,7 +79,7 @@ def test_a_factory_that_never_returns_in_a_rank_is_bounded_by_the_timeout(factor
     had not beaten yet: the run waited for ever. Now --timeout bounds it."""
     started = time.monotonic()
     proc = run_bench("run", "--strategy", "ddp", "--model", f"user_models:{factory}", *TINY,
-                     "--timeout", "5", "--output", str(tmp_path), env=USER, timeout=120)
+                     "--timeout", "5", "--output", str(tmp_path), env=USER_MODELS, timeout=120)
     assert time.monotonic() - started < 60, "not bounded by --timeout"
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     rec = only_record(tmp_path)
@@ -90,6 +89,6 @@ def test_a_factory_that_never_returns_in_a_rank_is_bounded_by_the_timeout(factor
 
 def test_a_factory_that_returns_no_module_is_one_line(tmp_path):
     proc = run_bench("run", "--strategy", "ddp", "--model", "user_models:not_a_module", *TINY,
-                     "--output", str(tmp_path), env=USER)
+                     "--output", str(tmp_path), env=USER_MODELS)
     assert proc.returncode == 2 and "not an nn.Module" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
