@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from bench import __version__
 from bench.config.options import BenchParser
+from bench.tools.collector import resume_collector
 from bench.tools.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -95,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> NoReturn:
     """The ``bench`` command and ``python -m bench``: ``main``, then an exit that skips the
     interpreter's teardown (bench.tools.quick_exit; ~0.8 s once torch is imported)."""
+    from bench.tools.collector import pause_collector
     from bench.tools.quick_exit import exit_now
     from bench.tools.streams import guard_standard_streams
 
+    pause_collector()  # until the command's work begins (_dispatch; bench.tools.collector)
     guard_standard_streams()
     exit_now(main())
 
@@ -118,6 +121,7 @@ def _dispatch(argv: list[str]) -> int:
             with signals_held():
                 import torch  # noqa: F401
         args.command_line = ["bench", *argv]
+        resume_collector()
         return command.main(args, passed_on)
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)

@@ -49,10 +49,12 @@ def test_a_probe_across_two_nodes_measures_the_rate_of_their_link(rate_mbit, tmp
     # tbf counts whole frames (a GSO packet's headers once per segment, as Linux's
     # qdisc_pkt_len_init does): a 1,514-byte frame carries 1,448 bytes of TCP payload
     # (IPv4 20, TCP with timestamps 32, Ethernet 14), so the link carries 95.6 % of its rate
-    # as data; the probe must read 75 % of that or more (it read 78 % once at 50 Mbit/s,
-    # alone, on 2026-11-27: three iterations of 0.9 s), and no more than the rate
+    # as data; the probe must read 65 % of that or more, and no more than the rate. At
+    # 50 Mbit/s, alone, it read 70 to 97 % (nine probes on 2026-11-28: a whole probe's
+    # all-reduces of 4 MiB took 0.72 s or 0.9-0.99 s, so the median of three does not help;
+    # 75 % failed the gate at 74.5 %)
     payload_gbs = rate_mbit / 8 / 1000 * 1448 / 1514  # GB/s
-    assert (0.75 * payload_gbs <= largest["busbw_GBps"] <= 1.05 * payload_gbs * 1514 / 1448), (
+    assert (0.65 * payload_gbs <= largest["busbw_GBps"] <= 1.05 * payload_gbs * 1514 / 1448), (
         largest, payload_gbs)
     # an all-gather into (a reduce-scatter from) a tensor of S bytes sends each rank's half,
     # S/2, over the link: it cannot take less than that at the payload rate

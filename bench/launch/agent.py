@@ -11,6 +11,7 @@ import importlib
 import sys
 import warnings
 
+from bench.tools.collector import pause_collector, resume_collector
 from bench.tools.quick_exit import exit_now
 
 
@@ -21,7 +22,10 @@ def run_agent(module: str, args: list[str]) -> int:
     warnings.filterwarnings("ignore", "The module torch.distributed.launch is deprecated",
                             FutureWarning)
     sys.argv = [module, *args]
-    importlib.import_module(module).main(args)
+    pause_collector()  # the agent's imports (bench.tools.collector); it then runs as usual
+    agent = importlib.import_module(module)
+    resume_collector()
+    agent.main(args)
     return 0
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 
+from bench.tools.collector import pause_collector, resume_collector
 from bench.tools.lifetime import die_with_parent
 
 if __name__ == "__main__":
     # Started by a launcher agent (torchrun, torch.distributed.launch, horovodrun): arm the
     # death signal before the slow imports below, so that killing bench while this rank
-    # imports torch takes it down too (a parent already gone: exit at once).
+    # imports torch takes it down too (a parent already gone: exit at once); the collector
+    # waits until the rank is built (bench.tools.collector).
     die_with_parent(os.getppid())
+    pause_collector()
 
 import contextlib
 import gc
@@ -133,6 +136,7 @@ def run_rank(spec_path: str | Path) -> None:
     # torch to itself, in the middle of bench's table, that no user can act on
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message=r"`torch\.distributed\.reduce_scatter_tensor` is deprecated")
+    pause_collector()  # until the rank is built (mp.spawn's and inline ranks start here)
     spec = WorkerSpec.read(spec_path)
     cfg, scratch = spec.config, spec.scratch
     strategy = strategies.get(cfg.strategy, cfg.strategy_options)
@@ -150,6 +154,7 @@ def run_rank(spec_path: str | Path) -> None:
         cap_gpu_memory(strategy.device)  # bench fit --gpu-memory: a share of the GPU
         mark_baseline(strategy.device)  # what is not the run's memory: before the model
         trainer = build_trainer(spec, strategy, heartbeat)
+        resume_collector()
         if spec.config.verify_steps is not None:
             run_verify(trainer)
         else:
@@ -172,6 +177,7 @@ def run_rank(spec_path: str | Path) -> None:
             os.abort()
         raise
     finally:
+        resume_collector()  # a rank that failed in its build, in a process that goes on
         strategy.teardown(clean)
 
 

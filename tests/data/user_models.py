@@ -123,3 +123,35 @@ class _Held(nn.Module):
 
 def held(num_classes: int) -> nn.Module:
     return _Held(num_classes)
+
+
+class _CollectorWatch(nn.Module):
+    """tiny_cnn that says, in the file named by $COLLECTOR_LOG, whether Python's cyclic
+    collector ran while a rank built it and while it trains (bench.tools.collector)."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.net = tiny_cnn(num_classes)
+        self._said_training = False
+        self._say("build")
+
+    @staticmethod
+    def _say(phase: str) -> None:
+        import gc
+        import os
+
+        if os.environ.get("RANK") is None:  # bench's own check of the factory, not a rank
+            return
+        with open(os.environ["COLLECTOR_LOG"], "a") as log:
+            log.write(f"{phase} rank={os.environ['RANK']} enabled={gc.isenabled()} "
+                      f"frozen={gc.get_freeze_count()}\n")
+
+    def forward(self, images):
+        if self.training and not self._said_training:
+            self._said_training = True
+            self._say("train")
+        return self.net(images)
+
+
+def collector_watch(num_classes: int) -> nn.Module:
+    return _CollectorWatch(num_classes)
