@@ -5,10 +5,14 @@
 # matter most in one call of a 15-minute lease.
 #
 #   scripts/gpu_check.sh --plan [--phase P]               items and estimated seconds (H100)
+#   scripts/gpu_check.sh [--cpu] --commands [--phase P]   each item's command, as it would run
+#                                                         (tests/test_gpu_check.py parses every
+#                                                         bench command among them)
 #   scripts/gpu_check.sh [--deps DIR] --phase P OUTDIR    run phase P: build | core | options |
 #                                                         variants | table | calibrate | all |
 #                                                         next (what the first check left)
-#   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (CI)
+#   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (CI
+#                                                         runs those no test runs: .ci/run)
 #
 #   --deps DIR     what the machine cannot download: horovod-wheelhouse/ and apex-25.05.tar.gz
 #                  (`make gpu-deps`); the build phase builds both into OUTDIR/site, later phases
@@ -29,7 +33,7 @@
 # TABLE_WORKERS=auto: W is the fewest workers that fed within 10 % of the best count in this
 # OUTDIR's table_loader_sweep (run first in the table phase); bench run's default if it failed.
 set -u
-mode=gpu deps= phase=all budget=0 plan=0 again=0 items=
+mode=gpu deps= phase=all budget=0 plan=0 again=0 items= commands=0
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu) mode=cpu; shift ;;
@@ -37,6 +41,7 @@ while [ $# -gt 0 ]; do
     --phase) phase=${2:?--phase build|core|options|variants|table|calibrate|all|next}; shift 2 ;;
     --budget) budget=${2:?--budget SECONDS}; shift 2 ;;
     --plan) plan=1; shift ;;
+    --commands) plan=1 commands=1; shift ;;
     --again) again=1; shift ;;
     --items) items=${2:?--items REGEX}; shift 2 ;;
     -*) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
@@ -148,7 +153,10 @@ if [ $plan = 0 ]; then
   export PYTHONPATH="$out/site:$PYTHONPATH" PATH="$out/site/bin:$PATH"
 fi
 passed=0 failed=0 skipped=0 deferred=0 earlier=0 planned=0
-say() { if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi; }
+say() {
+  if [ $commands = 1 ]; then return 0; fi
+  if [ $plan = 1 ]; then echo "$1"; else echo "$1" | tee -a "$summary"; fi
+}
 
 # Phase `next`: what the first check (one H100, 2026-11-23) left, for a 30-minute lease (~24 min
 # with the start; scripts/gpu_lease.py picks from it what fits 15 minutes): the
@@ -173,6 +181,9 @@ item() {
     return 0
   [ -z "$items" ] || [[ $name =~ $items ]] || return 0
   [ $mode = cpu ] && estimate=$((estimate * 2))  # tiny sizes, but 2 slow cores
+  if [ $commands = 1 ]; then
+    printf '%s %s\t' "$item_phase" "$name"; printf '%q ' "$@"; printf '\n'; return 0
+  fi
   if [ $plan = 1 ]; then
     printf '%-10s %-26s ~%4ss\n' "$item_phase" "$name" "$estimate"
     planned=$((planned + estimate)); return 0

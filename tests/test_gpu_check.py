@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, records
 
 CHECK = ROOT / "scripts" / "gpu_check.sh"
@@ -56,3 +58,62 @@ def test_an_item_the_cpu_refuses_by_design_is_skipped_with_its_reason(tmp_path):
     assert re.search(r"^skip  table_ddp-amp_fp16: --precision fp16 needs CUDA", proc.stdout,
                      re.M), proc.stdout
     assert "0 passed, 0 failed, 1 skipped" in proc.stdout, proc.stdout
+
+
+# Items whose command is not a bench command (the builds, the GPU tests, a benchmark script)
+NOT_BENCH = {"build_horovod", "build_apex", "pytest_gpu", "throughput"}
+
+
+def _refusal(argv: list[str]) -> str | None:
+    """What bench refuses of ``bench ARGV`` before it starts anything (its parser, `bench
+    run`'s checks before torch, or a run configuration of the options it passes on); None
+    where it accepts it. Devices are not asked about: a GPU item is checked here too."""
+    import importlib
+
+    from bench.cli import build_parser
+    from bench.config.options import config_from_args, given, run_options_for
+    from bench.tools.errors import ConfigError
+
+    command = importlib.import_module(f"bench.commands.{argv[0]}")
+    try:
+        args, passed_on = build_parser(command).parse_known_args(argv)
+        if passed_on and not getattr(command, "PASSES_RUN_OPTIONS", False):
+            return f"unrecognized arguments: {' '.join(passed_on)}"
+        if hasattr(command, "check"):
+            command.check(args, passed_on)
+        elif passed_on:
+            run_args = [*([] if given(passed_on, "--strategy") else ["--strategy", "ddp"]),
+                        *passed_on]
+            config_from_args(run_options_for(argv[0], run_args)).validate()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("mode", [[], ["--cpu"]], ids=["gpu", "cpu"])
+def test_every_items_bench_command_is_one_bench_accepts(mode, monkeypatch):
+    """A lease's items (table and calibration included, which CI never runs) cannot pass an
+    option bench no longer has or refuses: each item's bench command, as the script would run
+    it on a GPU or on CPU, is parsed and checked as bench does before it starts a run."""
+    proc = subprocess.run(["bash", str(CHECK), *mode, "--commands"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable},
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    items = dict(line.split("\t") for line in proc.stdout.splitlines())
+    assert len(items) >= (30 if mode else 50), proc.stdout  # every phase's, not a few
+    refused = {}
+    for item, command in items.items():
+        argv = shlex.split(command)
+        starts = [i for i in range(len(argv) - 1) if argv[i:i + 2] == ["-m", "bench"]]
+        if not starts:
+            assert item.split()[1] in NOT_BENCH, f"{item}: not a bench command: {command}"
+            continue
+        for word in argv[:starts[0]]:  # `env PYTHONPATH=tests/data:...` (a user's model)
+            if word.startswith("PYTHONPATH="):
+                for folder in reversed(word.split("=", 1)[1].split(":")):
+                    monkeypatch.syspath_prepend(str(ROOT / folder))
+        why = _refusal(argv[starts[0] + 2:])
+        if why is not None:
+            refused[item] = why
+    assert not refused, refused
+    assert _refusal(["run", "--strategy", "ddp", "--epoch", "2"])  # the check can refuse
