@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from bench import __version__
 from bench.config.options import BenchParser
-from bench.tools.collector import resume_collector
+from bench.tools.collector import pause_collector, resume_collector
 from bench.tools.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> NoReturn:
     """The ``bench`` command and ``python -m bench``: ``main``, then an exit that skips the
     interpreter's teardown (bench.tools.quick_exit; ~0.8 s once torch is imported)."""
-    from bench.tools.collector import pause_collector
     from bench.tools.quick_exit import exit_now
     from bench.tools.streams import guard_standard_streams
 
