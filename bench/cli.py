@@ -104,18 +104,28 @@ def entry() -> NoReturn:
     exit_now(main())
 
 
+def checked_arguments(command: ModuleType | None,
+                      argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``argv`` parsed for ``command`` (its module, or None for no known command), and
+    refused as bench refuses bad input before torch loads: an option neither the command nor
+    (where it passes them on) `bench run` knows, and the command's own ``check``. Returns
+    the arguments and the options passed on; ConfigError names what is wrong."""
+    args, passed_on = build_parser(command).parse_known_args(argv)
+    if passed_on and not getattr(command, "PASSES_RUN_OPTIONS", False):
+        raise ConfigError(f"unrecognized arguments: {' '.join(passed_on)}; "  # argparse
+                          f"see `bench {args.command} --help`")  # would name `bench --help`
+    if hasattr(command, "check"):  # bad input refused before torch loads
+        command.check(args, passed_on)
+    return args, passed_on
+
+
 def _dispatch(argv: list[str]) -> int:
     try:
         command = None
         if argv and argv[0] in COMMANDS:
             with signals_held():  # a command module may import torch (see signals_held)
                 command = importlib.import_module(f"bench.commands.{argv[0]}")
-        args, passed_on = build_parser(command).parse_known_args(argv)
-        if passed_on and not getattr(command, "PASSES_RUN_OPTIONS", False):
-            raise ConfigError(f"unrecognized arguments: {' '.join(passed_on)}; "  # argparse
-                              f"see `bench {args.command} --help`")  # would name `bench --help`
-        if hasattr(command, "check"):  # bad input refused before torch loads
-            command.check(args, passed_on)
+        args, passed_on = checked_arguments(command, argv)
         if getattr(command, "USES_TORCH", False):
             with signals_held():
                 import torch  # noqa: F401

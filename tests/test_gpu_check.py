@@ -65,23 +65,20 @@ NOT_BENCH = {"build_horovod", "build_apex", "pytest_gpu", "throughput"}
 
 
 def _refusal(argv: list[str]) -> str | None:
-    """What bench refuses of ``bench ARGV`` before it starts anything (its parser, `bench
-    run`'s checks before torch, or a run configuration of the options it passes on); None
-    where it accepts it. Devices are not asked about: a GPU item is checked here too."""
+    """What bench refuses of ``bench ARGV`` before it starts anything (what the command line
+    itself refuses before torch loads, then the run configuration of the options a command
+    without its own check passes on); None where it accepts it. Devices are not asked
+    about: a GPU item is checked here too."""
     import importlib
 
-    from bench.cli import build_parser
+    from bench.cli import checked_arguments
     from bench.config.options import config_from_args, given, run_options_for
     from bench.tools.errors import ConfigError
 
     command = importlib.import_module(f"bench.commands.{argv[0]}")
     try:
-        args, passed_on = build_parser(command).parse_known_args(argv)
-        if passed_on and not getattr(command, "PASSES_RUN_OPTIONS", False):
-            return f"unrecognized arguments: {' '.join(passed_on)}"
-        if hasattr(command, "check"):
-            command.check(args, passed_on)
-        elif passed_on:
+        _, passed_on = checked_arguments(command, argv)
+        if passed_on and not hasattr(command, "check"):
             run_args = [*([] if given(passed_on, "--strategy") else ["--strategy", "ddp"]),
                         *passed_on]
             config_from_args(run_options_for(argv[0], run_args)).validate()
