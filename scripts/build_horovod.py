@@ -179,6 +179,16 @@ def patch_source(src: Path, std: int, mode: str) -> None:
         "<string> and <cstdint> included")
     sub("horovod/common/common.h", r"#include <functional>",
         "#include <functional>\n#include <stdexcept>", "<stdexcept> included")
+    # setup.py builds RelWithDebInfo (-O3 -g once Horovod's CMakeLists raises -O2): the debug
+    # information only doubles the compiler's work and is stripped from the wheel afterwards
+    # (strip_wheel), and -g changes no generated code, so it is not made (Gloo, built below
+    # this file, inherits the flags).
+    marker_line = ('string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO '
+                   '"${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")')
+    sub("CMakeLists.txt", re.escape(marker_line), marker_line.replace("\\", "\\\\") + "".join(
+        f'\nstring(REPLACE "-g" "" CMAKE_{lang}_FLAGS_RELWITHDEBINFO '
+        f'"${{CMAKE_{lang}_FLAGS_RELWITHDEBINFO}}")' for lang in ("C", "CXX", "CUDA")),
+        "no debug information")
     # nvcc of CUDA 12+ rejects --std=c++11 next to today's headers.
     sub("horovod/common/ops/cuda/CMakeLists.txt", r"set\(CMAKE_CUDA_STANDARD 11\)",
         "set(CMAKE_CUDA_STANDARD 17)", "CUDA C++11 -> C++17")

@@ -114,3 +114,18 @@ def test_every_items_bench_command_is_one_bench_accepts(mode, monkeypatch):
             refused[item] = why
     assert not refused, refused
     assert _refusal(["run", "--strategy", "ddp", "--epoch", "2"])  # the check can refuse
+
+
+@pytest.mark.parametrize("phase, item", [
+    ("options", "fastest_path"),  # bf16, the GPU loader, channels_last, fused SGD, compile
+    ("variants", "zero_bf16"),  # ZeRO-1 in bf16
+    ("variants", "selftest_hook_fp16"),  # the fp16 hook's self-test: 30 steps
+])
+def test_the_items_no_other_test_runs_pass_on_cpu(phase, item, tmp_path):
+    """The lease's items whose path no other test takes end to end run as the script runs
+    them on CPU (at its tiny sizes), each in its phase: the other items repeat runs the
+    suite makes (`bash scripts/gpu_check.sh --cpu --phase P DIR` runs them all)."""
+    proc = _check(tmp_path, "--phase", phase, "--items", f"^{item}$", workers="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(rf"^pass  {item}\b", proc.stdout, re.M), proc.stdout
+    assert f"({phase}): 1 passed, 0 failed, 0 skipped" in proc.stdout, proc.stdout

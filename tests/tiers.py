@@ -72,6 +72,8 @@ LONG = {
     r"test_gpu_lease.py::test_a_lease_on_cpu": "the lease script's whole plan on CPU",
     r"test_gpu_lease.py::test_an_item_still_running": "the lease's budget timer",
     r"test_gpu_check.py::test_table_workers_auto": "the GPU check's worker search on CPU",
+    r"test_gpu_check.py::test_the_items_no_other_test_runs": "the GPU check's items that no "
+                                                             "other test runs, on CPU",
     r"test_mllog.py::test_the_log_is_mlperfs": "MLPerf's log (its abort path stays)",
     # more runs of what make test already trains once
     r"test_device_loader.py::test_speed_flags": "torch.compile on CPU (a minute)",
