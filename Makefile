@@ -172,7 +172,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # `make test` builds Horovod for this machine (scripts/build_horovod.py: NCCL operations where
-# a GPU is visible, CPU-only otherwise; 2.5 minutes from an empty cache on 2 cores, where
+# a GPU is visible, CPU-only otherwise; about 2 minutes from an empty cache on 2 cores, where
 # cross-compiling the sm_90 operations took 3.7): the tests run it over gloo. The GPU
 # machine's own wheel (its Python and torch) is `make gpu-ready`'s, before a lease;
 # HOROVOD_TEST_MODE=gpu cross-compiles the sm_90 operations here too.
