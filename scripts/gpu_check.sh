@@ -11,8 +11,9 @@
 #   scripts/gpu_check.sh [--deps DIR] --phase P OUTDIR    run phase P: build | core | options |
 #                                                         variants | table | calibrate | all |
 #                                                         next (what the first check left)
-#   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (CI
-#                                                         runs those no test runs: .ci/run)
+#   scripts/gpu_check.sh --cpu --phase P OUTDIR           the same items on CPU at tiny sizes (the
+#                                                         long tier runs those no other test runs:
+#                                                         tests/test_gpu_check.py)
 #
 #   --deps DIR     what the machine cannot download: horovod-wheelhouse/ and apex-25.05.tar.gz
 #                  (`make gpu-deps`); the build phase builds both into OUTDIR/site, later phases
@@ -322,7 +323,7 @@ item variants model_resnet50 40 "${model_run[@]}" --strategy ddp --gpus 1 --mode
 item variants model_user 30 env PYTHONPATH="tests/data:$PYTHONPATH" "${model_run[@]}" --strategy ddp \
   --gpus 1 --model user_models:tiny_cnn
 # The fp16 hook's self-test needs 30 steps to catch the exchange's defects (docs/verify.md):
-# too long for make test, so it runs here (CI's --cpu variants, and on the GPU).
+# too long for make test, so it runs here (on CPU in the long tier, and on the GPU).
 # shellcheck disable=SC2086
 item variants selftest_hook_fp16 45 "$py" -m bench verify "${where[@]}" --gpus 2 $shared \
   --self-test --strategies ddp --ddp-comm-hook fp16 --defects sum-gradients,skip-allreduce \
