@@ -51,6 +51,16 @@ CASES = {
         ["run", "--strategy", "ddp", "--gpus", "2", "--data", "synthetic"], "--cpu"),
     "batch not divisible": (
         ["run", "--strategy", "ddp", *BASE, "--gpus", "3"], "multiple of 3"),
+    "ghost BatchNorm groups that do not split a replica's batch": (
+        ["run", "--strategy", "ddp", *BASE, "--gpus", "2", "--ghost-bn", "3"],
+        "--ghost-bn 3 does not split a replica's micro-batch of 16 images"),
+    "ghost BatchNorm of no images": (["run", "--strategy", "ddp", *BASE, "--ghost-bn", "0"],
+                                     "--ghost-bn takes the images a group holds"),
+    "ghost BatchNorm with BatchNorm over the global batch": (
+        ["run", "--strategy", "ddp", *BASE, "--gpus", "2", "--ghost-bn", "2", "--cpu-syncbn"],
+        "--cpu-syncbn over the global batch: drop one"),
+    "ghost BatchNorm under verify": (["verify", "--ghost-bn", "2", *BASE],
+                                     "bench verify checks the strategies on BatchNorm"),
     "train set smaller than a batch": (
         ["run", "--strategy", "dp", *BASE, "--train-limit", "16"], "--train-limit"),
     "fp16 on cpu": (

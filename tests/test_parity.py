@@ -12,10 +12,12 @@ from conftest import run_bench
 
 from bench.commands.parity import minimum_detectable
 
-# The easy synthetic set, 1,024 images, 4 epochs at batch 32: seeds 0 and 1 measured 60.3
-# and 62.9 % top-1, BatchNorm over 2 21.6 %, the learning rate not scaled (÷8) 14.4 %.
-# 18 runs, about 4.6 CPU-minutes (the micro-batches of 2 take 37 s a run; 502 s in the
-# suite). With 2 seeds a row it took 3.7 min and failed: BatchNorm over 2 ran 9.9 and
+# The easy synthetic set, 1,024 images, 4 epochs at batch 32 (alone, 2026-11-28): ddp N=1
+# ended at 60.3, 62.9 and 39.3 % top-1 (seeds 0-2), BatchNorm over 2 (--ghost-bn 2) at 17.9,
+# 7.3 and 11.8 (p 0.019), the learning rate not scaled (÷8) at 14.4, 8.2 and 13.8 (p 0.024).
+# 18 runs, 116 s and 176 CPU-s alone. The planted BatchNorm cost was 16 micro-batches of 2
+# a step before (--grad-accum 16: the same math, tests/test_ghost_batchnorm.py), 21 s a run
+# against 7.5 s. With 2 seeds a row it took 3.7 min and failed: BatchNorm over 2 ran 9.9 and
 # 21.6 %, -45.9 points at p 0.069.
 SMALL = ["--synthetic-difficulty", "0", "--train-limit", "1024", "--test-limit", "1000",
          "--epochs", "4", "--batch-size", "32", "--lr", "0.1"]
@@ -47,6 +49,7 @@ def test_the_self_test_sees_the_planted_costs_and_nothing_else(tmp_path):
     ([], "add --self-test"),
     (["--self-test", "--repeats", "1"], "--repeats must be at least 2"),
     (["--self-test", "--grad-accum", "2"], "bench parity sets --grad-accum itself"),
+    (["--self-test", "--ghost-bn", "2"], "bench parity sets --ghost-bn itself"),
 ])
 def test_what_bench_parity_cannot_do_is_one_line(args, says):
     proc = run_bench("parity", *args)

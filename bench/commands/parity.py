@@ -1,7 +1,7 @@
 """`bench parity --self-test`: can the accuracy comparison see what it should, and only
 that? On one workload (by default the calibrated parity workload, docs/parity.md), two
 negative controls that do the same math (dp against ddp at N=1, ddp-spawn against ddp at
-N=2) must come out "≈", and two planted accuracy costs (BatchNorm over micro-batches of 2;
+N=2) must come out "≈", and two planted accuracy costs (BatchNorm over groups of 2 images;
 the learning rate not scaled with the batch, ÷8) "≠" at p < 0.05 — as `bench verify
 --self-test` shows that verify catches each classic mistake. Each row is a resumable sweep
 of --repeats seeds whose data orders are independent (records: data_order_rule)."""
@@ -52,20 +52,20 @@ class Control:
     why: str
 
 
-def controls(batch: int, lr: float) -> list[Control]:
-    """The four controls for a workload of global ``batch`` and learning rate ``lr``."""
+def controls(lr: float) -> list[Control]:
+    """The four controls for a workload of learning rate ``lr``."""
     ddp1, ddp2 = Row("ddp N=1", "ddp", 1), Row("ddp N=2", "ddp", 2)
-    micro = 2
+    group = 2
     return [
         Control("same math: dp = ddp", ddp1, Row("dp N=1", "dp", 1), False,
                 "one replica either way: the same steps"),
         Control("same math: ddp-spawn = ddp", ddp2, Row("ddp-spawn N=2", "ddp-spawn", 2), False,
                 "another launcher, the same ranks and collectives"),
         Control("planted: BatchNorm over 2", ddp1,
-                Row(f"ddp N=1 accum {batch // micro}", "ddp", 1,
-                    ("--grad-accum", str(batch // micro))), True,
-                f"the same gradient in micro-batches of {micro}: BatchNorm's statistics over "
-                f"{micro} images, as per-replica BN at {micro} a replica"),
+                Row(f"ddp N=1 ghost BN {group}", "ddp", 1, ("--ghost-bn", str(group))), True,
+                f"BatchNorm's statistics over each {group} images of the batch (ghost "
+                f"BatchNorm), as per-replica BN at {group} a replica, or micro-batches of "
+                f"{group}"),
         Control("planted: lr not scaled ×8", ddp1,
                 Row("ddp N=1 lr ÷8", "ddp", 1, ("--lr", f"{lr / 8:g}")), True,
                 "the learning rate of a batch 8 times smaller: what a run on 8 replicas "
@@ -104,7 +104,7 @@ def run_self_test(passed_on: list[str], repeats: int) -> int:
     if not given(args, "--output"):
         args += ["--output", "results/parity-self-test"]
     base = config_from_args(run_options_for("parity", ["--strategy", "ddp", *args]))
-    checks = controls(base.batch_size, base.peak_lr)
+    checks = controls(base.peak_lr)
     rows = list({r.name: r for c in checks for r in (c.a, c.b)}.values())
     keys = {}
     for row in rows:  # every row's runs first (resumable: a sweep skips what is done)
@@ -181,7 +181,8 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
                           "table over N comes from `make parity`)")
     if args.repeats < 2:
         raise ConfigError(f"--repeats must be at least 2 to test anything (got {args.repeats})")
-    for flag in ("--strategy", "--gpus", "--tag", "--grad-accum", "--warmup-epochs"):
+    for flag in ("--strategy", "--gpus", "--tag", "--grad-accum", "--ghost-bn",
+                 "--warmup-epochs"):
         if given(passed_on, flag):
             raise ConfigError(f"bench parity sets {flag} itself for each control")
     return run_self_test(passed_on, args.repeats)

@@ -79,6 +79,8 @@ def sweep_key(cfg: RunConfig) -> str:
         del recipe["batch_fits_in"]
     if not cfg.cpu_syncbn:  # likewise
         del recipe["cpu_syncbn"]
+    if cfg.ghost_bn is None:  # likewise
+        del recipe["ghost_bn"]
     if cfg.workers is not None:
         recipe["workers"] = cfg.workers
     text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)

@@ -143,6 +143,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                        help="ResNet-18 channel multiplier (1.0 = the real model)")
     train.add_argument("--no-syncbn", action="store_true",
                        help="keep per-replica BatchNorm (SyncBatchNorm otherwise, on GPU)")
+    train.add_argument("--ghost-bn", type=int, default=None, metavar="G",
+                       help="BatchNorm's training statistics over each G images of a "
+                            "replica's batch, in one forward: per-replica BN at G a replica")
 
     target = p.add_argument_group("time to accuracy")
     target.add_argument("--target-top1", type=float, default=None, metavar="P",

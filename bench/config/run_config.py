@@ -225,6 +225,9 @@ class RunConfig:
     powersgd_rank: int = 1
     reshard_after_forward: bool = True  # fsdp: False keeps parameters gathered for backward
     syncbn: bool = True  # SyncBatchNorm where the strategy and device support it
+    # --ghost-bn G: BatchNorm's training statistics over each G images of a replica's
+    # micro-batch (bench/models/ghost_batchnorm.py); None: over the whole micro-batch
+    ghost_bn: int | None = None
     output: str = "results"
     master_port: int | None = None
     timeout: float = 300.0  # seconds a collective (or a wait for a loader batch) may take
@@ -366,6 +369,12 @@ class RunConfig:
                               f"more (got {self.hosts!r})")
         if self.grad_accum < 1:
             raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
+        if self.ghost_bn is not None and self.ghost_bn < 1:
+            raise ConfigError(f"--ghost-bn takes the images a group holds, 1 or more (got "
+                              f"{self.ghost_bn})")
+        if self.ghost_bn is not None and self.cpu_syncbn:
+            raise ConfigError("--ghost-bn keeps BatchNorm's statistics per group of a "
+                              "replica's images, --cpu-syncbn over the global batch: drop one")
         if not 1 <= self.powersgd_rank <= 64:
             raise ConfigError(f"--powersgd-rank must lie in 1..64 (got {self.powersgd_rank})")
         if self.powersgd_rank != 1 and self.ddp_comm_hook != "powersgd":
@@ -402,6 +411,20 @@ class RunConfig:
                 f"use a multiple of {parts}, e.g. --batch-size {max(lower, parts)}"
             )
         return self.batch_size // replicas
+
+    def check_ghost_bn(self, micro_batch: int, device_type: str, replicas: int) -> None:
+        """--ghost-bn G needs each replica's micro-batch to split into groups of G, and
+        BatchNorm per replica (SyncBatchNorm's statistics span the replicas)."""
+        if self.ghost_bn is None:
+            return
+        if micro_batch % self.ghost_bn:
+            raise ConfigError(
+                f"--ghost-bn {self.ghost_bn} does not split a replica's micro-batch of "
+                f"{micro_batch} images into whole groups; use a divisor of {micro_batch}")
+        if device_type == "cuda" and replicas > 1 and self.syncbn:
+            raise ConfigError("--ghost-bn keeps BatchNorm's statistics per group of a "
+                              "replica's images, SyncBatchNorm over the replicas: add "
+                              "--no-syncbn")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -199,6 +199,9 @@ def speed_options(rec: dict[str, Any]) -> str:
         chosen.append("no reshard")
     if strategy_options.get("cpu_syncbn") and rec.get("norm") == "syncbn":
         chosen.append("cpu syncbn")  # other math and more collectives than per replica
+    ghost = (rec.get("config") or {}).get("ghost_bn")
+    if ghost:
+        chosen.append(f"ghost BN {ghost}")  # BatchNorm over groups of G: other math
     if rec.get("loader") == "gpu":
         chosen.append("gpu loader")
     elif rec.get("workers_per_replica") not in (None, USUAL_WORKERS.get(rec.get("device"))):

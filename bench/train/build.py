@@ -12,8 +12,10 @@ from torch import nn
 from bench.config.run_config import RunConfig
 from bench.data.datasets import model_spec
 from bench.data.loaders import batch_to_device, input_memory_format
+from bench.models.ghost_batchnorm import GhostBatchNorm
 from bench.models.parameters import count_parameters
 from bench.models.registry import ModelSpec
+from bench.tools.errors import ConfigError
 from strategies.base import OptimizerFactory, Strategy, batchnorm_layers
 from strategies.precision import Precision
 
@@ -118,6 +120,10 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     torch.manual_seed(cfg.seed)
     spec = model_spec(cfg)
     model = spec.build()
+    if cfg.ghost_bn is not None:
+        if not batchnorm_layers(model):
+            raise ConfigError(f"--ghost-bn: {cfg.model} has no BatchNorm layer to group; drop it")
+        model = GhostBatchNorm.convert(model, cfg.ghost_bn)
     parameters = count_parameters(model)
     bn_layers = batchnorm_layers(model)
     dtype = torch.float64 if cfg.verify_float64 else torch.float32
