@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import USER_MODELS, run_bench
 from torch import nn
 
 from bench.models.ghost_batchnorm import GhostBatchNorm
@@ -83,3 +84,14 @@ def test_a_ghost_batchnorm_run_is_a_row_of_its_own():
               "lr_reference_batch": 128}
     assert speed_options(record) == "ghost BN 2"
     assert speed_options({**record, "config": {"ghost_bn": None}}) == "—"
+
+
+def test_a_model_without_batchnorm_is_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "out"
+    proc = run_bench("run", "--strategy", "ddp", "--cpu", "--model", "user_models:tiny_cnn",
+                     "--data", "synthetic", "--train-limit", "64", "--test-limit", "8",
+                     "--batch-size", "32", "--ghost-bn", "2", "--output", str(out),
+                     env=USER_MODELS)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "has no BatchNorm layer: drop --ghost-bn" in proc.stderr
+    assert not out.exists()

@@ -30,7 +30,7 @@ from bench.tools.errors import ConfigError
 from bench.tools.faults import Fault, defect_from_env
 from bench.train.build import tf32_label
 from bench.train.mllog import check_mllog_path
-from strategies.base import cpu_threads_per_process
+from strategies.base import batchnorm_layers, cpu_threads_per_process
 
 
 def watchdog_timeout(timeout: float) -> float:
@@ -78,7 +78,10 @@ class RunPlan:
         Fault.from_env()  # the test hooks' variables are read by every rank: checked here
         defect_from_env()
         self.spec = model_spec(cfg)  # the data's classes and the run's image size
-        check_model_builds(self.spec)
+        built = check_model_builds(self.spec)
+        if cfg.ghost_bn is not None and not batchnorm_layers(built):
+            raise ConfigError(f"--ghost-bn groups BatchNorm's statistics; --model {cfg.model} "
+                              "has no BatchNorm layer: drop --ghost-bn")
         self.strategy = resolve_strategy(cfg)
         self.device_type = resolve_device(cfg)
         resolved: dict[str, Any] = {

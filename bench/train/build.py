@@ -15,7 +15,6 @@ from bench.data.loaders import batch_to_device, input_memory_format
 from bench.models.ghost_batchnorm import GhostBatchNorm
 from bench.models.parameters import count_parameters
 from bench.models.registry import ModelSpec
-from bench.tools.errors import ConfigError
 from strategies.base import OptimizerFactory, Strategy, batchnorm_layers
 from strategies.precision import Precision
 
@@ -120,9 +119,7 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     torch.manual_seed(cfg.seed)
     spec = model_spec(cfg)
     model = spec.build()
-    if cfg.ghost_bn is not None:
-        if not batchnorm_layers(model):
-            raise ConfigError(f"--ghost-bn: {cfg.model} has no BatchNorm layer to group; drop it")
+    if cfg.ghost_bn is not None:  # a model without BatchNorm was refused by the plan
         model = GhostBatchNorm.convert(model, cfg.ghost_bn)
     parameters = count_parameters(model)
     bn_layers = batchnorm_layers(model)
