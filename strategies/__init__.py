@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bench.config.run_config import StrategyOptions
+from bench.config.strategy_parts import StrategyOptions
 
 if TYPE_CHECKING:
     from strategies.base import Strategy

@@ -13,7 +13,7 @@ import importlib.util
 import torch
 from torch import nn
 
-from bench.config.run_config import ApexOptions, DDPOptions, Features, Topology
+from bench.config.strategy_parts import ApexOptions, DDPOptions, Features, Topology
 from bench.tools.errors import ConfigError
 from strategies.base import OptimizerFactory, SyncOff, has_batchnorm
 from strategies.ddp import DDPStrategy, _ddp_call_kwargs, ddp_still_communicating

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from bench.config.run_config import Features, Topology
+from bench.config.strategy_parts import Features, Topology
 from strategies.precision import Precision
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.config.run_config import DDPOptions, Features, Topology
+from bench.config.strategy_parts import DDPOptions, Features, Topology
 from bench.tools.errors import ConfigError
 from bench.tools.faults import slow_communication_note
 from strategies.base import Strategy, SyncOff

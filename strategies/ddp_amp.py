@@ -3,7 +3,7 @@ bf16 autocast (no scaler) on CUDA or CPU."""
 
 from __future__ import annotations
 
-from bench.config.run_config import Features, Topology
+from bench.config.strategy_parts import Features, Topology
 from bench.tools.errors import ConfigError
 from strategies.ddp import DDPStrategy
 

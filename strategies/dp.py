@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.config.run_config import Features, Topology
+from bench.config.strategy_parts import Features, Topology
 from bench.tools.errors import ConfigError
 from strategies.base import Strategy, has_batchnorm
 from strategies.precision import Precision

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench.config.run_config import Features, FSDPOptions, Topology
+from bench.config.strategy_parts import Features, FSDPOptions, Topology
 from bench.tools.errors import ConfigError
 from strategies.base import SyncOff
 from strategies.ddp import DDPStrategy

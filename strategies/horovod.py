@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.config.run_config import Features, HorovodOptions, Topology, host_slots
+from bench.config.strategy_parts import Features, HorovodOptions, Topology, host_slots
 from bench.tools.errors import ConfigError
 from strategies.base import Strategy, SyncOff
 from strategies.ddp import gpu_index

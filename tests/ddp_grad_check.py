@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 import strategies
-from bench.config.run_config import RunConfig, Topology
+from bench.config.run_config import RunConfig
+from bench.config.strategy_parts import Topology
 from bench.models.resnet_cifar import resnet18_cifar
 from strategies.precision import Precision
 

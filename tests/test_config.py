@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 import strategies
-from bench.config.run_config import RunConfig, Topology
+from bench.config.run_config import RunConfig
+from bench.config.strategy_parts import Topology
 from bench.launch.plan import RunPlan
 from bench.tools.errors import ConfigError
 from bench.train.schedule import lr_at
@@ -95,7 +96,7 @@ def test_worker_spec_survives_json(tmp_path):
 
 def test_fsdp_refuses_gloo_with_cuda_tensors():
     """FSDP2 over gloo on a shared GPU died of SIGSEGV on an H100: refused before start."""
-    from bench.config.run_config import Features
+    from bench.config.strategy_parts import Features
 
     fsdp = strategies.get("fsdp", RunConfig("fsdp").strategy_options)
     shared = Topology("cuda", gpus=2, backend="gloo", gpu_shared=True)
@@ -109,7 +110,7 @@ def test_dp_refuses_compile_on_several_gpus_only():
     """torch.compile breaks its graph at DataParallel's scatter/replicate/threads: a record of
     such a run would say 'compiled' of what mostly was not. One GPU, or the CPU's single
     replica, compile whole."""
-    from bench.config.run_config import Features
+    from bench.config.strategy_parts import Features
 
     dp = strategies.get("dp", RunConfig("dp").strategy_options)
     with pytest.raises(ConfigError, match="use ddp --compile, or dp on one GPU"):

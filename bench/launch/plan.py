@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.config.run_config import RunConfig, Topology, group_timeout, host_slots
+from bench.config.run_config import RunConfig, group_timeout
+from bench.config.strategy_parts import Topology, host_slots
 from bench.data.datasets import model_spec
 from bench.launch.preflight import (
     check_launch_options,

@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 import strategies
-from bench.config.run_config import GPU_LOADER_WORKERS, RunConfig, StrategyOptions
+from bench.config.run_config import GPU_LOADER_WORKERS, RunConfig
+from bench.config.strategy_parts import StrategyOptions
 from bench.data.datasets import check_memory, physical_memory
 from bench.data.image_sets import SYNTHETIC_SIZES, prepare_cifar100
 from bench.launch.slurm import slurm_task

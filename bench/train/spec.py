@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.config.run_config import RunConfig, Topology
+from bench.config.run_config import RunConfig
+from bench.config.strategy_parts import Topology
 from bench.records.files import write_atomic
 from bench.train.scratch import Scratch
 
