@@ -161,6 +161,24 @@ def test_the_reference_row_is_plain_ddp_not_a_compressed_one():
     assert table.loc["powersgd hook r=1", "delta_top1"] == pytest.approx(-20.0)
 
 
+def test_where_every_row_sets_the_learning_rate_the_reference_is_the_rate_most_rows_share():
+    """bench parity's folder: every run sets --lr 0.1 (not the default rule's 0.078 at batch
+    100) but one, at 0.0125 (the planted cost), sorted first. Both are "ddp N=1 with one
+    option"; the reference is the one the other rows build on (dp, ghost BN: lr 0.1)."""
+    def at(run_id, strategy, lr, top1, **extra):
+        rec = record(run_id, strategy, 1, [5.0, 4.0], [top1 / 2, top1])
+        return {**rec, "lr": lr, "base_lr": 0.1, "lr_reference_batch": 128, **extra}
+
+    table = summary_table([
+        at("a", "ddp", 0.1, 0.6), at("b", "ddp", 0.0125, 0.1), at("c", "dp", 0.1, 0.6),
+        at("d", "ddp", 0.1, 0.2, config={"ghost_bn": 2})]).set_index(["strategy", "options"])
+    assert next(o for s, o in table.index if s == "ddp") == "lr 0.0125"
+    assert bool(table.loc[("ddp", "lr 0.1"), "is_reference"])
+    assert table.loc[("ddp", "lr 0.0125"), "delta_top1"] == pytest.approx(-50.0)
+    assert table.loc[("ddp", "lr 0.1, ghost BN 2"), "delta_top1"] == pytest.approx(-40.0)
+    assert table.loc[("dp", "lr 0.1"), "delta_top1"] == pytest.approx(0.0)
+
+
 def test_sweep_key_is_the_workload_only():
     from bench.commands.sweep import sweep_key
     from bench.config.run_config import RunConfig

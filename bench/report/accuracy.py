@@ -51,23 +51,39 @@ def parse_reference(text: str) -> tuple[str, int]:
     return name, world_size
 
 
+def _options(text: str) -> list[str]:
+    """A row's options, one by one ("—": none)."""
+    return [] if text == "—" else [o.strip() for o in text.split(",")]
+
+
 def add_parity(table, reference: str):
     """Δ final top-1 (mean) against the reference row of the same workload and device, and
     Welch's p-value over the repeats. The reference row is the strategy at N replicas on its
     own GPUs, fp32 where it exists (else tf32, else the first precision), and without speed
-    or compression options where such a row exists (a PowerSGD row is no reference). A row
+    or compression options where such a row exists (a PowerSGD row is no reference), else
+    with the fewest, and of those the one whose options most rows share. A row
     that trained for another number of epochs than its reference is not compared: its
     accuracy is another schedule's (``other_epochs``: its count, else 0). Where each row
     trains at the largest batch it fits (``own_batch``), none is compared: the batches,
     and the learning rates scaled with them, differ."""
     name, world = parse_reference(reference)
+    # how many rows of each workload and device carry each option: among candidates alike
+    # in the rest, the reference is the one whose options the others build on (a folder
+    # whose runs all set --lr 0.1 compares them with "lr 0.1", not with "lr 0.0125")
+    shared: dict[tuple, Any] = {}
+    for r in table.itertuples():
+        for option in _options(r.options):
+            key = (r.workload, r.device, option)
+            shared[key] = shared.get(key, 0) + 1
     refs: dict[tuple, Any] = {}
     for r in table.itertuples():
         if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
             continue
         if r.own_batch:
             continue
-        rank = ({"fp32": 0, "tf32": 1}.get(r.precision, 2), r.options != "—")
+        options = _options(r.options)
+        rank = ({"fp32": 0, "tf32": 1}.get(r.precision, 2), len(options),
+                -min((shared[(r.workload, r.device, o)] for o in options), default=0))
         key = (r.workload, r.device)
         if key not in refs or rank < refs[key][0]:
             refs[key] = (rank, r.Index, r.finals, r.epochs)
