@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bench.models.batchnorm import replace_batchnorm
+
 
 def _channel_view(t: torch.Tensor, dims: int) -> torch.Tensor:
     """A per-channel vector shaped to broadcast over (N, C, ...) of ``dims`` dimensions."""
@@ -144,19 +146,6 @@ class CpuSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     def convert(cls, module: nn.Module, process_group: Any = None) -> nn.Module:
         """``module`` with every BatchNorm layer replaced by this one, its parameters and
         running statistics kept (``nn.SyncBatchNorm.convert_sync_batchnorm``'s CPU twin)."""
-        converted = module
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
-                module, cls):
-            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group)
-            if module.affine:
-                with torch.no_grad():
-                    converted.weight = module.weight
-                    converted.bias = module.bias
-            converted.running_mean = module.running_mean
-            converted.running_var = module.running_var
-            converted.num_batches_tracked = module.num_batches_tracked
-            converted.training = module.training
-        for name, child in module.named_children():
-            converted.add_module(name, cls.convert(child, process_group))
-        return converted
+        return replace_batchnorm(module, lambda bn: cls(
+            bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
+            process_group), cls)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bench.models.batchnorm import replace_batchnorm
+
 
 class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm whose training statistics are each ``group`` consecutive samples' own (the
@@ -85,23 +87,10 @@ class GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
     @classmethod
     def convert(cls, module: nn.Module, group: int) -> nn.Module:
         """``module`` with every BatchNorm layer replaced by a ghost one over ``group``
-        samples, its parameters and running statistics kept (as
-        ``nn.SyncBatchNorm.convert_sync_batchnorm`` converts)."""
-        converted = module
-        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
-                module, cls):
-            converted = cls(module.num_features, group, module.eps, module.momentum,
-                            module.affine, module.track_running_stats)
-            if module.affine:
-                converted.weight = module.weight
-                converted.bias = module.bias
-            converted.running_mean = module.running_mean
-            converted.running_var = module.running_var
-            converted.num_batches_tracked = module.num_batches_tracked
-            converted.training = module.training
-        for name, child in module.named_children():
-            converted.add_module(name, cls.convert(child, group))
-        return converted
+        samples, its parameters and running statistics kept."""
+        return replace_batchnorm(module, lambda bn: cls(
+            bn.num_features, group, bn.eps, bn.momentum, bn.affine, bn.track_running_stats),
+            cls)
 
 
 def _memory_format(x: torch.Tensor) -> torch.memory_format:
