@@ -41,6 +41,7 @@ class Strategy:
     own_options: frozenset[str] = frozenset()
     collective_forward = False  # True when every forward is a collective (FSDP)
     replicates_parameters = True  # every rank holds all parameters (False: sharded, FSDP)
+    syncs_batchnorm = True  # SyncBatchNorm on GPUs unless --no-syncbn (False: DataParallel)
 
     def __init__(self, name: str, *, launcher: str | None = None,
                  summary: str | None = None) -> None:

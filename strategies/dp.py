@@ -14,6 +14,7 @@ from strategies.precision import Precision
 class DataParallelStrategy(Strategy):
     launcher = "inline"
     summary = "nn.DataParallel, one process over N GPUs (one replica on CPU)"
+    syncs_batchnorm = False  # its replicas normalise alone (no SyncBatchNorm in it)
 
     def num_processes(self, topology: Topology) -> int:
         return 1

@@ -95,3 +95,20 @@ def test_a_model_without_batchnorm_is_refused_before_anything_is_written(tmp_pat
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "has no BatchNorm layer: drop --ghost-bn" in proc.stderr
     assert not out.exists()
+
+
+def test_on_gpus_ghost_batchnorm_asks_for_per_replica_batchnorm():
+    """Where the run would use SyncBatchNorm (GPUs, several replicas, a strategy that syncs:
+    not DataParallel), --ghost-bn needs --no-syncbn; this machine has no GPU to run it on."""
+    import strategies
+    from bench.config.run_config import RunConfig
+    from bench.config.strategy_parts import StrategyOptions
+    from bench.tools.errors import ConfigError
+
+    cfg = RunConfig("ddp", gpus=4, ghost_bn=2)
+    with pytest.raises(ConfigError, match="SyncBatchNorm over the replicas: add --no-syncbn"):
+        cfg.check_ghost_bn(32, syncs_batchnorm=True)
+    cfg.derive(syncbn=False).check_ghost_bn(32, syncs_batchnorm=True)
+    cfg.check_ghost_bn(32, syncs_batchnorm=False)
+    assert strategies.get("ddp", StrategyOptions()).syncs_batchnorm
+    assert not strategies.get("dp", StrategyOptions()).syncs_batchnorm

@@ -324,8 +324,8 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
         if not given(passed_on, flag):
             passed_on = [flag, default, *passed_on]
     if given(passed_on, "--ghost-bn"):
-        raise ConfigError("bench verify checks the strategies on BatchNorm over each "
-                          "replica's batch, its reference's; drop --ghost-bn")
+        raise ConfigError("bench verify's one-process reference normalises each replica's "
+                          "batch as a whole, not in ghost groups: drop --ghost-bn")
     run = run_options_for("verify", ["--strategy", "ddp", "--gpus", str(args.gpus),
                                      *passed_on])
     names = parse_list(args.strategies, "--strategies") if args.strategies else None

@@ -337,16 +337,17 @@ class RunConfig:
             )
         return self.batch_size // replicas
 
-    def check_ghost_bn(self, micro_batch: int, device_type: str, replicas: int) -> None:
+    def check_ghost_bn(self, micro_batch: int, syncs_batchnorm: bool) -> None:
         """--ghost-bn G needs each replica's micro-batch to split into groups of G, and
-        BatchNorm per replica (SyncBatchNorm's statistics span the replicas)."""
+        BatchNorm per replica (``syncs_batchnorm``: the run would use SyncBatchNorm, whose
+        statistics span the replicas)."""
         if self.ghost_bn is None:
             return
         if micro_batch % self.ghost_bn:
             raise ConfigError(
                 f"--ghost-bn {self.ghost_bn} does not split a replica's micro-batch of "
                 f"{micro_batch} images into whole groups; use a divisor of {micro_batch}")
-        if device_type == "cuda" and replicas > 1 and self.syncbn:
+        if syncs_batchnorm and self.syncbn:
             raise ConfigError("--ghost-bn keeps BatchNorm's statistics per group of a "
                               "replica's images, SyncBatchNorm over the replicas: add "
                               "--no-syncbn")

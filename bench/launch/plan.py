@@ -139,8 +139,9 @@ class RunPlan:
                             max(1, self.replicas_here // self.local_processes))
         self.per_replica_batch = cfg.check_batch_split(self.replicas)
         cfg.check_batch_split(self.processes)
-        cfg.check_ghost_bn(self.per_replica_batch // cfg.grad_accum, self.device_type,
-                           self.replicas)
+        cfg.check_ghost_bn(self.per_replica_batch // cfg.grad_accum,
+                           self.strategy.syncs_batchnorm and self.device_type == "cuda"
+                           and self.replicas > 1)
         if cfg.mllog:  # checked before anything is written
             check_mllog_path(cfg.mllog, "run-id")
         if not probe_output:  # a dry check (bench sweep validates every combination first)
