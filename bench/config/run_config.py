@@ -339,8 +339,9 @@ class RunConfig:
 
     def check_ghost_bn(self, micro_batch: int, syncs_batchnorm: bool) -> None:
         """--ghost-bn G needs each replica's micro-batch to split into groups of G, and
-        BatchNorm per replica (``syncs_batchnorm``: the run would use SyncBatchNorm, whose
-        statistics span the replicas)."""
+        BatchNorm per replica: ``syncs_batchnorm`` says the strategy, on this device and
+        number of replicas, would use SyncBatchNorm (whose statistics span the replicas)
+        unless --no-syncbn."""
         if self.ghost_bn is None:
             return
         if micro_batch % self.ghost_bn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from typing import Any
 
 from bench.tools.errors import ConfigError
@@ -70,11 +71,8 @@ def add_parity(table, reference: str):
     # how many rows of each workload and device carry each option: among candidates alike
     # in the rest, the reference is the one whose options the others build on (a folder
     # whose runs all set --lr 0.1 compares them with "lr 0.1", not with "lr 0.0125")
-    shared: dict[tuple, Any] = {}
-    for r in table.itertuples():
-        for option in _options(r.options):
-            key = (r.workload, r.device, option)
-            shared[key] = shared.get(key, 0) + 1
+    shared = Counter((r.workload, r.device, option) for r in table.itertuples()
+                     for option in _options(r.options))
     refs: dict[tuple, Any] = {}
     for r in table.itertuples():
         if (r.strategy, r.world_size, r.gpu_shared, r.status) != (name, world, False, "ok"):
