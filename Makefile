@@ -182,12 +182,20 @@ HOROVOD_TEST_MODE ?=
 # machine-wide) alone. `make test` is the gate (12 minutes on 2 cores); `make test-long`
 # the rest: other strategies on the same paths, statistical power, Slurm arrays, sweeps
 # killed and resumed (tests/tiers.py says which and why). CI runs both.
-# Each part names its 10 slowest tests.
+# Each part names its 10 slowest tests. TIER=all (CI) runs both tiers in one pass: one
+# parallel phase, then one serial, so that the workers are handed the long tier's tests
+# while the gate's are still there to fill the gaps, the minutes-long ones first
+# (tests/tiers.py FIRST), instead of each tier ending with a worker waiting on the other.
+TIER ?= gate
+ifneq ($(words $(filter $(TIER),gate all)),1)
+$(error TIER=$(TIER): use TIER=gate (the default) or TIER=all)
+endif
+TIER_MARK := $(if $(filter gate,$(TIER)),and not long)
 PYTEST := $(BIN)/python -m pytest --durations=10
 test: $(STAMP) lint
 	HOROVOD_BUILD_MODE=$(HOROVOD_TEST_MODE) $(MAKE) --no-print-directory horovod
-	$(PYTEST) -n 2 --dist loadgroup -m "not serial and not long" && \
-	  $(PYTEST) -m "serial and not long"
+	$(PYTEST) -n 2 --dist loadgroup -m "not serial $(TIER_MARK)" && \
+	  $(PYTEST) -m "serial $(TIER_MARK)"
 
 test-long: $(STAMP)
 	HOROVOD_BUILD_MODE=$(HOROVOD_TEST_MODE) $(MAKE) --no-print-directory horovod

@@ -139,12 +139,13 @@ def _cuda_count() -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    from tiers import is_long
+    from tiers import first_rank, is_long
 
     long = pytest.mark.long
     for item in items:  # what `make test` leaves to `make test-long` (tests/tiers.py)
         if is_long(item.nodeid):
             item.add_marker(long)
+    items.sort(key=lambda item: first_rank(item.nodeid))  # the longest first (tiers.FIRST)
     if _cuda_count() > 0:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none is visible on this machine")

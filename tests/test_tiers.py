@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from tiers import LONG, PATTERNS, is_long
+from tiers import FIRST, FIRST_PATTERNS, LONG, PATTERNS, is_long
 
 
 def test_every_entry_names_a_test_and_each_file_keeps_one_in_make_test():
@@ -17,6 +17,13 @@ def test_every_entry_names_a_test_and_each_file_keeps_one_in_make_test():
     everything = [line for line in proc.stdout.splitlines() if "::" in line]
     unmatched = [p for p, c in zip(LONG, PATTERNS) if not any(c.search(t) for t in everything)]
     assert not unmatched, f"tests/tiers.py names no test: {unmatched}"
+    unmatched = [p for p, c in zip(FIRST, FIRST_PATTERNS) if not any(c.search(t) for t in
+                                                                      everything)]
+    assert not unmatched, f"tests/tiers.py's FIRST names no test: {unmatched}"
+    # the collection starts with them, in FIRST's order (conftest sorts it)
+    firsts = [next(i for i, c in enumerate(FIRST_PATTERNS) if c.search(t))
+              for t in everything[:len(FIRST)]]
+    assert firsts == list(range(len(FIRST))), everything[:len(FIRST)]
     gate = [t for t in everything if not is_long(t)]
     files = {t.split("::")[0] for t in everything}
     assert files == {t.split("::")[0] for t in gate}, "a file left no test in make test"

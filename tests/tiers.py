@@ -126,7 +126,25 @@ LONG = {
 }
 PATTERNS = [re.compile(p) for p in LONG]
 
+# Tests of a minute or more (2026-11-28, fresh clone), in the order xdist hands them out:
+# first, so that no worker ends the run alone with one while the other has nothing left
+# (the suite is handed out as it goes; only the last test handed out can leave a worker
+# idle at the end). One that matches no test is caught by tests/test_tiers.py.
+FIRST = (
+    r"test_fit.py::test_a_sweep_at_the_largest",  # 190-200 s
+    r"test_parity.py::test_the_self_test_sees",  # 145-160 s
+    r"test_device_loader.py::test_speed_flags",  # 75 s
+    r"test_gpu_check.py::test_the_items_no_other_test_runs.*selftest_hook_fp16",  # 66 s
+)
+FIRST_PATTERNS = [re.compile(p) for p in FIRST]
+
 
 def is_long(nodeid: str) -> bool:
     """Whether `make test` leaves the test of this node id to `make test-long`."""
     return any(p.search(nodeid) for p in PATTERNS)
+
+
+def first_rank(nodeid: str) -> int:
+    """Where a test goes in the order the suite is handed out: its place in FIRST, else
+    after all of them (a stable sort keeps the rest in file order)."""
+    return next((i for i, p in enumerate(FIRST_PATTERNS) if p.search(nodeid)), len(FIRST))
