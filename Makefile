@@ -183,9 +183,8 @@ HOROVOD_TEST_MODE ?=
 # the rest: other strategies on the same paths, statistical power, Slurm arrays, sweeps
 # killed and resumed (tests/tiers.py says which and why). CI runs both.
 # Each part names its 10 slowest tests. TIER=all (CI) runs both tiers in one pass: one
-# parallel phase, then one serial, so that the workers are handed the long tier's tests
-# while the gate's are still there to fill the gaps, the minutes-long ones first
-# (tests/tiers.py FIRST), instead of each tier ending with a worker waiting on the other.
+# parallel phase (the minutes-long tests handed out first: tests/tiers.py FIRST), then one
+# serial, instead of two of each.
 TIER ?= gate
 ifneq ($(words $(filter $(TIER),gate all)),1)
 $(error TIER=$(TIER): use TIER=gate (the default) or TIER=all)

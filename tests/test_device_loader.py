@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    USER_MODELS,
     assert_ok,
     crop_candidates,
     distinguishable_image,
@@ -79,15 +80,20 @@ def test_speed_flags_are_recorded_and_change_no_batch(tmp_path):
     """The GPU loader (batch-wide crop/flip) with channels_last, foreach SGD and compile (whose
     warm-up draws a batch before the timed epochs) serves the same global batches, epoch by
     epoch, as the DataLoader with none of them. Compiled in the CUDA-graph mode, a CPU run
-    says that no CUDA graph ran, and its report row says so too."""
+    says that no CUDA graph ran, and its report row says so too. The model is a tiny CNN:
+    what it is does not change the batches, and with torch's compile cache empty, as on a
+    fresh machine, the compiled run took 68 CPU-s with ResNet-18 (x0.125) and 12 with it;
+    the GPU check's fastest-path item compiles ResNet-18 under DDP on CPU
+    (tests/test_gpu_check.py)."""
     common = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data",
-              "synthetic", "--train-limit", "256", "--test-limit", "10", "--width", "0.125",
-              "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0"]
-    assert_ok(run_bench("run", *common, "--loader", "torch", "--output", str(tmp_path / "torch")))
+              "synthetic", "--train-limit", "256", "--test-limit", "10", "--model",
+              "user_models:tiny_cnn", "--batch-size", "32", "--no-progress",
+              "--comm-probe-steps", "0"]
+    assert_ok(run_bench("run", *common, "--loader", "torch", "--output", str(tmp_path / "torch"),
+                        env=USER_MODELS))
     assert_ok(run_bench("run", *common, "--loader", "gpu", "--channels-last", "--optimizer-impl",
                         "foreach", "--compile", "reduce-overhead", "--output",
-                        str(tmp_path / "fast"),
-                        timeout=600))
+                        str(tmp_path / "fast"), env=USER_MODELS, timeout=600))
     plain, fast = only_record(tmp_path / "torch"), only_record(tmp_path / "fast")
     assert fast["loader"] == "gpu" and fast["channels_last"] is True
     assert fast["optimizer_impl"] == "foreach" and fast["compile"] is True

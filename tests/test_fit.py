@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, USER_MODELS, run_bench
 
+from bench.commands.fit import MAX_AIMS, WITHIN, Try, search
 from bench.tools.memory_limit import MemoryCage, unavailable
 
 # 32 M parameters in 16 tensors, 128 MiB a part (tests/data/user_models.py). Under 2.3 GiB
@@ -56,6 +57,59 @@ def test_the_batch_found_trains_and_twice_it_runs_out_of_memory():
             cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=cage.enter,
             env={**os.environ, **USER_MODELS})
         assert run.returncode != 0 and cage.oom_killed(), run.stderr[-2000:]
+
+
+GIB, MIB = 2**30, 2**20
+
+
+def _machine(cap: int, fixed: int, per_image: int, saturating: bool = False):
+    """A try on a machine whose memory grows linearly with the batch and runs out above
+    ``cap``. ``saturating``: its measured peaks flatten towards the cap as they near it (a
+    cgroup reclaiming its page cache near the limit), cap - (cap - peak)² / (cap - fixed),
+    so that a line through two of them reaches the cap short of the batch that fits."""
+
+    def run_try(batch, replicas, args, limit, gpu_memory, timeout):
+        peak = fixed + per_image * batch
+        if peak > cap:
+            return Try(batch, False, "out of memory: the machine's", 0.0)
+        if saturating:
+            peak = cap - (cap - peak) ** 2 // (cap - fixed)
+        return Try(batch, True, "ok", 0.0, None, peak)
+
+    return run_try
+
+
+@pytest.mark.parametrize("fixed_mib, per_image_kib, start", [
+    (2181, 1600, 128),  # the 2-rank ddp search of the test below: 64 fit at 2.23 GiB, 96 at 2.28
+    (2068, 1440, 128),  # its ddp-zero search: 128 fit at 2.20 GiB, 192 at 2.29
+    (900, 4000, 192),   # the 1-rank search above, under 1.5 GiB
+    (300, 2000, 8),     # a start far below the answer (1,052)
+])
+def test_the_peaks_aim_the_search_at_the_same_batch_in_fewer_tries(fixed_mib, per_image_kib,
+                                                                    start):
+    """On a machine whose memory is linear in the batch, aiming at where the tries' peaks
+    reach the cap finds a batch the bisection alone would also accept (the largest that
+    fits is within the last bracket, within 5 %), in fewer tries; where the peaks flatten
+    near the cap (a cgroup's page cache near its limit), it still finds one, and takes at
+    most the tries it aimed more than the bisection."""
+    cap, fixed, per_image = int(2.3 * GIB), fixed_mib * MIB, per_image_kib * 1024
+    if start == 192:
+        cap = int(1.5 * GIB)
+    largest = (cap - fixed) // per_image  # the machine's answer, from its own line
+
+    def run(saturating: bool, aims: int) -> tuple[int, int]:
+        found, tries = search(start, 1, [], cap, None, 50, 600, say=lambda line: None,
+                              run_try=_machine(cap, fixed, per_image, saturating),
+                              max_aims=aims)
+        failed = min(t.batch for t in tries if not t.ok)
+        assert found <= largest < failed <= found + max(1, math.floor(WITHIN * found)), tries
+        return found, len(tries)
+
+    _, bisection = run(False, 0)
+    _, aimed = run(False, MAX_AIMS)
+    assert aimed < bisection, (aimed, bisection)
+    _, flattened = run(True, MAX_AIMS)
+    assert flattened <= bisection + MAX_AIMS, (flattened, bisection)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -1,4 +1,4 @@
-"""Which tests `make test` leaves to `make test-long` (CI runs both, in that order).
+"""Which tests `make test` leaves to `make test-long` (CI runs both in one pass: TIER=all).
 
 `make test` is the gate a change must pass before it is committed: every test that starts no
 run, and each behaviour once on its main path (ddp under torchrun, one fault of each kind,
@@ -126,15 +126,14 @@ LONG = {
 }
 PATTERNS = [re.compile(p) for p in LONG]
 
-# Tests of a minute or more (2026-11-28, fresh clone), in the order xdist hands them out:
-# first, so that no worker ends the run alone with one while the other has nothing left
-# (the suite is handed out as it goes; only the last test handed out can leave a worker
-# idle at the end). One that matches no test is caught by tests/test_tiers.py.
+# Tests of a minute or more (2026-11-28, fresh clones), handed out first, so that no
+# worker ends the run alone with one while the other has nothing left (the suite is handed
+# out as it goes; only the last test handed out can leave a worker idle at the end). One
+# that matches no test is caught by tests/test_tiers.py.
 FIRST = (
-    r"test_fit.py::test_a_sweep_at_the_largest",  # 190-200 s
+    r"test_fit.py::test_a_sweep_at_the_largest",  # 190-220 s
     r"test_parity.py::test_the_self_test_sees",  # 145-160 s
-    r"test_device_loader.py::test_speed_flags",  # 75 s
-    r"test_gpu_check.py::test_the_items_no_other_test_runs.*selftest_hook_fp16",  # 66 s
+    r"test_gpu_check.py::test_the_items_no_other_test_runs.*selftest_hook_fp16",  # 61-66 s
 )
 FIRST_PATTERNS = [re.compile(p) for p in FIRST]
 

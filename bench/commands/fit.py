@@ -1,11 +1,12 @@
 """`bench fit`: the largest per-replica batch a strategy trains a few steps and evaluates
-at without running out of memory — doubling, then bisection to within 5 %, each try a fresh
-`bench run` (an out-of-memory must not poison the next), bounded in tries and time. On CPU
-under a real limit on the try's processes (--memory-limit: a cgroup it makes as root); on
-CUDA against the device, or a share of it (--gpu-memory). Prints each try and a table with
-the record's memory parts at the batch found. On CPU a try's freed memory leaves its resident
-set at once (CPU_TRY_ENV), so that what fits is what the strategy holds, not what the C
-allocator kept."""
+at without running out of memory — doubling, then closing in to within 5 % (aimed at where
+the peaks the tries measured reach the limit, bisection where they cannot say), each try a
+fresh `bench run` (an out-of-memory must not poison the next), bounded in tries and time.
+On CPU under a real limit on the try's processes (--memory-limit: a cgroup it makes as
+root); on CUDA against the device, or a share of it (--gpu-memory). Prints each try and a
+table with the record's memory parts at the batch found. On CPU a try's freed memory leaves
+its resident set at once (CPU_TRY_ENV), so that what fits is what the strategy holds, not
+what the C allocator kept."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.config.options import config_from_args, given, run_options_for
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
@@ -28,7 +29,8 @@ from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
 USES_TORCH = True
 STEPS = 3  # training steps a try takes (the first is its warm-up), then one evaluation
-WITHIN = 0.05  # bisection stops when the failing batch is within this of the largest ok one
+WITHIN = 0.05  # the search stops when the failing batch is within this of the largest ok one
+MAX_AIMS = 2  # tries aimed by the tries' peaks (`aim`) before plain bisection
 MAX_TRIES, MAX_MINUTES = 12, 20.0  # the search's bounds unless told otherwise
 # Run options each try sets itself (a user's are refused; a sweep's are left out of a try)
 TRY_SETS = ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output",
@@ -52,6 +54,7 @@ class Try:
     cause: str
     seconds: float
     record: dict[str, Any] | None = field(default=None, repr=False)
+    peak: int | None = None  # bytes, measured as the limit counts them (a try that fit)
 
     @property
     def out_of_memory(self) -> bool:
@@ -102,7 +105,9 @@ def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
     if rc == 0 and rec is not None and rec.get("status") == "ok":
         cause = "ok" + (f" (the try's processes peaked at {peak / 2**30:.2f} GiB)"
                         if peak else "")
-        return Try(batch, True, cause, seconds, rec)
+        if gpu_memory is not None:  # the share caps what torch's allocator reserves
+            peak = (rec.get("memory_parts") or {}).get("reserved")
+        return Try(batch, True, cause, seconds, rec, peak or None)
     error = str((rec or {}).get("error") or text.strip().splitlines()[-1:] or "failed")
     if killed:
         cause = (f"out of memory: the kernel's OOM killer ended a process at the "
@@ -114,19 +119,45 @@ def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
     return Try(batch, False, cause, seconds, rec)
 
 
+def aim(lo: int, hi: int, peaks: dict[int, int], cap: int | None) -> int | None:
+    """The batch to try next between ``lo`` (the largest that fit) and ``hi`` (the smallest
+    that did not), or None where the tries' peaks cannot say (then bisection's midpoint).
+
+    A try's peak grows about linearly with its batch, so the line through the peaks of the
+    two largest tries that fit (``peaks``: batch -> bytes, measured as ``cap`` counts them)
+    says at which batch the cap is reached. Where that is within the stopping width above
+    ``lo``, the try goes the width above ``lo``, where it should not fit, and closes the
+    search; else half the width below it, where it should fit, so that the next can close.
+    Peaks that flatten near the cap (a cgroup reclaiming its page cache) make the line aim
+    low: `search` aims MAX_AIMS times at most, then bisects."""
+    width = max(1, math.floor(WITHIN * lo))
+    measured = sorted(peaks.items())
+    if cap is None or len(measured) < 2:
+        return None
+    (b1, p1), (b2, p2) = measured[-2:]
+    if p2 <= p1:
+        return None
+    at_cap = b2 + (cap - p2) * (b2 - b1) / (p2 - p1)
+    batch = lo + width if at_cap < lo + width else math.floor(at_cap - width / 2)
+    return batch if lo < batch < hi else None
+
+
 def search(start: int, replicas: int, args: list[str], limit: int | None,
            gpu_memory: float | None, max_tries: int, max_seconds: float,
-           say=print) -> tuple[int | None, list[Try]]:
-    """Doubling from ``start`` until a try runs out of memory, then bisection until the
-    failing batch is within WITHIN of the largest that trained; (that batch or None, the
-    tries). A failure that is not out of memory ends the search (it says nothing of fit)."""
+           say=print, run_try: Callable[..., Try] = one_try,
+           max_aims: int = MAX_AIMS) -> tuple[int | None, list[Try]]:
+    """Doubling from ``start`` until a try runs out of memory, then closing in (``aim``,
+    ``max_aims`` times at most, else bisection) until the failing batch is within WITHIN
+    of the largest that trained; (that batch or None, the tries). A failure that is not out
+    of memory ends the search (it says nothing of fit). ``run_try`` takes ``one_try``'s
+    arguments."""
     tries: list[Try] = []
     deadline = time.monotonic() + max_seconds
     lo, hi = None, None  # largest ok, smallest out of memory (per replica)
     batch = start
 
     def attempt(b: int) -> Try:
-        t = one_try(b, replicas, args, limit, gpu_memory,
+        t = run_try(b, replicas, args, limit, gpu_memory,
                     timeout=max(60.0, deadline - time.monotonic()))
         tries.append(t)
         say(f"bench fit: batch {b} per replica ({b * replicas} global): {t.cause} "
@@ -150,14 +181,18 @@ def search(start: int, replicas: int, args: list[str], limit: int | None,
             batch = max(1, batch // 2)
         else:
             return lo, tries
+    cap = limit if gpu_memory is None else int(gpu_memory * 2**30)
+    aims = 0
     while budget() and lo is not None and hi is not None and (
             hi - lo > max(1, math.floor(WITHIN * lo))):
-        mid = (lo + hi) // 2
-        t = attempt(mid)
+        peaks = {t.batch: t.peak for t in tries if t.ok and t.peak}
+        aimed = aim(lo, hi, peaks, cap) if aims < max_aims else None
+        aims += aimed is not None
+        t = attempt((lo + hi) // 2 if aimed is None else aimed)
         if t.ok:
-            lo = mid
+            lo = t.batch
         elif t.out_of_memory:
-            hi = mid
+            hi = t.batch
         else:
             break
     return lo, tries
