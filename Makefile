@@ -181,7 +181,7 @@ HOROVOD_TEST_MODE ?=
 # marked serial (a neighbour's load would move their figures, or they look for processes
 # machine-wide) alone. `make test` is the gate (12 minutes on 2 cores); `make test-long`
 # the rest: other strategies on the same paths, statistical power, Slurm arrays, sweeps
-# killed and resumed (tests/tiers.py says which and why). CI runs both.
+# killed and resumed (tests/tiers.py says which and why).
 # Each part names its 10 slowest tests. TIER=all (CI) runs both tiers in one pass: one
 # parallel phase (the minutes-long tests handed out first: tests/tiers.py FIRST), then one
 # serial, instead of two of each.
