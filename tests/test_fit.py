@@ -79,22 +79,21 @@ def _machine(cap: int, fixed: int, per_image: int, saturating: bool = False):
     return run_try
 
 
-@pytest.mark.parametrize("fixed_mib, per_image_kib, start", [
-    (2181, 1600, 128),  # the 2-rank ddp search of the test below: 64 fit at 2.23 GiB, 96 at 2.28
-    (2068, 1440, 128),  # its ddp-zero search: 128 fit at 2.20 GiB, 192 at 2.29
-    (900, 4000, 192),   # the 1-rank search above, under 1.5 GiB
-    (300, 2000, 8),     # a start far below the answer (1,052)
+@pytest.mark.parametrize("cap_gib, fixed_mib, per_image_kib, start", [
+    (2.3, 2181, 1600, 128),  # the 2-rank ddp search of the test below: 64 fit at 2.23 GiB,
+                             # 96 at 2.28
+    (2.3, 2068, 1440, 128),  # its ddp-zero search: 128 fit at 2.20 GiB, 192 at 2.29
+    (1.5, 900, 4000, 192),   # the 1-rank search above
+    (2.3, 300, 2000, 8),     # a start far below the answer (1,052)
 ])
-def test_the_peaks_aim_the_search_at_the_same_batch_in_fewer_tries(fixed_mib, per_image_kib,
-                                                                    start):
+def test_the_peaks_aim_the_search_at_the_same_batch_in_fewer_tries(cap_gib, fixed_mib,
+                                                                    per_image_kib, start):
     """On a machine whose memory is linear in the batch, aiming at where the tries' peaks
     reach the cap finds a batch the bisection alone would also accept (the largest that
     fits is within the last bracket, within 5 %), in fewer tries; where the peaks flatten
     near the cap (a cgroup's page cache near its limit), it still finds one, and takes at
     most the tries it aimed more than the bisection."""
-    cap, fixed, per_image = int(2.3 * GIB), fixed_mib * MIB, per_image_kib * 1024
-    if start == 192:
-        cap = int(1.5 * GIB)
+    cap, fixed, per_image = int(cap_gib * GIB), fixed_mib * MIB, per_image_kib * 1024
     largest = (cap - fixed) // per_image  # the machine's answer, from its own line
 
     def run(saturating: bool, aims: int) -> tuple[int, int]:

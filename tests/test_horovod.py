@@ -24,11 +24,15 @@ REASON = HorovodStrategy("horovod").requires("cpu")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"horovod unavailable: {REASON}")
 
 
-def _run(cifar_dir, out, *extra: str):
+# what FAST runs with the model a user writes instead of ResNet-18 (x0.125)
+TINY_CNN = ["--model", "user_models:tiny_cnn", "--batch-size", "32", "--no-progress", *NO_PROBE]
+
+
+def _run(cifar_dir, out, *extra: str, model_and_size: list[str] = FAST, env=None):
     return run_bench(
         "run", "--strategy", "horovod", "--gpus", "2", "--cpu", "--epochs", "2",
         "--data", "cifar100", "--data-dir", str(cifar_dir), "--no-download",
-        "--output", str(out), *FAST, *extra, timeout=600,
+        "--output", str(out), *model_and_size, *extra, timeout=600, env=env,
     )
 
 
@@ -68,11 +72,8 @@ def test_horovod_compile_warm_up(cifar_dir, tmp_path):
     model is a tiny CNN: the warm-up is the same for any, and with torch's compile cache
     empty, as on a fresh machine, the run took 76 CPU-s with ResNet-18 (x0.125) and 39
     with it."""
-    assert_ok(run_bench(
-        "run", "--strategy", "horovod", "--gpus", "2", "--cpu", "--epochs", "1", "--data",
-        "cifar100", "--data-dir", str(cifar_dir), "--no-download", "--model",
-        "user_models:tiny_cnn", "--batch-size", "32", "--no-progress", *NO_PROBE,
-        "--compile", "--output", str(tmp_path), env=USER_MODELS, timeout=600))
+    assert_ok(_run(cifar_dir, tmp_path, "--compile", "--epochs", "1", model_and_size=TINY_CNN,
+                   env=USER_MODELS))
     rec = only_record(tmp_path)
     assert rec["compile"] is True and rec["compile_time_s"] > 0
 

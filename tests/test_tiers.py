@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from tiers import FIRST, FIRST_PATTERNS, LONG, PATTERNS, is_long
+from tiers import FIRST, FIRST_PATTERNS, LONG, PATTERNS, first_rank, is_long
 
 
 def test_every_entry_names_a_test_and_each_file_keeps_one_in_make_test():
@@ -21,8 +21,7 @@ def test_every_entry_names_a_test_and_each_file_keeps_one_in_make_test():
                                                                       everything)]
     assert not unmatched, f"tests/tiers.py's FIRST names no test: {unmatched}"
     # the collection starts with them, in FIRST's order (conftest sorts it)
-    firsts = [next(i for i, c in enumerate(FIRST_PATTERNS) if c.search(t))
-              for t in everything[:len(FIRST)]]
+    firsts = [first_rank(t) for t in everything[:len(FIRST)]]
     assert firsts == list(range(len(FIRST))), everything[:len(FIRST)]
     gate = [t for t in everything if not is_long(t)]
     files = {t.split("::")[0] for t in everything}
