@@ -192,12 +192,70 @@ def patch_source(src: Path, std: int, mode: str) -> None:
     # nvcc of CUDA 12+ rejects --std=c++11 next to today's headers.
     sub("horovod/common/ops/cuda/CMakeLists.txt", r"set\(CMAKE_CUDA_STANDARD 11\)",
         "set(CMAKE_CUDA_STANDARD 17)", "CUDA C++11 -> C++17")
+    # FindPytorch asks torch seven questions (eight with ROCm), each in a Python of its own
+    # that imports torch (12.8 of the configure's 19 s here): one answers them all (FIND_PYTORCH).
+    find = src / "cmake" / "Modules" / "FindPytorch.cmake"
+    if find.read_text().count("execute_process(COMMAND ${PY_EXE}") != 8:
+        sys.exit("cannot patch cmake/Modules/FindPytorch.cmake: not 0.28.1's eight questions")
+    find.write_text(FIND_PYTORCH.replace("@CPU_ONLY@", str(mode == "cpu")))
+    log("patched cmake/Modules/FindPytorch.cmake: torch asked once")
     if mode == "cpu":
         # Horovod builds CUDA code whenever torch is a CUDA build and a toolkit exists; in CPU
-        # mode tell its CMake that this torch has no CUDA.
-        marker_line = 'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)'
-        sub("cmake/Modules/FindPytorch.cmake", re.escape(marker_line),
-            marker_line.replace("\\", "\\\\") + '\nset(Pytorch_CUDA "FALSE")', "CPU-only")
+        # mode FindPytorch says this torch has no CUDA (above), and no CUDA compiler is
+        # looked for (nvcc on PATH: 4.7 s of compiling CMake's test files)
+        sub("CMakeLists.txt", r"check_language\(CUDA\)\nif\(NOT CMAKE_CUDA_COMPILER\)",
+            "if(FALSE)  # CPU mode (parallel-bench): no CUDA compiler", "CPU-only")
+
+
+# Horovod 0.28.1's FindPytorch.cmake, its seven ``python -c "import torch; ..."`` calls made
+# one: the Python writes the answers as a CMake file, which the module includes. The rest is
+# the original's (Pytorch_EXT, the libraries found, the C++11 ABI flag).
+FIND_PYTORCH = r"""# FindPytorch for parallel-bench's Horovod build (scripts/build_horovod.py): sets
+#  PYTORCH_FOUND Pytorch_INCLUDE_DIRS Pytorch_LIBRARY_DIRS Pytorch_LIBRARIES
+#  Pytorch_COMPILE_FLAGS Pytorch_VERSION Pytorch_CUDA Pytorch_ROCM Pytorch_CXX11
+list(APPEND CMAKE_PREFIX_PATH ${Pytorch_ROOT})
+set(_answers "${CMAKE_BINARY_DIR}/pytorch_answers.cmake")
+file(REMOVE "${_answers}")
+execute_process(COMMAND ${PY_EXE} -c "
+import os, sys
+sys.stdout = sys.stderr = open(os.devnull, 'w')  # torch's warnings
+import torch
+from torch.utils import cpp_extension as c
+cuda = torch.version.cuda is not None and c.CUDA_HOME is not None and not @CPU_ONLY@
+rocm = torch.version.hip is not None and c.ROCM_HOME is not None
+ext = (c.CUDAExtension if cuda or rocm else c.CppExtension)('', [])
+answers = dict(Pytorch_VERSION=torch.__version__, Pytorch_CUDA=str(cuda).upper(),
+               Pytorch_ROCM=str(rocm).upper(),
+               Pytorch_COMPILE_FLAGS=' '.join(c.COMMON_HIPCC_FLAGS) if rocm else '',
+               Pytorch_EXT='CUDAExtension' if cuda or rocm else 'CppExtension',
+               Pytorch_INCLUDE_DIRS=';'.join(ext.include_dirs),
+               Pytorch_LIBRARY_DIRS=';'.join(ext.library_dirs),
+               _Pytorch_LIBRARIES=';'.join(ext.libraries),
+               Pytorch_CXX11=str(torch.compiled_with_cxx11_abi()).upper())
+q = lambda v: v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))
+with open(sys.argv[1], 'w') as f:
+    f.writelines(f'set({k} {chr(34)}{q(v)}{chr(34)})' + chr(10) for k, v in answers.items())
+" "${_answers}")
+if(EXISTS "${_answers}")
+    include("${_answers}")
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(Pytorch REQUIRED_VARS Pytorch_VERSION VERSION_VAR Pytorch_VERSION)
+if(NOT PYTORCH_FOUND)
+    return()
+endif()
+foreach(_LIB IN LISTS _Pytorch_LIBRARIES)
+    find_library(FOUND_LIB_${_LIB} NAMES ${_LIB} HINTS ${Pytorch_LIBRARY_DIRS})
+    list(APPEND Pytorch_LIBRARIES ${FOUND_LIB_${_LIB}})
+endforeach()
+if (Pytorch_CXX11)
+    set(Pytorch_COMPILE_FLAGS "${Pytorch_COMPILE_FLAGS} -D_GLIBCXX_USE_CXX11_ABI=1")
+else()
+    set(Pytorch_COMPILE_FLAGS "${Pytorch_COMPILE_FLAGS} -D_GLIBCXX_USE_CXX11_ABI=0")
+endif()
+mark_as_advanced(Pytorch_INCLUDE_DIRS Pytorch_LIBRARY_DIRS Pytorch_LIBRARIES Pytorch_COMPILE_FLAGS
+                 Pytorch_VERSION Pytorch_CUDA Pytorch_ROCM Pytorch_CXX11)
+"""
 
 
 def find_wheel_nccl() -> Path | None:

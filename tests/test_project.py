@@ -121,13 +121,21 @@ def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
         assert abs(point["error_pct"]) < 35, proc.stdout
     # over the plain DDP points (PowerSGD's step varies most from run to run): the model's
     # median |error| within 20 % (2026-11-28, alone: 8.0, 10.1, 13.6 %; in a fresh clone's
-    # CI 16.3 %, which failed the 15 % bound then held), and well below the median of the
-    # guess that adds no communication (that run's: 37 %; three of the four points wait 10
-    # or 30 ms before each bucket)
+    # CI 16.3 %, which failed the 15 % bound then held, and 14.7 %)
     plain = [p for p in points if p["comm_hook"] == "none"]
-    model = statistics.median(abs(p["error_pct"]) for p in plain)
-    no_comm = statistics.median(abs(p["no_communication_error_pct"]) for p in plain)
-    assert model < 20 and model < no_comm / 2, proc.stdout
+    assert statistics.median(abs(p["error_pct"]) for p in plain) < 20, proc.stdout
+    # and better than the guess that adds no communication where the two differ: at the
+    # points that wait before each bucket, each closer and their median under half of its.
+    # (At zero delay the model adds under 1 ms to the same compute-only step: both guesses
+    # are one, and the run's noise there, -13 to -17 % in both in one CI run, decided a
+    # median taken over all four: 14.7 % against 27.9 / 2 failed. Waiting points of that
+    # run: 13.4, 16.4, 0.0 % against 46.5, 35.4, 20.5 %.)
+    waits = [p for p in plain if p["injected_delay_ms"] > 0]
+    assert len(waits) == 3 and all(abs(p["error_pct"]) < abs(p["no_communication_error_pct"])
+                                   for p in waits), proc.stdout
+    model = statistics.median(abs(p["error_pct"]) for p in waits)
+    no_comm = statistics.median(abs(p["no_communication_error_pct"]) for p in waits)
+    assert model < no_comm / 2, proc.stdout
     assert [len(p["buckets_ran"]) for p in points if p["bucket_cap_mb"] != 1] == [7, 1]
     plot = tmp_path / "efficiency.png"
     shown = run_bench("project", str(tmp_path), "--network", "probe", "--gpus", "2,16",
