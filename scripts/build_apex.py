@@ -28,10 +28,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
-from wheel_strip import strip_wheel  # scripts/ is on the path: run as a script
+from safe_tar import extract  # scripts/ is on the path: run as a script
+from wheel_strip import strip_wheel
 
 TAG = "25.05"
 REPO = "https://github.com/NVIDIA/apex"
@@ -67,8 +67,7 @@ def fetch_source(given: str | None) -> Path:
             shutil.copytree(path, src, ignore=shutil.ignore_patterns(".git"))
         elif path.is_file():
             src.mkdir(parents=True)
-            with tarfile.open(path) as tar:
-                tar.extractall(src, filter="data")
+            extract(path, src)
             inner = [p for p in src.iterdir()]
             if len(inner) == 1 and inner[0].is_dir() and not (src / "setup.py").exists():
                 src = inner[0]  # a tarball with a top folder (apex-25.05/...)

@@ -40,10 +40,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
-from wheel_strip import strip_wheel  # scripts/ is on the path: run as a script
+from safe_tar import extract  # scripts/ is on the path: run as a script
+from wheel_strip import strip_wheel
 
 VERSION = "0.28.1"
 PYTHON_TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"  # of the wheels built here
@@ -338,8 +338,7 @@ def build_wheel(house: Path, out: Path, std: int, mode: str, toolkit: Path | Non
     src_root = BUILD / "src"
     shutil.rmtree(src_root, ignore_errors=True)  # a fresh copy: the patches apply once
     src_root.mkdir(parents=True)
-    with tarfile.open(house / SDIST) as tar:
-        tar.extractall(src_root, filter="data")
+    extract(house / SDIST, src_root)
     src = src_root / f"horovod-{VERSION}"
     patch_source(src, std, mode)
     run(pip("wheel", "--no-index", "--no-build-isolation", "--no-deps", "-w", str(out),
