@@ -1,8 +1,9 @@
 """Unpack a source tarball (Horovod's sdist, apex's) safely on every Python the project
 supports: tarfile's "data" filter where the interpreter has it (3.12, and the backports in
-3.9.17, 3.10.12 and 3.11.4), else the same refusals checked here: a member that is not a
-file or a folder (a link, a device), or whose path leaves the destination. Debian 12's
-Python 3.11.2 has no filter: `extractall(filter=...)` was a TypeError there."""
+3.9.17, 3.10.12 and 3.11.4), else stricter refusals checked here: a member that is not a
+file or a folder (any link, a device), or whose path is absolute or climbs out (the filter
+instead keeps links that stay inside and strips a leading "/"). Debian 12's Python 3.11.2
+has no filter: `extractall(filter=...)` was a TypeError there."""
 
 from __future__ import annotations
 
