@@ -454,7 +454,9 @@ def main() -> None:
         build_wheel(house, CACHE / tag, std, mode, toolkit, archs)
         cached = cached_wheels(torch_version, mode, std, archs)
     else:
-        log(f"using the cached wheel {cached[-1].relative_to(ROOT)}")
+        shown = cached[-1]  # HOROVOD_WHEEL_CACHE may lie outside the checkout
+        log(f"using the cached wheel "
+            f"{shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown}")
     wheel, target = cached[-1], args.target.resolve() if args.target else None
     stamp = Path(sys.prefix) / "horovod-installed.txt"  # this interpreter's, not --target's
     if target is None:

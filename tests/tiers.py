@@ -133,7 +133,6 @@ PATTERNS = [re.compile(p) for p in LONG]
 FIRST = (
     r"test_fit.py::test_a_sweep_at_the_largest",  # 190-220 s
     r"test_parity.py::test_the_self_test_sees",  # 145-160 s
-    r"test_gpu_check.py::test_the_items_no_other_test_runs.*selftest_hook_fp16",  # 61-66 s
 )
 FIRST_PATTERNS = [re.compile(p) for p in FIRST]
 
