@@ -3,6 +3,8 @@ probes only, its bars and lines named apart."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from conftest import run_bench
 from report_records import probe, record, write_runs
 
@@ -117,11 +119,11 @@ def test_rows_that_differ_in_speed_options_are_lines_and_points_of_their_own():
                               "ddp N=1 fp32 gpu-data,compile", "ddp N=2 fp32"], labels
 
 
-def _many_records(results):
+def _many_records(results, workloads: int = 6):
     """Six workloads of three strategies at N = 1, 2, 4: a report draws for seconds."""
     recs = [{**record(f"r{w}{s}{n}", s, n, [3.0, 1.0 + 0.1 * w * n], [0.1, 0.2 + 0.01 * w]),
              "train_size": 1000 * (w + 1)}
-            for w in range(6) for s in ("ddp", "dp", "fsdp") for n in (1, 2, 4)]
+            for w in range(workloads) for s in ("ddp", "dp", "fsdp") for n in (1, 2, 4)]
     return write_runs(results, recs)
 
 
@@ -186,6 +188,80 @@ def test_a_kill_9_mid_draw_and_two_reports_at_once_leave_every_plot_whole(tmp_pa
         assert proc.returncode == 0, err
     assert not _whole(plots), _whole(plots)  # the killed reports' temporary files gone too
     assert sorted(p.relative_to(plots) for p in plots.rglob("*.png")) == first
+
+
+DRAW = """
+import sys
+from pathlib import Path
+from bench.records.files import load_records
+from bench.report.plots import write_plots
+records, _ = load_records(sys.argv[1])
+write_plots(records, Path(sys.argv[2]), processes=int(sys.argv[3]))
+"""
+
+
+def test_workloads_drawn_side_by_side_are_the_same_bytes_and_end_with_the_report(tmp_path):
+    """A report draws its workloads in forked processes, one per core (on the tests' one
+    core a report draws alone, so the processes are asked for here): their files are the
+    bytes one process writes, and a kill -9 of the report leaves none of them drawing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    def draw(results, folder, processes, **popen):
+        return subprocess.Popen([sys.executable, "-c", DRAW, str(results), str(folder),
+                                 str(processes)], cwd=ROOT, **popen)
+
+    two = _many_records(tmp_path / "two", workloads=2)
+    files = {}
+    for processes in (1, 2):
+        folder = tmp_path / f"drawn-by-{processes}"
+        assert draw(two, folder, processes).wait(timeout=300) == 0
+        files[processes] = {p.relative_to(folder): p.read_bytes()
+                            for p in folder.rglob("*") if p.is_file()}
+    assert len(files[1]) >= 8 and files[2] == files[1]  # 2 workloads, PNG and SVG each
+
+    def children(pid: int) -> list[int]:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+        return found
+
+    def drawing(pids: list[int]) -> list[int]:
+        alive = []
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+            except OSError:  # gone, and reaped
+                pass
+        return alive
+
+    killed = tmp_path / "killed"
+    report = draw(_many_records(tmp_path / "six"), killed, 3, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not any(killed.rglob("*.png")):
+        assert time.monotonic() < deadline and report.poll() is None, "nothing drawn"
+        time.sleep(0.05)
+    drawers = children(report.pid)
+    assert len(drawers) == 3, drawers  # the fork path ran
+    os.kill(report.pid, signal.SIGKILL)
+    report.wait()
+    # dead within a second, not when their workloads are drawn (left alone they drew on
+    # for seconds, then died of a broken pipe)
+    deadline = time.monotonic() + 1
+    while drawing(drawers):
+        assert time.monotonic() < deadline, f"drawers outlived the report: {drawing(drawers)}"
+        time.sleep(0.05)
 
 
 def test_memory_per_rank_is_shown_by_parts_where_rows_differ():

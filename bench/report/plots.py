@@ -4,8 +4,10 @@ figure, and a figure with nothing to show is not written."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -172,67 +174,130 @@ _TIME_FIGURES = ("epoch_time", "scaling", "time_to_target", "time_vs_accuracy",
                  "where_time_goes", "scaling_efficiency")
 
 
+def _by_workload(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Records grouped by workload, in the order each workload first appears."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(workload(rec), []).append(rec)
+    return groups
+
+
+def workload_figures(name: str, records: list[dict[str, Any]],
+                     probes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """make_figures for one workload's records (``name``: the workload), keeping only the
+    figures that show data, each signed with the workload's name."""
+    import matplotlib.pyplot as plt
+
+    figures = {}
+    table = summary_table(records, probes=probes)
+    shows = {  # what a figure needs to say anything
+        "time_to_target": bool(table["time_to_target_s"].notna().any()
+                               and (table["time_to_target_s"] < math.inf).any()),
+        "scaling": table["world_size"].nunique() > 1,
+        "scaling_efficiency": table["world_size"].nunique() > 1,
+        "memory": bool(table["mem_rank"].notna().any()) if "mem_rank" in table else False,
+        "accuracy_vs_n": (table["world_size"].nunique() > 1
+                          and bool(table["delta_top1"].notna().any())
+                          and bool((table["runs"] > 1).any())),
+    }
+    if speed_not_comparable(table.to_dict("records")):  # an accuracy block: no times
+        shows.update(dict.fromkeys(_TIME_FIGURES, False))
+    for key, fig in make_figures(records, probes, table).items():
+        if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
+            fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
+            figures[key] = fig
+        else:  # e.g. time to target when no run set a target
+            plt.close(fig)
+    return figures
+
+
 def figures_per_workload(records: list[dict[str, Any]],
                          probes: list[dict[str, Any]] | None = None
                          ) -> dict[str, dict[str, Any]]:
-    """make_figures for each workload's records alone (runs of different workloads are never
-    drawn together), keeping only figures that show data."""
-    by_workload: dict[str, list[dict[str, Any]]] = {}
-    for rec in records:
-        by_workload.setdefault(workload(rec), []).append(rec)
+    """workload_figures for each workload's records alone (runs of different workloads are
+    never drawn together)."""
+    return {name: workload_figures(name, recs, probes)
+            for name, recs in _by_workload(records).items()}
+
+
+def _draw_workload(job: tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, Path]
+                   ) -> list[Path]:
+    """One workload's figures written under ``folder/<workload>/``, each file aside and
+    renamed into place (bench.records.files.atomic_file); the paths written."""
     import matplotlib.pyplot as plt
 
-    out = {}
-    for name, recs in by_workload.items():
-        figures = {}
-        table = summary_table(recs, probes=probes)
-        shows = {  # what a figure needs to say anything
-            "time_to_target": bool(table["time_to_target_s"].notna().any()
-                                   and (table["time_to_target_s"] < math.inf).any()),
-            "scaling": table["world_size"].nunique() > 1,
-            "scaling_efficiency": table["world_size"].nunique() > 1,
-            "memory": bool(table["mem_rank"].notna().any()) if "mem_rank" in table else False,
-            "accuracy_vs_n": (table["world_size"].nunique() > 1
-                              and bool(table["delta_top1"].notna().any())
-                              and bool((table["runs"] > 1).any())),
-        }
-        if speed_not_comparable(table.to_dict("records")):  # an accuracy block: no times
-            shows.update(dict.fromkeys(_TIME_FIGURES, False))
-        for key, fig in make_figures(recs, probes, table).items():
-            if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
-                fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
-                figures[key] = fig
-            else:  # e.g. time to target when no run set a target
-                plt.close(fig)
-        out[name] = figures
-    return out
+    name, records, probes, folder = job
+    sub = folder / workload_slug(name)
+    written = []
+    for key, fig in workload_figures(name, records, probes).items():
+        for ext in ("png", "svg"):
+            path = sub / f"{key}.{ext}"
+            with atomic_file(path) as tmp:
+                fig.savefig(tmp, dpi=120, format=ext,
+                            metadata={"Date": None} if ext == "svg" else None)
+            written.append(path)
+        plt.close(fig)
+    return written
+
+
+def _drawing_worker(report: int) -> None:
+    """A forked drawer: killed with the report (``report``: its pid; a kill -9 of it leaves
+    no drawer behind, only temporary files, which the next report removes); Ctrl-C is the
+    report's to handle (it then ends the drawers), a stop signal ends the drawer."""
+    import signal
+
+    from bench.tools.lifetime import die_with_parent
+
+    die_with_parent(report)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def drawing_processes(workloads: int) -> int:
+    """Processes to draw in: one per core this process may run on, one per workload at
+    most. Each workload's figures are drawn alone, so that the files are the same bytes
+    whichever process drew them."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, workloads))
 
 
 def write_plots(records: list[dict[str, Any]], folder: Path,
-                probes: list[dict[str, Any]] | None = None) -> list[Path]:
-    """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``. Each
-    file is written aside and renamed into place (bench.records.files.atomic_file), then the plots
-    of an earlier report that this one did not draw are removed: a report killed while it
-    draws, or two reports of one folder at once, leave whole files, never cut ones (the
-    temporary files of a report killed mid-draw go with the next: bench report's start)."""
+                probes: list[dict[str, Any]] | None = None,
+                processes: int | None = None) -> list[Path]:
+    """Every figure with data, per workload: ``folder/<workload>/<name>.{png,svg}``, the
+    workloads drawn side by side in ``processes`` forked processes (default:
+    drawing_processes; 1: in this process). Each file is written aside and renamed into place
+    (bench.records.files.atomic_file), then the plots of an earlier report that this one did
+    not draw are removed: a report killed while it draws, or two reports of one folder at
+    once, leave whole files, never cut ones (the temporary files of a report killed
+    mid-draw go with the next: bench report's start)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot  # loaded once, before any fork (its fonts too)
 
     matplotlib.rcParams["figure.max_open_warning"] = 0  # closed once written
     matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"  # same figure, same file
-    written: list[Path] = []
-    for name, figures in figures_per_workload(records, probes).items():
-        sub = folder / workload_slug(name)
-        for key, fig in figures.items():
-            for ext in ("png", "svg"):
-                path = sub / f"{key}.{ext}"
-                with atomic_file(path) as tmp:
-                    fig.savefig(tmp, dpi=120, format=ext,
-                                metadata={"Date": None} if ext == "svg" else None)
-                written.append(path)
-            plt.close(fig)
+    jobs = [(name, recs, probes, folder) for name, recs in _by_workload(records).items()]
+    processes = drawing_processes(len(jobs)) if processes is None else processes
+    if processes > 1 and threading.active_count() > 1:
+        processes = 1  # a caller with threads (a notebook's kernel) is not forked: a lock
+        # another thread held at the fork would stay held in the copy
+    if processes <= 1:
+        drawn = [_draw_workload(job) for job in jobs]
+    else:
+        import multiprocessing
+
+        # forked: the report loads no torch and runs no thread, and a fork copies the
+        # imports and the settings above instead of starting Python again
+        with multiprocessing.get_context("fork").Pool(
+                processes, initializer=_drawing_worker, initargs=(os.getpid(),)) as pool:
+            drawn = pool.map(_draw_workload, jobs, chunksize=1)
+    written = [path for paths in drawn for path in paths]
     kept = set(written)
     for old in [*folder.glob("*.png"), *folder.glob("*.svg"), *folder.glob("*/*.png"),
                 *folder.glob("*/*.svg")]:
