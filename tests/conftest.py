@@ -3,12 +3,14 @@ runs the real ``bench`` command in a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # OpenMP's threads spin while they wait for work (GOMP's default): with two xdist workers on
@@ -193,3 +195,33 @@ def alive(pattern: str) -> list[str]:
     """Processes whose command line contains ``pattern`` (pgrep itself left out)."""
     out = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now, from /proc (the run's own tree, nobody else's)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def still_running(pids: set[int], within: float = 10) -> list[int]:
+    """Those of ``pids`` still running (not zombies) after up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
+    left = []
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            if "zombie" not in Path(f"/proc/{pid}/status").read_text().lower():
+                left.append(pid)
+    return left

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, alive, only_record, run_bench
+from conftest import ROOT, alive, descendants, only_record, run_bench, still_running
 
 from bench.launch import job
 from bench.launch import launchers as launch
@@ -70,12 +70,12 @@ def test_kill_9_of_bench_run_leaves_nothing_running(strategy, tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     run_id = _training(tmp_path)
-    tree = _descendants(proc.pid)  # the agent, a copy of bench, lacks the run id in its argv
+    tree = descendants(proc.pid)  # the agent, a copy of bench, lacks the run id in its argv
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     left = _gone_within(10, f"bench-{run_id}-")
     assert not left, f"still running 10 s after kill -9 of bench run: {left}"
-    assert not _running(tree), f"{_running(tree)} of {len(tree)} processes still running"
+    assert not still_running(tree), f"{still_running(tree)} of {len(tree)} processes still running"
     _interrupted_in_report(tmp_path)
 
 
@@ -323,36 +323,6 @@ def test_a_killed_rank_is_named_when_mp_spawn_finds_the_peer_that_exited_first(t
         "1 rank 1 was killed by signal 9 (SIGKILL) [in train epoch 1 step 3]\n"), proc.stderr
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` now, from /proc (the run's own tree, nobody else's)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _running(pids: set[int], within: float = 10) -> list[int]:
-    """Those of ``pids`` still running (not zombies) after up to ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.2)
-    left = []
-    for pid in sorted(pids):
-        with contextlib.suppress(OSError):
-            if "zombie" not in Path(f"/proc/{pid}/status").read_text().lower():
-                left.append(pid)
-    return left
-
-
 def test_kill_9_of_a_rank_ends_its_loader_workers_at_once():
     """torch's own watchdog ends a dead rank's DataLoader workers only between batches (1 to 5
     s after a kill -9 here; after an out-of-memory kill some were still waiting a minute
@@ -365,13 +335,13 @@ def test_kill_9_of_a_rank_ends_its_loader_workers_at_once():
     workers: set[int] = set()
     try:
         deadline = time.monotonic() + 120
-        while len(workers := _descendants(proc.pid)) < 2 and time.monotonic() < deadline:
+        while len(workers := descendants(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(workers) == 2, "its two loader workers never started"
         time.sleep(3)  # drawing batches
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        assert not _running(workers, within=1), "a loader worker outlived its rank by 1 s"
+        assert not still_running(workers, within=1), "a loader worker outlived its rank by 1 s"
     finally:
         for pid in (proc.pid, *workers):
             with contextlib.suppress(ProcessLookupError):
@@ -397,10 +367,10 @@ def test_kill_9_during_start_up_leaves_nothing_running(strategy, delay, tmp_path
         time.sleep(0.02)
     assert list(tmp_path.glob("runs/*.json")), "bench run wrote no record"
     time.sleep(delay)
-    tree = _descendants(proc.pid)
+    tree = descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    left = _running(tree)
+    left = still_running(tree)
     assert not left, f"{len(left)} of {len(tree)} processes still running 10 s later: {left}"
 
 

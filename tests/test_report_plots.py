@@ -3,8 +3,6 @@ probes only, its bars and lines named apart."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from conftest import run_bench
 from report_records import probe, record, write_runs
 
@@ -210,7 +208,7 @@ def test_workloads_drawn_side_by_side_are_the_same_bytes_and_end_with_the_report
     import sys
     import time
 
-    from conftest import ROOT
+    from conftest import ROOT, descendants, still_running
 
     def draw(results, folder, processes, **popen):
         return subprocess.Popen([sys.executable, "-c", DRAW, str(results), str(folder),
@@ -225,43 +223,19 @@ def test_workloads_drawn_side_by_side_are_the_same_bytes_and_end_with_the_report
                             for p in folder.rglob("*") if p.is_file()}
     assert len(files[1]) >= 8 and files[2] == files[1]  # 2 workloads, PNG and SVG each
 
-    def children(pid: int) -> list[int]:
-        found = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:  # gone meanwhile
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(stat.parent.name))
-        return found
-
-    def drawing(pids: list[int]) -> list[int]:
-        alive = []
-        for pid in pids:
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.append(pid)
-            except OSError:  # gone, and reaped
-                pass
-        return alive
-
     killed = tmp_path / "killed"
     report = draw(_many_records(tmp_path / "six"), killed, 3, start_new_session=True)
     deadline = time.monotonic() + 120
     while not any(killed.rglob("*.png")):
         assert time.monotonic() < deadline and report.poll() is None, "nothing drawn"
         time.sleep(0.05)
-    drawers = children(report.pid)
+    drawers = descendants(report.pid)
     assert len(drawers) == 3, drawers  # the fork path ran
     os.kill(report.pid, signal.SIGKILL)
     report.wait()
     # dead within a second, not when their workloads are drawn (left alone they drew on
     # for seconds, then died of a broken pipe)
-    deadline = time.monotonic() + 1
-    while drawing(drawers):
-        assert time.monotonic() < deadline, f"drawers outlived the report: {drawing(drawers)}"
-        time.sleep(0.05)
+    assert not still_running(drawers, within=1), "drawers outlived the report by 1 s"
 
 
 def test_memory_per_rank_is_shown_by_parts_where_rows_differ():
