@@ -224,11 +224,15 @@ def test_a_lost_hosts_claim_is_respected_while_it_beats_and_taken_once_it_stops(
             "--train-limit", "256", "--test-limit", "8", "--batch-size", "32", "--epochs",
             "40", *HELD_MODEL, "--no-progress", "--comm-probe-steps", "0",
             "--loader-probe-steps", "0", "--output", str(out)]
+    # B's temporary folder is its own, as another machine's /tmp is: the scratch folder its
+    # killed launcher leaves (a host this one cannot clean after) goes with tmp_path
+    b_tmp = tmp_path / "host-b-tmp"
+    b_tmp.mkdir()
     host_b = subprocess.Popen(
         ["unshare", "--uts", "sh", "-c", 'hostname host-b && exec "$@"', "sh",
          sys.executable, "-m", "bench", *args],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
+        cwd=ROOT, env={**env, "TMPDIR": str(b_tmp)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
     claims = out / "runs" / ".claims"
     deadline = time.monotonic() + 120
     while not any(r.get("status") == "running" and r.get("per_epoch")
@@ -249,6 +253,7 @@ def test_a_lost_hosts_claim_is_respected_while_it_beats_and_taken_once_it_stops(
         time.sleep(0.2)
     host_b.wait(timeout=10)
     hold.unlink()
+    assert list(b_tmp.glob("bench-*")), "host B's run kept its scratch folder elsewhere"
     (lost,) = records(out)
     assert lost["status"] == "running" and lost["owner"]["host"] == "host-b", lost
     silent = time.time() - claim.stat().st_mtime
