@@ -124,6 +124,21 @@ def test_what_bench_fit_cannot_do_is_one_line(args, says):
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
+@pytest.mark.parametrize("args, says", [
+    (["--hvd-compression", "fp16"], "--hvd-compression is a horovod option"),
+    (["--data", "cifar100", "--data-dir", "{tmp}", "--no-download"], "CIFAR-100 is not in"),
+])
+def test_what_no_try_could_run_is_one_line_before_any(args, says, tmp_path):
+    """Each try is a `bench run`; what every one of them would refuse is refused once, before
+    the search (each try failed on it instead: 'none fits', exit 1)."""
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
+    proc = run_bench("fit", "--strategy", "ddp", "--cpu", "--memory-limit", "1", *args)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and "bench fit: batch" not in proc.stderr, proc.stderr
+    assert proc.stdout == "" and os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
 def test_a_sweep_at_the_largest_batch_gives_zero_the_larger_batch(tmp_path):
     """`bench sweep --batch-size max` under a real limit: ZeRO-1 holds half the momentum a
     rank, so it fits a larger batch than DDP (found by bench fit's search, each kept in

@@ -108,11 +108,20 @@ def test_a_combination_named_twice_runs_once(tmp_path):
     assert len(records(tmp_path)) == 1
 
 
-def test_sweep_bad_input_writes_nothing(tmp_path):
-    proc = run_bench("sweep", "--strategies", "ddp,nope", "--gpus", "1", "--cpu",
-                     "--output", str(tmp_path / "out"))
-    assert proc.returncode == 2 and "choose one of" in proc.stderr
-    assert not (tmp_path / "out").exists()
+@pytest.mark.parametrize("args, says", [
+    (["--strategies", "ddp,nope"], "choose one of"),
+    # the data, read once before any run (each run failed in turn on it, exit 1, after the
+    # sweep had made its folders)
+    (["--strategies", "ddp,ddp-amp", "--data", "cifar100", "--data-dir", "{tmp}/none",
+      "--no-download"], "CIFAR-100 is not in"),
+    (["--strategies", "ddp", "--data", "synthetic", "--train-limit", "3"],
+     "3 training images are fewer than one global batch"),
+])
+def test_sweep_bad_input_writes_nothing(args, says, tmp_path):
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
+    proc = run_bench("sweep", *args, "--gpus", "1", "--cpu", "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert says in proc.stderr and "[sweep" not in proc.stdout, proc.stdout + proc.stderr
     assert os.listdir(tmp_path) == []
 
 

@@ -23,7 +23,7 @@ from bench.commands.largest_batch import LargestBatch, take_max
 from bench.config.options import config_from_args, given, parse_list, run_options_for
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan
-from bench.launch.preflight import check_output_writable
+from bench.launch.preflight import check_data_fits, check_output_writable, data_sizes
 from bench.launch.slurm import in_batch_step
 from bench.records.claims import Claim
 from bench.records.files import (
@@ -88,20 +88,27 @@ def sweep_key(cfg: RunConfig) -> str:
 
 
 def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
-                repeats: int, srun_steps: bool = False) -> list[Combo]:
+                repeats: int, srun_steps: bool = False, data: bool = False) -> list[Combo]:
     """Every combination, validated before anything runs (bad input: ConfigError);
-    ``srun_steps``: as the srun steps of a job array over several nodes."""
+    ``srun_steps``: as the srun steps of a job array over several nodes; ``data``: the data
+    is made ready here (read once, CIFAR-100 fetched if absent) and each run's share of it
+    checked, as each run would before it starts (a sweep that runs here: data missing
+    would otherwise fail every run in turn, after writing its folders)."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1 (got {repeats})")
-    combos = []
+    combos, plans = [], []
     for strategy in strategies:
         for n in gpus:
             cfg = base.derive(strategy=strategy, gpus=n)
             if base.batch_fits_in:  # each run's batch is found later; one that splits here
                 cfg = cfg.derive(batch_size=n)
-            RunPlan(cfg, probe_output=False, srun_step=srun_steps)
+            plans.append(RunPlan(cfg, probe_output=False, srun_step=srun_steps))
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
+    if data:  # after the options' checks: a misspelt name must not wait for a download
+        _, train, test = data_sizes(base)
+        for plan in plans:
+            check_data_fits(plan.cfg, train, test, plan.local_processes)
     return combos
 
 
@@ -139,7 +146,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     """Every combination in order (``only``: the one of that index, a Slurm array task's;
     ``largest``: each at the largest batch that fits, --batch-size max)."""
     combos = plan_combos(base, strategies, gpus, repeats,
-                        srun_steps=base.nodes > 1 and in_batch_step())
+                        srun_steps=base.nodes > 1 and in_batch_step(), data=True)
     if only is not None:
         if not 0 <= only < len(combos):
             raise ConfigError(f"--only {only}: this sweep has combinations 0 to "

@@ -193,6 +193,15 @@ def writable_folder(folder: Path) -> tuple[Path, list[Path]]:
 def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
     """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent);
     a set this machine's ``processes`` cannot hold in memory is refused."""
+    kind, train, test = data_sizes(cfg)
+    check_data_fits(cfg, train, test, processes)
+    return kind, train, test
+
+
+def data_sizes(cfg: RunConfig) -> tuple[str, int, int]:
+    """Dataset kind and the train / test sizes after limits, the data made ready (CIFAR-100
+    downloaded if absent and allowed): what differs between runs only in strategy, N and
+    batch is read once."""
     if cfg.data == "synthetic":  # drawn at any size: a limit is the size (image_set)
         train = cfg.train_limit or SYNTHETIC_SIZES["train"]
         test = cfg.test_limit or SYNTHETIC_SIZES["test"]
@@ -204,15 +213,17 @@ def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
         kind = "imagefolder"
     else:
         kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
-    train = min(train, cfg.train_limit or train)
-    test = min(test, cfg.test_limit or test)
+    return kind, min(train, cfg.train_limit or train), min(test, cfg.test_limit or test)
+
+
+def check_data_fits(cfg: RunConfig, train: int, test: int, processes: int) -> None:
+    """A training set of at least one global batch, that ``processes`` here can hold."""
     if train < cfg.batch_size:
         raise ConfigError(
             f"{train} training images are fewer than one global batch ({cfg.batch_size}); "
             "raise --train-limit or lower --batch-size"
         )
     check_memory(cfg, train, test, processes)
-    return kind, train, test
 
 
 def default_workers(device_type: str, replicas: int, threads: int | None = None) -> int:
