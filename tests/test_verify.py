@@ -69,3 +69,13 @@ def test_defects_are_checked_before_anything_runs(args, says):
     proc = run_bench("verify", "--cpu", *args)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and proc.stdout == "", proc.stdout
+
+
+@pytest.mark.parametrize("args", [[], ["--self-test"]])
+def test_missing_data_is_one_line_before_the_table(args, tmp_path):
+    """The data is checked with the options, not by the first strategy's run: the table's
+    header stood above the error."""
+    proc = run_bench("verify", "--cpu", *args, "--data", "cifar100", "--data-dir",
+                     str(tmp_path), "--no-download")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "CIFAR-100 is not in" in proc.stderr and proc.stdout == "", proc.stdout
