@@ -115,6 +115,27 @@ def test_a_large_loss_the_test_cannot_settle_is_said_apart_from_no_difference():
                      ("fsdp", 8): "not shown to differ"}
 
 
+def test_a_block_without_its_reference_row_says_top1_is_not_compared_and_how_to_compare():
+    """The committed network block (N=2 only: no ddp N=1 row) was silent on top-1, beside a
+    PowerSGD row at 11.72 % among rows at 98-99.6 %: the verdict says nothing is compared and
+    which --reference would; with it, the rows are compared with ddp N=2."""
+    runs = [run(f"ddp{i}", "ddp", 2, 1.0, f) for i, f in enumerate((70.0, 70.2, 69.8))]
+    runs += [run(f"fsdp{i}", "fsdp", 2, 1.0, f) for i, f in enumerate((60.0, 60.2, 59.8))]
+    flat = " ".join(to_text(summary_table(runs)).split())
+    assert ("Top-1 is not compared: no finished ddp N=1 row here to compare with (bench "
+            "report --reference ddp:2 compares with that row instead).") in flat, flat
+    flat = " ".join(to_text(summary_table(runs, reference="ddp:2")).split())
+    assert "Top-1 differs from ddp beyond chance: fsdp -10.00 points" in flat, flat
+    assert "not compared" not in flat, flat
+    # the reference asked for failed: not compared either, and fsdp is named where no ddp
+    # row finished
+    failed = [run("ref", "ddp", 1, 1.0, 70.0) | {"status": "failed", "error": "boom"},
+              run("f1", "fsdp", 1, 1.0, 70.0), run("z2", "ddp-zero", 2, 1.0, 70.0)]
+    flat = " ".join(to_text(summary_table(failed)).split())
+    assert ("no finished ddp N=1 row here to compare with (bench report --reference fsdp:1 "
+            in flat), flat
+
+
 def test_one_run_each_is_judged_against_what_one_run_moves_by_or_not_at_all():
     """CPU: no repeated row in the folder, so the bound measured on CPU (the committed
     parity rows: 35 %) decides; 2x is beyond it, 1.2x within. A GPU has no such figure:

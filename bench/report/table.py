@@ -279,7 +279,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     table = add_parity(table, reference)
     rows = table[GROUP_KEYS].to_dict("records")
     order = sorted(range(len(rows)), key=lambda i: report_order(rows[i]))  # stable
-    return add_verdict_fields(table.iloc[order].reset_index(drop=True))
+    return add_verdict_fields(table.iloc[order].reset_index(drop=True), reference)
 
 
 def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> str | None:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from bench.records.describe import short_options
+from bench.report.accuracy import parse_reference
 from bench.tools.stats import welch
 
 SIGNIFICANT = 0.05  # a two-sided p below this is "beyond noise"
@@ -52,6 +53,9 @@ class WorkloadVerdict:
     one_run: list[str] = field(default_factory=list)
     other_schedule: list[str] = field(default_factory=list)
     own_batches: bool = False  # each row at the largest batch it fits: top-1 not compared
+    # no finished reference row among two or more: (the reference asked for, a row of the
+    # block that --reference could name instead)
+    no_reference: tuple[str, str] | None = None
 
 
 def _label(r: dict, precisions: set[str]) -> str:
@@ -148,8 +152,10 @@ def speed_calls(rows: list[dict], noise: tuple[float, int] | None) -> list[Speed
     return calls
 
 
-def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
-    """Sort the finished rows by what their top-1 against the reference can say."""
+def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict,
+                     reference: str = "ddp:1") -> None:
+    """Sort the finished rows by what their top-1 against the reference (``strategy:N``, as
+    `bench report --reference` names it) can say."""
     finished = [r for r in rows if r["status"] == "ok"]
     verdict.reference_ci = _reference_ci(finished)
     precisions = {str(r["precision"]) for r in finished}
@@ -172,6 +178,13 @@ def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict) -> None:
         else:
             verdict.not_shown.append((label, r["delta_top1"], r["p_value"],
                                       r.get("final_top1_ci", math.nan)))
+    if verdict.reference is None and len(finished) > 1:
+        name, world = parse_reference(reference)
+        own = sorted((r for r in finished if not r.get("gpu_shared")),
+                     key=lambda r: (r["strategy"] != name, r["world_size"]))
+        if own:
+            verdict.no_reference = (f"{name} N={world}",
+                                    f"{own[0]['strategy']}:{own[0]['world_size']}")
 
 
 def _reference_ci(rows: list[dict]) -> float:
@@ -186,8 +199,9 @@ def _unsettled(r: dict, reference_ci: float) -> bool:
             and abs(r["delta_top1"]) > reference_ci)
 
 
-def verdicts(table) -> dict[str, WorkloadVerdict]:
-    """Each workload's verdict, from the summary table."""
+def verdicts(table, reference: str = "ddp:1") -> dict[str, WorkloadVerdict]:
+    """Each workload's verdict, from the summary table (``reference``: its rows' top-1 were
+    compared with this row of their workload)."""
     rows = table.to_dict("records")
     noise_by_device = {device: noise_of(rows, device) for device in {r["device"] for r in rows}}
     out: dict[str, WorkloadVerdict] = {}
@@ -197,7 +211,7 @@ def verdicts(table) -> dict[str, WorkloadVerdict]:
         block = [r for r in rows if r["workload"] == name]
         verdict.speed = ([] if speed_not_comparable(block)
                          else speed_calls(block, noise_by_device.get(block[0]["device"])))
-        accuracy_verdict(block, verdict)
+        accuracy_verdict(block, verdict, reference)
         verdict.own_batches = any(r["own_batch"] for r in block)
     return out
 
@@ -231,6 +245,10 @@ def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
     if verdict.own_batches:
         return ["Each row trains at the largest batch it fits, its learning rate scaled to "
                 "that batch: top-1 is not comparable across batch sizes, and is not compared."]
+    if verdict.no_reference is not None:
+        asked, example = verdict.no_reference
+        return [f"Top-1 is not compared: no finished {asked} row here to compare with "
+                f"(bench report --reference {example} compares with that row instead)."]
     if verdict.reference is None:
         return []
     out = []
@@ -271,13 +289,13 @@ def verdict_sentences(verdict: WorkloadVerdict) -> list[str]:
     return [speed_sentence(c) for c in verdict.speed] + accuracy_sentences(verdict)
 
 
-def add_verdict_fields(table):
+def add_verdict_fields(table, reference: str = "ddp:1"):
     """The verdict as fields of each row (``bench report --format json``): speed_rank (1:
     fastest at its workload and N), speed_vs_fastest (img/s over the fastest's), speed_call
     ('fastest'; 'within noise', 'slower' or 'not judged' against the fastest),
     accuracy_call ('reference', 'differs', 'not shown to differ', 'not settled', 'one run',
     'another schedule') and the workload's verdict sentences."""
-    found = verdicts(table)
+    found = verdicts(table, reference)
     rows = table.to_dict("records")
     noise = {d: noise_of(rows, d) for d in {r["device"] for r in rows}}
     place: dict[int, tuple[int, float, str]] = {}
