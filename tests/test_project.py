@@ -191,6 +191,12 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
     head = subprocess.run(f"{sys.executable} -m bench project results --format csv | head -1",
                           shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in head.stderr and head.stdout.startswith("workload,"), head.stderr
+    # the folder as `bench report` names it (it was "unrecognized arguments: --results")
+    named = run_bench("project", "--results", str(ROOT / "results"), "--gpus", "8,4096",
+                      "--format", "csv")
+    assert named.returncode == 0 and named.stdout == proc.stdout, named.stderr
+    two = run_bench("project", str(ROOT / "results"), "--results", str(ROOT / "docs"))
+    assert two.returncode == 2 and "two results given" in two.stderr, two.stderr
 
 
 def test_a_run_measured_at_its_input_pipelines_pace_projects_an_input_bottleneck(tmp_path):

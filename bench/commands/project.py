@@ -250,8 +250,10 @@ def _count(value: int | None) -> str:
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench project``'s options (``help``: its line in ``bench --help``)."""
     proj = sub.add_parser("project", help=help)
-    proj.add_argument("source", nargs="?", default="results",
+    proj.add_argument("source", nargs="?", default=None,
                       help="results folder or one record (default results)")
+    proj.add_argument("--results", default=None, metavar="DIR",
+                      help="the same as SOURCE, as `bench report` names it")
     proj.add_argument("--gpus", default="8,64,512,4096", help="GPU counts, comma-separated")
     proj.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
     proj.add_argument("--network", default="h100-nvlink-ndr",
@@ -274,6 +276,10 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
-    return cmd_project(args.source, parse_list(args.gpus, "--gpus", int), args.gpus_per_node,
+    if args.source is not None and args.results is not None and args.source != args.results:
+        raise ConfigError(f"two results given ({args.source} and --results {args.results}); "
+                          "name one")
+    source = args.source or args.results or "results"
+    return cmd_project(source, parse_list(args.gpus, "--gpus", int), args.gpus_per_node,
                        args.network, args.intra_busbw, args.inter_busbw, args.format,
                        args.validate, args.plot, args.gpu_memory)
