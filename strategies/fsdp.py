@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench.config.strategy_parts import Features, FSDPOptions, Topology
+from bench.tools.collectives import reduce_scatter_flat
 from bench.tools.errors import ConfigError
 from strategies.base import SyncOff
 from strategies.ddp import DDPStrategy
@@ -155,13 +156,13 @@ class FSDPStrategy(DDPStrategy):
 
 
 def reduce_scatter_averages() -> bool:
-    """Whether ``reduce_scatter_tensor`` with ``ReduceOp.AVG`` averages over the default
-    group (one element per rank: rank r sends r + 1 everywhere). Collective."""
+    """Whether a reduce-scatter with ``ReduceOp.AVG`` averages over the default group (one
+    element per rank: rank r sends r + 1 everywhere). Collective."""
     world = dist.get_world_size()
     sent = torch.full((world,), float(dist.get_rank() + 1), dtype=torch.float64)
     got = torch.zeros(1, dtype=torch.float64)
     try:
-        dist.reduce_scatter_tensor(got, sent, op=dist.ReduceOp.AVG)
+        reduce_scatter_flat(dist)(got, sent, op=dist.ReduceOp.AVG)
     except (RuntimeError, ValueError):  # a gloo without AVG at all
         return False
     return abs(got.item() - (world + 1) / 2) < 1e-9

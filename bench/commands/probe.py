@@ -35,6 +35,7 @@ from bench.models.registry import (
 )
 from bench.records.probes import KIB, MIB, bus_factor, probe_table
 from bench.tools import terminal
+from bench.tools.collectives import all_gather_flat, reduce_scatter_flat
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
 PROBE_SIZES = [KIB * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
@@ -50,8 +51,8 @@ def _collectives(dist, torch, numel: int, world: int, device) -> dict[str, Any]:
     whole = torch.ones(numel - numel % world, dtype=torch.float32, device=device)
     shard = torch.ones(whole.numel() // world, dtype=torch.float32, device=device)
     return {"time_s": lambda: dist.all_reduce(whole),
-            "all_gather_s": lambda: dist.all_gather_into_tensor(whole, shard),
-            "reduce_scatter_s": lambda: dist.reduce_scatter_tensor(shard, whole)}
+            "all_gather_s": lambda: all_gather_flat(dist)(whole, shard),
+            "reduce_scatter_s": lambda: reduce_scatter_flat(dist)(shard, whole)}
 
 
 def _time_collective(dist, torch, call, device) -> tuple[float, int]:
