@@ -82,6 +82,18 @@ def test_the_answer_names_a_block_it_has_nothing_to_say_about(tmp_path):
     assert lone_line + "</li>" in box, box
 
 
+def test_a_command_the_verdict_names_is_code_on_the_page(tmp_path):
+    """The terminal keeps a `quoted command` whole on a line; the page showed its backticks.
+    A block without its reference row names the --reference that would compare it."""
+    results = write_runs(tmp_path / "results", [record("a", "ddp", 2, [3.0, 2.0], [0.1, 0.5]),
+                                                 record("b", "fsdp", 2, [3.0, 1.0], [0.1, 0.5])])
+    text = _page(tmp_path, results)[0].read_text()
+    command = "(<code>bench report --reference ddp:2</code> compares with that row instead)"
+    box = text.split('<div class="answer">')[1].split("</div>")[0]
+    assert command in box and command in text.split("</div>", 1)[1], text
+    assert "`" not in text
+
+
 def test_the_html_file_is_checked_before_anything_is_read(tmp_path):
     proc = run_bench("report", "--results", str(ROOT / "results"), "--no-write", "--html",
                      str(tmp_path / "report.txt"))

@@ -122,8 +122,8 @@ def test_a_block_without_its_reference_row_says_top1_is_not_compared_and_how_to_
     runs = [run(f"ddp{i}", "ddp", 2, 1.0, f) for i, f in enumerate((70.0, 70.2, 69.8))]
     runs += [run(f"fsdp{i}", "fsdp", 2, 1.0, f) for i, f in enumerate((60.0, 60.2, 59.8))]
     flat = " ".join(to_text(summary_table(runs)).split())
-    assert ("Top-1 is not compared: no finished ddp N=1 row here to compare with (bench "
-            "report --reference ddp:2 compares with that row instead).") in flat, flat
+    assert ("Top-1 is not compared: no finished ddp N=1 row here to compare with (`bench "
+            "report --reference ddp:2` compares with that row instead).") in flat, flat
     flat = " ".join(to_text(summary_table(runs, reference="ddp:2")).split())
     assert "Top-1 differs from ddp beyond chance: fsdp -10.00 points" in flat, flat
     assert "not compared" not in flat, flat
@@ -132,7 +132,7 @@ def test_a_block_without_its_reference_row_says_top1_is_not_compared_and_how_to_
     failed = [run("ref", "ddp", 1, 1.0, 70.0) | {"status": "failed", "error": "boom"},
               run("f1", "fsdp", 1, 1.0, 70.0), run("z2", "ddp-zero", 2, 1.0, 70.0)]
     flat = " ".join(to_text(summary_table(failed)).split())
-    assert ("no finished ddp N=1 row here to compare with (bench report --reference fsdp:1 "
+    assert ("no finished ddp N=1 row here to compare with (`bench report --reference fsdp:1`"
             in flat), flat
 
 

@@ -45,6 +45,12 @@ details { margin: 0.5em 0; }
 _NUMERIC = re.compile(r"^[-+]?[\d.,]+( ?[%×])?( ?±.*)?$")
 
 
+
+def _prose(text: str) -> str:
+    """A sentence of the terminal's, escaped, its `quoted commands` set as code (the
+    terminal keeps them whole on a line; here they would show their backticks)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
 def _cell(text: str) -> str:
     kind = ' class="num"' if _NUMERIC.match(text) else ""
     return f"<td{kind}>{escape(text)}</td>"
@@ -118,7 +124,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
 
     blocks = workload_blocks(table)
     answer = "".join(
-        f"<li><b>{escape(name)}</b>: {escape(' '.join(verdict))}</li>"
+        f"<li><b>{escape(name)}</b>: {_prose(' '.join(verdict))}</li>"
         for name, _, _, _, verdict in blocks if verdict)
     unanswered = [(name, rows) for name, _, _, rows, verdict in blocks if not verdict]
     if answer and unanswered:  # a block left out of the answer says why, not nothing
@@ -145,7 +151,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
             parts.append(f'<p class="muted">{escape(", ".join(same))}</p>')
         parts.append(_table(names, rows))
         if verdict:
-            parts.append('<ul class="verdict">' + "".join(f"<li>{escape(s)}</li>"
+            parts.append('<ul class="verdict">' + "".join(f"<li>{_prose(s)}</li>"
                                                           for s in verdict) + "</ul>")
         drawn = figures.get(name, {})
         if drawn:
@@ -158,7 +164,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
     warnings = plausibility_warnings(table, records)
     if warnings:
         parts.append('<h2>Flags</h2><ul class="flags">'
-                     + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul>")
+                     + "".join(f"<li>{_prose(w)}</li>" for w in warnings) + "</ul>")
     parts.append(_projection(table))
     parts.append("<h2>Measured on</h2><ul>"
                  + "".join(f"<li>{escape(line)}</li>" for line in hardware_lines(records))

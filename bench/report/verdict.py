@@ -248,7 +248,7 @@ def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
     if verdict.no_reference is not None:
         asked, example = verdict.no_reference
         return [f"Top-1 is not compared: no finished {asked} row here to compare with "
-                f"(bench report --reference {example} compares with that row instead)."]
+                f"(`bench report --reference {example}` compares with that row instead)."]
     if verdict.reference is None:
         return []
     out = []
