@@ -95,6 +95,15 @@ def test_a_sweep_says_why_each_combination_failed(tmp_path):
         "1 [in train epoch 1 step 1]"), summary
 
 
+def test_the_time_a_sweep_has_left_is_said_in_hours_past_one():
+    """The sweep's '[sweep 3/36, about … left]' and a run's line share one wording; the
+    sweep's own said '125 min 12 s'."""
+    from bench.tools.terminal import duration
+
+    assert [duration(s) for s in (0.4, 45, 190, 7512)] == ["0 s", "45 s", "3 min 10 s",
+                                                           "2 h 05 min"]
+
+
 def test_a_combination_named_twice_runs_once(tmp_path):
     """`--strategies ddp,ddp --gpus 1,1` planned 4 combinations: 1 run, then 3 'ok record
     exists, skipped'."""

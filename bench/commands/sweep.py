@@ -160,7 +160,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     previous = catch_stop_signals()
     try:
         for i, combo in enumerate(combos, start=1):
-            eta = (f", about {_duration(statistics.fmean(took) * (len(combos) - i + 1))} "
+            eta = (f", about {terminal.duration(statistics.fmean(took) * (len(combos) - i + 1))} "
                    "left" if took else "")
             prefix = f"[sweep {i}/{len(combos)}{eta}] {combo.label()}"
             claim, holder = Claim.take(runs_dir(base.output) / ".claims", combo.tag)
@@ -190,11 +190,6 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
           "".join("\n" + terminal.fill(f"{c.label()}: {s}", initial_indent="  ",
                                         subsequent_indent="      ") for c, s in bad))
     return EXIT_OK if not bad else EXIT_FAILED
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
 def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], force: bool,

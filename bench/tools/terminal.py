@@ -28,3 +28,13 @@ def fill(text: str, width: int = WIDTH, initial_indent: str = "",
 def count(n: int, singular: str, plural: str | None = None) -> str:
     """``1 process``, ``2 processes``: a number and its noun in the right form."""
     return f"{n} {singular if n == 1 else plural or singular + 's'}"
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '3 min 10 s', '2 h 05 min': a time left, as a person says it."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from bench.measure.gpu_clocks import epoch_suffix
+from bench.tools.terminal import duration
 
 
 def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
@@ -21,16 +22,6 @@ def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
     drawn = sys.stderr.isatty() or os.environ.get("BENCH_TTY") == "1"
     return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step",
                 disable=not drawn, file=sys.stderr)
-
-
-def _duration(seconds: float) -> str:
-    """'45 s', '3 min 10 s', '2 h 05 min': a time left, as a person says it."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 class RunClock:
@@ -68,11 +59,11 @@ class RunClock:
         if left is None:
             return
         if bar is not None:
-            bar.set_postfix_str(f"run ≈ {_duration(left)} left", refresh=False)
+            bar.set_postfix_str(f"run ≈ {duration(left)} left", refresh=False)
         if not self.said and self.epoch == 0:
             self.said = True
             total = left + time.perf_counter() - self.started
-            line = (f"[{self.strategy}] about {_duration(total)} for {self.epochs} epoch"
+            line = (f"[{self.strategy}] about {duration(total)} for {self.epochs} epoch"
                     f"{'s' * (self.epochs != 1)} (from the first {self.done} steps, the "
                     "warm-up's pace; evaluation not counted)")
             if bar is not None and not bar.disable:
