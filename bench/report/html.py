@@ -45,11 +45,11 @@ details { margin: 0.5em 0; }
 _NUMERIC = re.compile(r"^[-+]?[\d.,]+( ?[%×])?( ?±.*)?$")
 
 
-
 def _prose(text: str) -> str:
     """A sentence of the terminal's, escaped, its `quoted commands` set as code (the
     terminal keeps them whole on a line; here they would show their backticks)."""
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
 
 def _cell(text: str) -> str:
     kind = ' class="num"' if _NUMERIC.match(text) else ""
