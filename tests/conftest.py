@@ -77,6 +77,7 @@ def held_env(env: dict[str, str], hold: Path) -> dict[str, str]:
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
 @pytest.fixture(autouse=True)
 def _close_figures():
     """Tests that draw figures in their own process close them (matplotlib warns past 20)."""

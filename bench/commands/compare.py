@@ -359,7 +359,6 @@ def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
     return EXIT_FAILED if regressed else EXIT_OK
 
 
-
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench compare``'s options (``help``: its line in ``bench --help``)."""
     compare = sub.add_parser("compare", help=help)

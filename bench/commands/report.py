@@ -108,7 +108,6 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     return 0
 
 
-
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench report``'s options (``help``: its line in ``bench --help``)."""
     report = sub.add_parser("report", help=help)

@@ -220,11 +220,6 @@ def load_record_file(path: str | Path) -> dict[str, Any]:
     return record
 
 
-# --------------------------------------------------------------------------- environment
-
-
-
-
 def load_source(source: str | Path, command: str) -> list[dict[str, Any]]:
     """The records of a results folder (the files it skips said on stderr as ``bench
     COMMAND: ...``) or of one record file; a path that is neither is one line naming it."""
