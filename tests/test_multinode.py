@@ -107,6 +107,35 @@ def test_rendezvous_ports_are_below_the_ephemeral_range():
         assert 20000 <= task.default_port() < 32768, job
 
 
+_PICK = ("import sys; from bench.tools.ports import free_port; "
+         "print(*[free_port() for _ in range(int(sys.argv[1]))], flush=True); sys.stdin.read()")
+
+
+def test_two_runs_choosing_ports_at_once_never_choose_the_same():
+    """A run's port is bound seconds after it is chosen (mp.spawn's ranks import torch
+    first): another run must not choose it meanwhile. Two processes choose 400 ports each
+    and hold them, binding none: drawn freely from the 22,768 below the ephemeral range, two
+    of the 800 would coincide but for one chance in a million (10 did, before). A holder
+    that is killed leaves its ports free to choose again."""
+    from bench.tools.ports import promise_port, release_port
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holders = [subprocess.Popen([sys.executable, "-c", _PICK, "400"], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    try:
+        chosen = [[int(p) for p in h.stdout.readline().split()] for h in holders]
+        assert [len(c) for c in chosen] == [400, 400]
+        assert len(set(chosen[0]) | set(chosen[1])) == 800
+        assert not promise_port(chosen[0][0])  # held by another process here
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait(timeout=30)
+    assert promise_port(chosen[0][0]) and promise_port(chosen[1][-1])
+    release_port(chosen[0][0]), release_port(chosen[1][-1])
+
+
 def test_slurm_variables_are_read():
     task = slurm_task({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
                        "SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "8",

@@ -38,7 +38,7 @@ from bench.tools.errors import (
 )
 from bench.tools.folders import remove_created
 from bench.tools.lifetime import kill_children
-from bench.tools.ports import free_port, port_in_use
+from bench.tools.ports import free_port, port_in_use, release_port
 from bench.train.scratch import RankError, Scratch
 from bench.train.spec import WorkerSpec
 
@@ -228,6 +228,7 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
     cfg = plan.cfg
     previous = catch_stop_signals()
     status, error, rank_error, escaped = "failed", None, None, False
+    port = None
     try:
         port = plan.port or free_port()
         job = Launch(
@@ -250,6 +251,8 @@ def _launch(plan: RunPlan, scratch: Scratch, spec_path: Path) -> Outcome:
         escaped = True
         raise
     finally:
+        if port is not None:
+            release_port(port)  # the run is over: its store no longer listens
         restore_signals(previous)
         reap_ranks(scratch)  # by the pids in the scratch folder: before it goes
         if escaped:

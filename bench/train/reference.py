@@ -95,11 +95,13 @@ def _compressed_like(cfg: RunConfig, model: nn.Module):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from bench.tools.ports import MASTER_ADDR, free_port
+    from bench.tools.ports import MASTER_ADDR, free_port, release_port
     from strategies.ddp import register_comm_hook
 
-    dist.init_process_group("gloo", init_method=f"tcp://{MASTER_ADDR}:{free_port()}",
+    port = free_port()
+    dist.init_process_group("gloo", init_method=f"tcp://{MASTER_ADDR}:{port}",
                             rank=0, world_size=1)
+    release_port(port)  # its store listens now
     # The hook's callbacks run on the group's gloo threads and hold the group: the thread
     # that drops the last reference runs its destructor, which joins every gloo thread, and
     # one joining itself aborts the process ('Resource deadlock avoided', seen once under
