@@ -303,13 +303,11 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     # every try's own checks, once, before any starts (CIFAR-100 fetched once): a try
     # refused as bad input (no GPU here, another strategy's option, no data) would end the
     # search as "none fits", exit 1
-    from bench.launch.plan import RunPlan
-    from bench.launch.preflight import prepare_data
+    from bench.launch.plan import RunPlan, check_data
 
     first = args.start * replicas
-    plan = RunPlan(cfg.derive(batch_size=first, train_limit=STEPS * first, test_limit=first),
-                   probe_output=False)
-    prepare_data(plan.cfg, plan.local_processes)
+    check_data([RunPlan(cfg.derive(batch_size=first, train_limit=STEPS * first,
+                                   test_limit=first), probe_output=False)])
     lo, tries = search(args.start, replicas, run_args, limit, args.gpu_memory,
                        args.max_tries, 60 * args.max_minutes,
                        say=lambda line: print(line, file=sys.stderr, flush=True))

@@ -22,8 +22,8 @@ from pathlib import Path
 from bench.commands.largest_batch import LargestBatch, take_max
 from bench.config.options import config_from_args, given, parse_list, run_options_for
 from bench.config.run_config import RunConfig
-from bench.launch.plan import RunPlan
-from bench.launch.preflight import check_data_fits, check_output_writable, data_sizes
+from bench.launch.plan import RunPlan, check_data
+from bench.launch.preflight import check_output_writable
 from bench.launch.slurm import in_batch_step
 from bench.records.claims import Claim
 from bench.records.files import (
@@ -106,9 +106,7 @@ def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
     if data:  # after the options' checks: a misspelt name must not wait for a download
-        _, train, test = data_sizes(base)
-        for plan in plans:
-            check_data_fits(plan.cfg, train, test, plan.local_processes)
+        check_data(plans)
     return combos
 
 

@@ -33,8 +33,7 @@ import torch
 import strategies
 from bench.config.options import config_from_args, given, parse_list, run_options_for
 from bench.config.run_config import RunConfig
-from bench.launch.plan import RunPlan
-from bench.launch.preflight import check_data_fits, data_sizes, prepare_data
+from bench.launch.plan import RunPlan, check_data
 from bench.launch.run import execute
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError, Interrupted
@@ -212,9 +211,7 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
             refused[name] = exc
     if not plans:
         raise next(iter(refused.values()))
-    _, train, test = data_sizes(base)  # no data: bad input, before the table starts
-    for plan in plans.values():
-        check_data_fits(plan.cfg, train, test, plan.local_processes)
+    check_data(list(plans.values()))  # no data: bad input, before the table starts
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
           f"width {base.width}, {_ranks(base)}, "
           "no augmentation\nreference: one plain process with the strategy's BatchNorm "
@@ -265,7 +262,7 @@ def run_self_test(base: RunConfig, name: str, steps: int,
     if plan.replicas < 2:
         raise ConfigError("--self-test needs at least 2 replicas (--gpus 2): most defects "
                           "are invisible to one")
-    prepare_data(plan.cfg, plan.local_processes)
+    check_data([plan])
     print(f"bench verify --self-test: {name}, {steps} steps, global batch {base.batch_size}, "
           f"lr {base.lr}, width {base.width}, {_ranks(base)}", flush=True)
     print(f"{'variant':<16} {'loss diff':>10} {'tolerance':>10} {'param diff':>10} "

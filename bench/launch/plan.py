@@ -12,11 +12,13 @@ from bench.config.run_config import RunConfig, group_timeout
 from bench.config.strategy_parts import Topology, host_slots
 from bench.data.datasets import model_spec
 from bench.launch.preflight import (
+    check_data_fits,
     check_launch_options,
     check_output_writable,
     check_processes_fit,
     check_srun_task,
     check_strategy_options,
+    data_sizes,
     default_workers,
     resolve_device,
     resolve_strategy,
@@ -205,3 +207,15 @@ class RunPlan:
             gpu_shared=self.topology.gpu_shared,
             train_flops_per_image=cached_train_flops_per_image(self.spec),
         )
+
+
+def check_data(plans: list[RunPlan]) -> None:
+    """The data of runs that differ only in strategy, N and batch made ready once (read,
+    CIFAR-100 fetched if absent) and each run's share of it checked, as each run would
+    before it starts: what every run would refuse is refused once, before any starts (a
+    search of tries, a sweep's or verify's runs each failed on it in turn)."""
+    if not plans:
+        return
+    _, train, test = data_sizes(plans[0].cfg)
+    for plan in plans:
+        check_data_fits(plan.cfg, train, test, plan.local_processes)
