@@ -23,9 +23,10 @@ def promise_port(port: int) -> bool:
 
     Why: a run's port is bound only when its store starts, at once under torchrun, but
     under mp.spawn after each rank has started Python and imported torch: seconds later on
-    a loaded machine. A run started meanwhile saw the port free and took it; its store then
-    answered the first run's ranks, who joined the wrong group (CI, 2 cores: EADDRINUSE in
-    the one, 'connection closed by peer' in the other)."""
+    a loaded machine. A run started meanwhile could see the port free and take it; its
+    store would then answer the first run's ranks, who would join the wrong group (in CI on
+    2 cores, EADDRINUSE in one run and 'connection closed by peer' in another, the same
+    second: the timeline fits one port drawn twice)."""
     if not sys.platform.startswith("linux") or port in _PROMISES:
         return True
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
