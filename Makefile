@@ -32,7 +32,10 @@ TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
 .PHONY: install demo table parity parity-d05 test test-long test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
         gpu-ready clean slurm-up slurm-down
 
+# The install needs 6 GiB at its peak: refused in one line where the disk lacks 7.
+INSTALL_GIB ?= 7
 $(STAMP): pyproject.toml
+	@$(PYTHON) scripts/check_space.py $(VENV) $(INSTALL_GIB)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
