@@ -80,7 +80,7 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     if traced and fmt == "text":
         print("\n" + format_rows(traced), end="")
     sys.stdout.flush()  # the warnings follow the table they are about, on a terminal too
-    for line in plausibility_warnings(table, records):
+    for line in plausibility_warnings(table):
         print(terminal.fill(f"bench report: {line}", subsequent_indent="    "),
               file=sys.stderr)
     if write:

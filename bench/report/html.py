@@ -161,7 +161,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
                              f"{escape(_FIGURE_TITLES.get(key, key))}</figcaption></figure>")
                 plt.close(fig)
             parts.append("</div>")
-    warnings = plausibility_warnings(table, records)
+    warnings = plausibility_warnings(table)
     if warnings:
         parts.append('<h2>Flags</h2><ul class="flags">'
                      + "".join(f"<li>{_prose(w)}</li>" for w in warnings) + "</ul>")
