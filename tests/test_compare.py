@@ -185,6 +185,20 @@ def test_rows_that_differ_only_in_speed_options_stay_apart(tmp_path):
     assert cells["—"][5] == "missed→missed" and cells["gpu-data,NHWC,compile,fused"][5] == "—"
 
 
+def test_gradient_accumulation_is_an_option_as_in_the_report(tmp_path):
+    """`bench report` shows --grad-accum 4 as 'accum 4' among a row's options; compare said
+    it in the strategy's cell ('ddp, accum 4' beside an options column of dashes)."""
+    plain = [repeat(f"p{i}", "ddp", 2, 50, 60.0) for i in range(2)]
+    accum = [{**r, "run_id": f"a{i}", "grad_accum": 4} for i, r in enumerate(plain)]
+    a = write_runs(tmp_path / "a", plain + accum)
+    text = run_bench("compare", str(a), str(a)).stdout.splitlines()
+    header = text[1].split()
+    assert header[:3] == ["strategy", "N", "options"], text
+    cells = sorted(line.split()[:3] for line in text[2:])
+    assert cells == [["ddp", "2", "accum"], ["ddp", "2", "—"]], text
+    assert any(line.split()[2:4] == ["accum", "4"] for line in text[2:]), text
+
+
 def _strict(text):
     """JSON as any parser reads it: NaN and Infinity are not JSON."""
     def refuse(constant):

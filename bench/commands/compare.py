@@ -268,11 +268,13 @@ def _markdown_cells(row: dict[str, Any]) -> dict[str, Any]:
 def _text_row(row: dict[str, Any]) -> dict[str, str]:
     """The terminal cells of one compared row (the verdict's reasons go below it)."""
     delta, p = row.get("delta_top1"), row.get("p_value")
-    strategy = row["strategy"] + (f", accum {row['grad_accum']}"
-                                  if row.get("grad_accum", 1) != 1 else "")
+    # gradient accumulation is an option in its cell, as in `bench report`'s blocks
+    options = [] if str(row["options"]) in ("—", "") else [str(row["options"])]
+    if row.get("grad_accum", 1) != 1:
+        options.append(f"accum {row['grad_accum']}")
     return {
-        "strategy": strategy, "N": str(row["world_size"]), "dev": str(row["device"]),
-        "prec.": str(row["precision"]), "options": short_options(str(row["options"])),
+        "strategy": row["strategy"], "N": str(row["world_size"]), "dev": str(row["device"]),
+        "prec.": str(row["precision"]), "options": short_options(", ".join(options) or "—"),
         "runs A/B": row.get("runs") or "—",
         "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
                              _number(row.get("images_per_s_b"), ".0f")),
