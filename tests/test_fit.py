@@ -111,6 +111,55 @@ def test_the_peaks_aim_the_search_at_the_same_batch_in_fewer_tries(cap_gib, fixe
     assert flattened <= bisection + MAX_AIMS, (flattened, bisection)
 
 
+def test_a_search_that_did_not_close_in_says_what_it_knows():
+    """A search cut short by its budget or by a try that failed for another reason gave
+    its largest batch that trained as the answer: 12 doublings from 8 that all fitted read
+    as "the largest batch is 16384". Worked by hand on a machine where 100 images fit."""
+    from bench.commands.fit import _answer, unclosed
+
+    fits_100 = _machine(cap=2000, fixed=0, per_image=20)  # 100 fit, 101 do not
+
+    def run(max_tries, run_try=fits_100):
+        lo, tries = search(8, 1, [], 2000, None, max_tries, 600, say=lambda line: None,
+                           run_try=run_try)
+        return lo, tries, unclosed(lo, tries), _answer(lo, tries)
+
+    lo, tries, why, cell = run(3)  # 8, 16, 32: all fitted
+    assert (lo, cell) == (32, "≥ 32") and why.startswith("at least 32: every try fitted"), why
+    lo, tries, why, cell = run(5)  # ..., 64 fitted, 128 did not
+    assert (lo, cell) == (64, "64–127") and why.startswith("64 to 127: 128 ran out"), why
+    lo, tries, why, cell = run(50)  # closed in: the failing batch within 5 % of lo
+    assert why is None and cell == str(lo) and 96 <= lo <= 100, tries
+
+    def timing_out(batch, *args, **kwargs):
+        if batch == 64:
+            return Try(batch, False, "failed: timeout after 60 s", 60.0)
+        return fits_100(batch, *args, **kwargs)
+
+    lo, tries, why, cell = run(50, timing_out)
+    assert (lo, cell) == (32, "≥ 32"), tries
+    assert why == ("batch 64 failed: timeout after 60 s; 32 is the largest that trained, and "
+                   "whether more fits is not known"), why
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
+def test_bench_fit_says_when_its_answer_is_a_lower_bound():
+    """One try, which fits: the table says '≥ 8', the JSON names why, stderr says how to
+    search further."""
+    small = ["--strategy", "ddp", "--gpus", "1", "--cpu", "--data", "synthetic", "--width",
+             "0.125", "--image-size", "16", "--memory-limit", "2", "--max-tries", "1"]
+    proc = run_bench("fit", *small, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].split()[:4] == ["ddp", "1", "≥", "8"], proc.stdout
+    said = " ".join(proc.stderr.split())
+    assert ("bench fit: the search did not close in: at least 8: every try fitted before the "
+            "search's budget ran out; raise --max-tries or --max-minutes, or --start 16") in said
+    found = json.loads(run_bench("fit", *small, "--json", timeout=300).stdout)
+    assert found["largest_batch_per_replica"] == 8, found
+    assert found["smallest_out_of_memory_per_replica"] is None
+    assert found["unclosed"].startswith("at least 8"), found
+
+
 @pytest.mark.parametrize("args, says", [
     (["--strategy", "ddp", "--cpu", "--data", "synthetic"], "needs --memory-limit"),
     (["--strategy", "ddp", "--cpu", "--memory-limit", "1", "--batch-size", "8"],

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.config.options import config_from_args, given, run_options_for
+from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
 PASSES_RUN_OPTIONS = True  # any option it does not know is a `bench run` option
@@ -198,9 +199,49 @@ def search(start: int, replicas: int, args: list[str], limit: int | None,
     return lo, tries
 
 
+def smallest_out_of_memory(lo: int | None, tries: list[Try]) -> int | None:
+    """The smallest batch above ``lo`` that ran out of memory, or None."""
+    return min((t.batch for t in tries if t.out_of_memory and (lo is None or t.batch > lo)),
+               default=None)
+
+
+def unclosed(lo: int | None, tries: list[Try]) -> str | None:
+    """Why ``lo`` is not yet the answer, where the search ended before it closed in: a try
+    that failed for another reason, or the budget (--max-tries, --max-minutes) spent while
+    every try fitted or before the bracket narrowed to WITHIN; None where it closed (or
+    nothing fitted). Without it, 12 doublings from 8 that all fitted (a small model on a
+    large GPU) read as "the largest batch is 16384"."""
+    if lo is None:
+        return None
+    other = next((t for t in tries if not t.ok and not t.out_of_memory), None)
+    hi = smallest_out_of_memory(lo, tries)
+    if other is not None:
+        return (f"batch {other.batch} {other.cause}; {lo} is the largest that trained, and "
+                "whether more fits is not known")
+    if hi is None:
+        return (f"at least {lo}: every try fitted before the search's budget ran out; raise "
+                f"--max-tries or --max-minutes, or --start {2 * lo}")
+    if hi - lo > max(1, math.floor(WITHIN * lo)):
+        return (f"{lo} to {hi - 1}: {hi} ran out of memory, and the search's budget ran out "
+                f"before it closed within {100 * WITHIN:g} %; raise --max-tries or "
+                "--max-minutes")
+    return None
+
+
+def _answer(lo: int, tries: list[Try], replicas: int = 1) -> str:
+    """The table's cell: the batch, or the range the largest lies in (``replicas``: of the
+    global batch)."""
+    if unclosed(lo, tries) is None:
+        return str(lo * replicas)
+    hi = smallest_out_of_memory(lo, tries)
+    other = any(not t.ok and not t.out_of_memory for t in tries)
+    return (f"≥ {lo * replicas}" if hi is None or other
+            else f"{lo * replicas}–{(hi - 1) * replicas}")
+
+
 def _table(strategy: str, n: int, lo: int | None, tries: list[Try]) -> str:
     best = next((t for t in tries if t.ok and t.batch == lo), None)
-    lines = [f"{'strategy':<10} {'N':>3} {'largest batch/replica':>22} {'global':>7} "
+    lines = [f"{'strategy':<10} {'N':>3} {'largest batch/replica':>22} {'global':>11} "
              f"{'img/s':>7} {'params':>8} {'grads':>8} {'optim.':>8} {'activ.':>8} "
              f"{'peak/rank':>10}"]
     if best is None or best.record is None:
@@ -215,7 +256,8 @@ def _table(strategy: str, n: int, lo: int | None, tries: list[Try]) -> str:
         value = mem.get(key)
         return f"{value / 2**20:.0f} MiB" if isinstance(value, (int, float)) else "—"
 
-    lines.append(f"{strategy:<10} {n:>3} {lo:>22} {lo * rec.get('world_size', n):>7} "
+    lines.append(f"{strategy:<10} {n:>3} {_answer(lo, tries):>22} "
+                 f"{_answer(lo, tries, rec.get('world_size', n)):>11} "
                  f"{speed if speed is None else round(speed):>7} {mib('parameters'):>8} "
                  f"{mib('gradients'):>8} {mib('optimizer_state'):>8} "
                  f"{mib('activations_and_workspace'):>8} {mib('peak'):>10}")
@@ -284,6 +326,8 @@ def as_json(strategy: str, gpus: int, memory_limit: float | None, gpu_memory: fl
     max` caches it)."""
     return {"strategy": strategy, "gpus": gpus, "memory_limit_gib": memory_limit,
             "gpu_memory_gib": gpu_memory, "largest_batch_per_replica": lo,
+            "smallest_out_of_memory_per_replica": smallest_out_of_memory(lo, tries),
+            "unclosed": unclosed(lo, tries),
             "tries": [{"batch": t.batch, "ok": t.ok, "cause": t.cause,
                        "seconds": round(t.seconds, 1),
                        "memory_parts": (t.record or {}).get("memory_parts")} for t in tries]}
@@ -321,4 +365,8 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
         print(f"bench fit: a try failed for another reason than memory: {failed.cause}",
               file=sys.stderr)
         return EXIT_FAILED
+    why = unclosed(lo, tries)
+    if why:
+        print(terminal.fill(f"bench fit: the search did not close in: {why}",
+                            subsequent_indent="    "), file=sys.stderr)
     return EXIT_OK if lo is not None else EXIT_FAILED

@@ -20,6 +20,7 @@ from bench.commands.fit import (
     memory_cap,
     replicas_of,
     search,
+    unclosed,
 )
 from bench.config.options import without
 from bench.config.run_config import RunConfig
@@ -83,7 +84,9 @@ class LargestBatch:
                 and found.get("fits_in") == self.fits_in
                 and isinstance(found.get("largest_batch_per_replica"), int)):
             lo = found["largest_batch_per_replica"]
-            return lo * replicas, f"{lo} per replica, found before ({path})"
+            why = found.get("unclosed")
+            return lo * replicas, (f"{lo} per replica, found before ({path})"
+                                   + (f"; not closed in: {why}" if why else ""))
         args = ["--strategy", strategy, "--gpus", str(gpus), *without(run_args, TRY_SETS)]
         lo, tries = search(self.start, replicas, args, self.limit_bytes, self.gpu_memory,
                            MAX_TRIES, 60 * MAX_MINUTES, say=say)
@@ -93,4 +96,6 @@ class LargestBatch:
         write_text_atomic(path, json.dumps(
             {**as_json(strategy, gpus, self.memory_limit, self.gpu_memory, lo, tries),
              "device": self.device, "fits_in": self.fits_in}, indent=1))
-        return lo * replicas, f"{lo} per replica, found in {len(tries)} tries"
+        why = unclosed(lo, tries)
+        return lo * replicas, (f"{lo} per replica, found in {len(tries)} tries"
+                               + (f"; not closed in: {why}" if why else ""))

@@ -215,7 +215,8 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
             RunPlan(cfg).skeleton(cmd).fail("failed", how)
             print(f"{prefix}: failed: {how}", flush=True)
             return f"failed: {how}"
-        print(f"  batch {batch} (global): {how}", flush=True)
+        print(terminal.fill(f"batch {batch} (global): {how}", initial_indent="  ",
+                            subsequent_indent="      "), flush=True)
         cmd += ["--batch-size", str(batch), "--batch-fits-in", largest.fits_in]
     if base.nodes > 1 and in_batch_step():
         # a job array's task over several nodes: the run is one srun step, a task a rank
