@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.records.schema import RECORD_VERSION
 from tests.report_records import record, write_runs
 
 BENCH = [sys.executable, "-m", "bench"]
@@ -107,6 +108,9 @@ MALFORMED = {
                                            "gpu_clocks": "fast"}]},
     "world size 0": {"world_size": 0},
     "env gpus a string": {"env": {"gpus": "H100"}},
+    # a newer bench may mean something else by a field: read as this one means it, its
+    # figures would be wrong in silence
+    "a newer record version": {"record_version": RECORD_VERSION + 1},
 }
 
 

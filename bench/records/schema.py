@@ -115,6 +115,11 @@ def record_problem(rec: Any) -> str | None:
             return f"{key} missing or not {_kind_name(kind)}"
     if rec["world_size"] < 1:
         return f"world_size is {rec['world_size']}, not a count of processes"
+    version = rec.get("record_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
+        # a newer bench may mean something else by a field this one reads: never guess
+        return (f"record_version {version}, from a newer parallel-bench than this one "
+                f"(which reads {RECORD_VERSION}); update it (git pull, make install)")
     for where, fields in _OPTIONAL.items():
         holder = rec.get(where[0]) if where else rec
         if not isinstance(holder, dict):
