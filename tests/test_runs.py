@@ -178,6 +178,28 @@ def test_a_target_not_reached_is_recorded_as_such(tmp_path):
     assert rec["time_to_target_s"] is None and rec["epochs_to_target"] is None
 
 
+def test_the_ok_line_of_a_gpu_run_keeps_to_120_columns():
+    """A GPU run that reached its target, with its clocks, energy and an input-bound note,
+    printed one line of 210 columns; it breaks between its parts, never inside one."""
+    from bench.launch.summary import ok_line
+
+    summary = {"median_epoch_time_s": 0.71, "median_images_per_s": 70433.2,
+               "gpu_clock_share": 0.97, "gpu_slowdowns": ["hw_slowdown", "sw_thermal_slowdown"],
+               "images_per_joule": 112.5, "final_top1": 0.696}
+    data = {"loader_alone_images_per_s": 72000.0, "target_top1": 50.0, "reached_target": True,
+            "epochs_to_target": 3, "time_to_target_s": 4.12}
+    lines = ok_line(summary, data).splitlines()
+    assert lines == [
+        "bench: ok  median epoch 0.71s  70433 img/s  GPU clock 97 % of max (hw_slowdown, "
+        "sw_thermal_slowdown)  112.5 img/J",
+        "    input-bound (the loader alone: 72000 img/s)  final top1 69.60%  50 % reached in "
+        "4.1 s (3 epochs)"], lines
+    # a CPU run's line is one line, as before
+    assert ok_line({"median_epoch_time_s": 15.32, "median_images_per_s": 100.2,
+                    "final_top1": 0.9961}, {}) == (
+        "bench: ok  median epoch 15.32s  100 img/s  final top1 99.61%")
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-launch"])
 def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tmp_path):
     """torchrun's ranks write to a pipe that bench passes on: on a terminal their bar

@@ -55,7 +55,17 @@ def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
 
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
-    summary = final.summary
+    print(ok_line(final.summary, final.data))
+    feed = final.data.get("loader_alone_images_per_s")
+    if input_bound(final.summary.get("median_images_per_s"), feed) and loader == "torch":
+        print("bench: the loader set the pace; which worker count feeds faster:\n  "
+              + loader_sweep_command(final.data["command"], workers_per_replica))
+
+
+def ok_line(summary: dict, data: dict) -> str:
+    """The line a run that ended ok prints, broken into lines of at most 120 columns
+    between its parts, never inside one (a GPU run that reached its target, with its
+    clocks, energy and an input-bound note, held 210 on one line)."""
     median, speed = summary.get("median_epoch_time_s"), summary.get("median_images_per_s")
     timing = (f"median epoch {median:.2f}s  {speed:.0f} img/s" if median is not None
               else "no timed epoch (the only epoch is the warm-up)")
@@ -65,15 +75,19 @@ def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
         clock += f" ({', '.join(summary['gpu_slowdowns'])})"
     if summary.get("images_per_joule"):
         clock += f"  {summary['images_per_joule']:.1f} img/J"
-    feed = final.data.get("loader_alone_images_per_s")
-    bound = input_bound(speed, feed)
-    if bound:
+    feed = data.get("loader_alone_images_per_s")
+    if input_bound(speed, feed):
         clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
-    print(f"bench: ok  {timing}{clock}  final top1 "
-          f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(final.data)}")
-    if bound and loader == "torch":
-        print("bench: the loader set the pace; which worker count feeds faster:\n  "
-              + loader_sweep_command(final.data["command"], workers_per_replica))
+    parts = (f"bench: ok  {timing}{clock}  final top1 "
+             f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(data)}"
+             ).split("  ")
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 2 + len(part) > terminal.WIDTH:
+            lines.append("    " + part)
+        else:
+            lines[-1] += "  " + part
+    return "\n".join(lines)
 
 
 # The bench run options that shape the input pipeline (a loader sweep takes them all; the
