@@ -37,6 +37,10 @@ def test_notebook_executes_against_committed_results(monkeypatch):
     text = "".join(o.get("text", "") for o in outputs)
     found = re.search(r"(\d+) records from", text)
     assert found and int(found.group(1)) > 0, text
+    # nothing on stderr: the report's figures, all drawn at once, made matplotlib warn
+    # "More than 20 figures have been opened" (one workload at a time, they do not)
+    said = [o.get("text", "") for o in outputs if o.get("name") == "stderr"]
+    assert not said, said
 
 
 def test_notebook_on_an_empty_folder_says_what_to_do(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ bench.commands.report."""
 from bench.records.describe import speed_options, workload
 from bench.report.accuracy import mlperf_score, mlperf_seconds, parse_reference
 from bench.report.plots import (
+    each_workload_figures,
     figures_per_workload,
     make_figures,
     row_label,
@@ -40,6 +41,7 @@ __all__ = [
     "GROUP_KEYS",
     "README_END",
     "README_START",
+    "each_workload_figures",
     "figures_per_workload",
     "hardware_lines",
     "make_figures",

@@ -120,7 +120,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
     """The whole page, from the records, their probes and their summary table."""
     import matplotlib.pyplot as plt
 
-    from bench.report.plots import figures_per_workload
+    from bench.report.plots import records_by_workload, workload_figures
 
     blocks = workload_blocks(table)
     answer = "".join(
@@ -144,7 +144,9 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
     if answer:
         parts.append(f'<div class="answer"><h3>The answer</h3><ul class="verdict">{answer}'
                      "</ul></div>")
-    figures = figures_per_workload(records, probes)
+    # drawn a workload at a time and closed once on the page (the committed results' 40
+    # figures all open at once made matplotlib warn)
+    groups = records_by_workload(records)
     for name, same, names, rows, verdict in blocks:
         parts.append(f"<h2>{escape(name)}</h2>")
         if same:
@@ -153,7 +155,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
         if verdict:
             parts.append('<ul class="verdict">' + "".join(f"<li>{_prose(s)}</li>"
                                                           for s in verdict) + "</ul>")
-        drawn = figures.get(name, {})
+        drawn = workload_figures(name, groups[name], probes) if name in groups else {}
         if drawn:
             parts.append('<div class="figures">')
             for key, fig in drawn.items():

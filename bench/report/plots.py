@@ -8,6 +8,7 @@ import os
 import re
 import statistics
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,7 @@ _TIME_FIGURES = ("epoch_time", "scaling", "time_to_target", "time_vs_accuracy",
                  "where_time_goes", "scaling_efficiency")
 
 
-def _by_workload(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def records_by_workload(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Records grouped by workload, in the order each workload first appears."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
@@ -215,9 +216,20 @@ def figures_per_workload(records: list[dict[str, Any]],
                          probes: list[dict[str, Any]] | None = None
                          ) -> dict[str, dict[str, Any]]:
     """workload_figures for each workload's records alone (runs of different workloads are
-    never drawn together)."""
-    return {name: workload_figures(name, recs, probes)
-            for name, recs in _by_workload(records).items()}
+    never drawn together), all open at once: for a few records. What shows every workload
+    (the page, the notebook) draws one at a time with ``each_workload_figures``."""
+    return dict(each_workload_figures(records, probes))
+
+
+def each_workload_figures(records: list[dict[str, Any]],
+                          probes: list[dict[str, Any]] | None = None
+                          ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(workload, its figures), drawn as the caller asks for the next, so that it can show
+    and close one workload's before the next are drawn: all at once, the committed
+    results' 6 workloads held 40 figures open, and matplotlib warned past 20 ("More than
+    20 figures have been opened") under the page and in the notebook."""
+    for name, recs in records_by_workload(records).items():
+        yield name, workload_figures(name, recs, probes)
 
 
 def _draw_workload(job: tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, Path]
@@ -282,7 +294,7 @@ def write_plots(records: list[dict[str, Any]], folder: Path,
 
     matplotlib.rcParams["figure.max_open_warning"] = 0  # closed once written
     matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"  # same figure, same file
-    jobs = [(name, recs, probes, folder) for name, recs in _by_workload(records).items()]
+    jobs = [(name, recs, probes, folder) for name, recs in records_by_workload(records).items()]
     processes = drawing_processes(len(jobs)) if processes is None else processes
     if processes > 1 and threading.active_count() > 1:
         processes = 1  # a caller with threads (a notebook's kernel) is not forked: a lock
