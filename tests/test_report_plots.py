@@ -3,6 +3,9 @@ probes only, its bars and lines named apart."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from conftest import run_bench
 from report_records import probe, record, write_runs
 
@@ -145,6 +148,32 @@ def _whole(folder) -> list[str]:
         elif path.is_file():
             broken.append(f"{path.name}: not a plot")
     return broken
+
+
+def test_a_dead_writers_temporary_file_goes_before_its_process_is_reaped(tmp_path):
+    """A drawer killed with its report is a zombie until init reaps it (here a second
+    later; a container's init may never): the next report kept its temporary file as a
+    live writer's, and the kill test below failed whenever it came that soon. Dead is
+    dead; a live writer's file stays."""
+    import subprocess
+    import sys
+
+    from bench.records.files import remove_dead_temporaries
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.waitid(os.P_PID, dead.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+        state = Path(f"/proc/{dead.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state == "Z", state
+        (tmp_path / f".a.png.{dead.pid}.x1y2.tmp").write_text("cut")
+        (tmp_path / f".b.png.{live.pid}.x3y4.tmp").write_text("drawing")
+        remove_dead_temporaries(tmp_path)
+        assert [p.name for p in tmp_path.iterdir()] == [f".b.png.{live.pid}.x3y4.tmp"]
+    finally:
+        live.kill()
+        live.wait()
+        dead.wait()
 
 
 def test_a_kill_9_mid_draw_and_two_reports_at_once_leave_every_plot_whole(tmp_path):

@@ -16,6 +16,7 @@ from typing import Any
 
 from bench.records.schema import record_problem
 from bench.tools.errors import CannotWrite
+from bench.tools.lifetime import still_running
 
 
 def utc_now() -> str:
@@ -84,14 +85,9 @@ def remove_dead_temporaries(folder: Path) -> None:
         pid = tmp.name.split(".")[-3]  # .NAME.PID.RANDOM.tmp
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
-        pid = int(pid)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not still_running(int(pid)):
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        except PermissionError:  # another user's live process
-            continue
 
 
 _FILE_MODE = 0o666

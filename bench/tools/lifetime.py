@@ -29,6 +29,24 @@ except (OSError, AttributeError):  # not Linux: no death signal
     _prctl = None
 
 
+def still_running(pid: int) -> bool:
+    """Whether process ``pid`` runs. A zombie does not: it has died and waits to be reaped,
+    which the init of a container does late or never (a killed report's drawers stayed
+    zombies for a second here, and the next report kept their temporary files as a live
+    writer's); a live process of another user does."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc to ask (not Linux): the signal's answer
+    return state not in ("Z", "X")
+
+
 def die_with_parent(parent: int | None = None) -> None:
     """Get SIGKILL when the parent process dies. With ``parent`` (its pid), exit at once if
     it is already gone: it died before the death signal was armed."""

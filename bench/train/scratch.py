@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.tools.lifetime import still_running
+
 # A folder without its launcher file is being created (for microseconds) or removed, or is
 # what a dying torchrun agent made again after its run removed it: gone after this long, if
 # its name is one that ``Scratch.create`` gives (a run id's date, mkdtemp's suffix).
@@ -39,21 +41,11 @@ def remove_orphans() -> None:
                         or not _SCRATCH_NAME.fullmatch(folder.name)):
                     continue
             else:
-                if owner_host != host or _alive(int(pid)):
+                if owner_host != host or still_running(int(pid)):
                     continue
         except (OSError, ValueError):
             continue
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
