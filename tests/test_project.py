@@ -113,6 +113,9 @@ def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
                                              for m in chosen)
     (powersgd,) = [p for p in points if p["comm_hook"] == "powersgd"]
     assert 0 < powersgd["hook_work_ms"] < powersgd["compute_ms"], powersgd
+    # the table names the hook whole ('powers' before), within 120 columns
+    assert " powersgd " in proc.stdout, proc.stdout
+    assert max(map(len, proc.stdout.splitlines())) <= 120, proc.stdout
     for point in points:
         assert point["gradient_timeline"], point
         assert point["buckets_ran"] == point["buckets_modelled"], point
@@ -442,6 +445,23 @@ def test_validation_prints_the_null_models_beside_the_model(tmp_path):
     said = shown.stdout.replace("\n  ", " ")
     assert f"validated on {results} (" in said, said
     assert "the null models (median / worst): no communication" in said, said
+    assert "stale" not in said, said
+    # a run it predicted, gone: the kept validation no longer speaks for the folder
+    gone = data["points"][0]["run_id"]
+    next(p for p in (results / "runs").glob("*.json")
+         if json.loads(p.read_text())["run_id"] == gone).unlink()
+    said = run_bench("project", str(results)).stdout.replace("\n  ", " ")
+    assert (f"stale (1 run it predicted gone): run `bench project {results} --validate` "
+            "again") in said, said
+
+
+def test_the_committed_validation_covers_the_committed_runs():
+    """results/projection-validation.json said "over 17 runs" for two days after the
+    testbed's 8 runs joined results/: `bench project results` printed it as the validation
+    of the folder. Rows added to results/ must be validated again (`bench project results
+    --validate`)."""
+    said = run_bench("project", str(ROOT / "results")).stdout.replace("\n  ", " ")
+    assert "validated on" in said and "stale" not in said, said
 
 
 def test_a_run_whose_compute_probe_ran_slow_is_projected_with_a_warning(tmp_path):

@@ -101,7 +101,7 @@ def test_the_projection_predicts_ddp_over_a_slow_link_and_the_null_models_do_not
         assert abs(point["error_pct"]) <= 35, (point, done.stdout)
         assert point["no_communication_error_pct"] < -35, (point, done.stdout)
     assert validation["comm_heavy_runs"] == 2
-    assert "where communication is 25% of the step or more (2 runs)" in done.stderr.replace(
+    assert "where communication is 25 % of the step or more (2 runs)" in done.stderr.replace(
         "\n  ", " "), done.stderr
 
 

@@ -38,13 +38,47 @@ def calibration_lines(root: Path) -> list[str]:
         try:
             data = json.loads(path.read_text())
             line = f"validated on {path.parent} ({data['date']}): " + summary_line(data)
+            stale = staleness(path.parent, data["points"])
         except OSError:
             continue
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             line = f"{path} is not a validation `bench project --validate` wrote; ignored"
+        else:
+            line += f"; {stale}" if stale else ""
         lines.append(line)
     return lines or ["not yet validated on these results: run `bench project RESULTS "
                      "--validate`"]
+
+
+def staleness(folder: Path, points: list[dict[str, Any]]) -> str | None:
+    """What the validation kept in ``folder`` no longer covers: runs added since, which it
+    did not predict, and runs it predicted that are gone; None where it covers them all.
+    (The committed results' said 17 runs for two days after the testbed's 8 joined them.)"""
+    from bench.records.files import load_records
+    from bench.records.probes import load_probes
+
+    records, _ = load_records(folder)
+    now = {rec["run_id"] for rec, *_ in predictable_runs(records, load_probes(folder))}
+    then = {p["run_id"] for p in points}
+    added, gone = len(now - then), len(then - now)
+    if not added and not gone:
+        return None
+    what = " and ".join(part for part in (
+        f"{terminal.count(added, 'run')} here since" if added else "",
+        f"{terminal.count(gone, 'run')} it predicted gone" if gone else "") if part)
+    return f"stale ({what}): run `bench project {folder} --validate` again"
+
+
+def predictable_runs(records: list[dict[str, Any]], probes: list[dict[str, Any]]):
+    """(record, workload, probe, measured step) of each run `--validate` predicts: ok,
+    multi-rank, with a compute-only step and a probe of the same machines."""
+    for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
+        if rec.get("status") != "ok" or (rec.get("world_size") or 1) < 2:
+            continue
+        work, probe, measured = workload_of(rec), matching_probe(rec, probes), median_step_s(rec)
+        if work is None or probe is None or math.isnan(measured):
+            continue
+        yield rec, work, probe, measured
 
 
 def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any]) -> Projection:
@@ -71,12 +105,7 @@ def validate_records(records: list[dict[str, Any]], probes: list[dict[str, Any]]
     and keep the errors beside those of the null models, and the spread of each point's
     repeats (runs of the same configuration on the same network)."""
     points = []
-    for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
-        if rec.get("status") != "ok" or (rec.get("world_size") or 1) < 2:
-            continue
-        work, probe, measured = workload_of(rec), matching_probe(rec, probes), median_step_s(rec)
-        if work is None or probe is None or math.isnan(measured):
-            continue
+    for rec, work, probe, measured in predictable_runs(records, probes):
         predicted = predict_measured(rec, work, probe)
         error = 100 * (predicted.step_s - measured) / measured
         no_comm, no_overlap = null_models(rec, work, probe)
@@ -160,7 +189,7 @@ def summary_line(s: dict[str, Any]) -> str:
              f"{s['no_communication_worst_error_pct']:.1f} %, no overlap "
              f"{s['no_overlap_median_error_pct']:.1f} / {s['no_overlap_worst_error_pct']:.1f} %")
     if s.get("comm_heavy_runs"):
-        line += (f"; where communication is {COMM_HEAVY:.0%} of the step or more "
+        line += (f"; where communication is {100 * COMM_HEAVY:.0f} % of the step or more "
                  f"({s['comm_heavy_runs']} runs), median |error| "
                  f"{s['comm_heavy_median_error_pct']:.1f} % against no communication "
                  f"{s['no_communication_comm_heavy_median_error_pct']:.1f} % and no overlap "
@@ -174,7 +203,8 @@ def summary_line(s: dict[str, Any]) -> str:
 def validation_table(points: list[dict[str, Any]]) -> str:
     """A line per run, grouped by network: its configuration, the prediction against the
     measured step, the spread of its repeats and the null models' errors."""
-    row = ("{:<22} {:>5} {:>6} {:<6} {:>5} {:>7} {:>9} {:>8} {:>6} {:>4} {:>7} {:>7}"
+    # 113 columns: the hook's are 8, for 'powersgd' whole (it read 'powers')
+    row = ("{:<22} {:>5} {:>6} {:<8} {:>5} {:>7} {:>9} {:>8} {:>6} {:>4} {:>7} {:>7}"
            " {:>7}")
     lines = [row.format("run (ids in the json)", "N", "bucket", "hook", "delay", "compute",
                         "predicted", "measured", "spread", "comm", "error", "no comm", "no ovl."),
@@ -190,7 +220,7 @@ def validation_table(points: list[dict[str, Any]]) -> str:
         spread = "—" if p["spread_pct"] is None else f"{p['spread_pct'] / 2:.1f}"
         lines.append(row.format(
             p.get("label", p["run_id"])[:22], ranks, f"{p['bucket_cap_mb']:g}",
-            p["comm_hook"][:6], f"{p['injected_delay_ms']:g}", f"{p['compute_ms']:.1f}",
+            p["comm_hook"][:8], f"{p['injected_delay_ms']:g}", f"{p['compute_ms']:.1f}",
             f"{p['predicted_ms']:.1f}", f"{p['measured_ms']:.1f}", spread,
             f"{p['comm_share']:.0%}", f"{p['error_pct']:+.1f}%",
             f"{p['no_communication_error_pct']:+.1f}%", f"{p['no_overlap_error_pct']:+.1f}%"))
