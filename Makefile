@@ -134,6 +134,8 @@ table: $(STAMP)
 	  echo "the block over the shaped link was not measured (above; root only)"
 	$(BIN)/python scripts/replace_rows.py $(TABLE_NEW) results
 	$(BIN)/bench report --results results --update-readme
+	@# the projection's validation kept in results/ covers its runs again (a test checks)
+	$(BIN)/bench project results --validate > /dev/null
 
 # Does it cost accuracy at N = 1, 2, 4, 8 replicas: the calibrated parity workload (docs/parity.md,
 # bench/commands/parity.py WORKLOAD; seeds agree to 0.25 points), 3 seeds a row (95 % CI about
@@ -155,12 +157,14 @@ parity: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook fp16 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook powersgd $(PARITY_N_ARGS)
 	$(BIN)/bench report --results $(PARITY_OUT) $(if $(filter results,$(PARITY_OUT)),--update-readme)
+	$(if $(filter results,$(PARITY_OUT)),$(BIN)/bench project results --validate > /dev/null)
 
 # The committed d=0.5 parity block (5 seeds at N=1 and 2; its CIs are ±13 points wide).
 parity-d05: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1 $(PARITY_ARGS)
 	$(BIN)/bench sweep --strategies dp,ddp,ddp-amp --gpus 2 $(PARITY_ARGS)
 	$(BIN)/bench report --results results --update-readme
+	$(BIN)/bench project results --validate > /dev/null
 
 # A real one-node Slurm on this machine (root; Debian: apt-get install slurm-wlm munge), to
 # try `bench slurm` and `bench sweep --slurm` before a cluster; stop it with slurm-down.
