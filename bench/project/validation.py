@@ -10,6 +10,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ def calibration_lines(root: Path) -> list[str]:
 def staleness(folder: Path, points: list[dict[str, Any]]) -> str | None:
     """What the validation kept in ``folder`` no longer covers: runs added since, which it
     did not predict, and runs it predicted that are gone; None where it covers them all.
-    (The committed results' said 17 runs for two days after the testbed's 8 joined them.)"""
+    (The validation committed in results/ said 17 runs for two days after the comparison
+    table's 8 testbed runs joined them.)"""
     from bench.records.files import load_records
     from bench.records.probes import load_probes
 
@@ -69,7 +71,8 @@ def staleness(folder: Path, points: list[dict[str, Any]]) -> str | None:
     return f"stale ({what}): run `bench project {folder} --validate` again"
 
 
-def predictable_runs(records: list[dict[str, Any]], probes: list[dict[str, Any]]):
+def predictable_runs(records: list[dict[str, Any]], probes: list[dict[str, Any]]
+                     ) -> Iterator[tuple[dict[str, Any], Workload, dict[str, Any], float]]:
     """(record, workload, probe, measured step) of each run `--validate` predicts: ok,
     multi-rank, with a compute-only step and a probe of the same machines."""
     for rec in sorted(records, key=lambda r: r.get("started_at") or ""):
