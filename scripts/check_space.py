@@ -8,7 +8,9 @@ with the system Python (nothing installed yet):
 
     python3 scripts/check_space.py .venv 7
 
-Exits 0 when the file system that will hold DIR has NEED GiB free, else 2.
+Exits 0 when the file system that will hold DIR has NEED GiB free, or when DIR already holds
+an environment (a reinstall after pyproject.toml changed reuses most of it: refusing it
+would stop an update that fits), else 2.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def main(argv: list[str]) -> int:
         print("usage: check_space.py DIR NEED_GIB", file=sys.stderr)
         return 2
     target, need = Path(argv[0]), float(argv[1])
+    if (target / "bin" / "python").exists():
+        return 0
     where = existing_parent(target)
     free = shutil.disk_usage(where).free / 2**30
     if free >= need:

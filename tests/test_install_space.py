@@ -30,3 +30,15 @@ def test_room_enough_lets_the_install_go_on(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_space.py"),
                            str(tmp_path / "venv"), "0.001"], capture_output=True, text=True)
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_an_environment_already_there_is_updated_whatever_the_disk_has(tmp_path):
+    """A reinstall (pyproject.toml changed) reuses most of the environment: the check is
+    for the first install, and must not stop an update that fits."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").write_text("")
+    free_gib = shutil.disk_usage(tmp_path).free / 2**30
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_space.py"),
+                           str(tmp_path / "venv"), f"{free_gib * 2 + 1:.0f}"],
+                          capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (0, "")
