@@ -221,12 +221,13 @@ def _stop(pid: int, grace: float = 10.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether daemon ``pid`` runs (a zombie does not); a process reaped between the two
+    looks is gone, not an error."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(
-        f"/proc/{pid}/status").read_text().lower()
 
 
 class NamespaceCluster:
