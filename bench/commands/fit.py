@@ -61,6 +61,11 @@ class Try:
     def out_of_memory(self) -> bool:
         return self.cause.startswith("out of memory")
 
+    @property
+    def failed_otherwise(self) -> bool:
+        """Failed for another reason than memory: it says nothing of fit."""
+        return not self.ok and not self.out_of_memory
+
 
 def _record(folder: Path) -> dict[str, Any] | None:
     found = sorted((folder / "runs").glob("*.json"))
@@ -213,7 +218,7 @@ def unclosed(lo: int | None, tries: list[Try]) -> str | None:
     large GPU) read as "the largest batch is 16384"."""
     if lo is None:
         return None
-    other = next((t for t in tries if not t.ok and not t.out_of_memory), None)
+    other = next((t for t in tries if t.failed_otherwise), None)
     hi = smallest_out_of_memory(lo, tries)
     if other is not None:
         return (f"batch {other.batch} {other.cause}; {lo} is the largest that trained, and "
@@ -234,7 +239,7 @@ def _answer(lo: int, tries: list[Try], replicas: int = 1) -> str:
     if unclosed(lo, tries) is None:
         return str(lo * replicas)
     hi = smallest_out_of_memory(lo, tries)
-    other = any(not t.ok and not t.out_of_memory for t in tries)
+    other = any(t.failed_otherwise for t in tries)
     return (f"≥ {lo * replicas}" if hi is None or other
             else f"{lo * replicas}–{(hi - 1) * replicas}")
 
@@ -355,7 +360,7 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     lo, tries = search(args.start, replicas, run_args, limit, args.gpu_memory,
                        args.max_tries, 60 * args.max_minutes,
                        say=lambda line: print(line, file=sys.stderr, flush=True))
-    failed = next((t for t in tries if not t.ok and not t.out_of_memory), None)
+    failed = next((t for t in tries if t.failed_otherwise), None)
     if args.json:
         print(json.dumps(as_json(args.strategy, args.gpus, args.memory_limit, args.gpu_memory,
                                  lo, tries), indent=1))

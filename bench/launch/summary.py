@@ -78,16 +78,10 @@ def ok_line(summary: dict, data: dict) -> str:
     feed = data.get("loader_alone_images_per_s")
     if input_bound(speed, feed):
         clock += f"  input-bound (the loader alone: {feed:.0f} img/s)"
-    parts = (f"bench: ok  {timing}{clock}  final top1 "
-             f"{100 * summary.get('final_top1', float('nan')):.2f}%{_target_outcome(data)}"
-             ).split("  ")
-    lines = [parts[0]]
-    for part in parts[1:]:
-        if len(lines[-1]) + 2 + len(part) > terminal.WIDTH:
-            lines.append("    " + part)
-        else:
-            lines[-1] += "  " + part
-    return "\n".join(lines)
+    head, *parts = (f"bench: ok  {timing}{clock}  final top1 "
+                    f"{100 * summary.get('final_top1', float('nan')):.2f}%"
+                    f"{_target_outcome(data)}").split("  ")
+    return "\n".join(terminal.pack(head, parts, separator="  ", indent="    "))
 
 
 # The bench run options that shape the input pipeline (a loader sweep takes them all; the

@@ -155,7 +155,7 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
         if verdict:
             parts.append('<ul class="verdict">' + "".join(f"<li>{_prose(s)}</li>"
                                                           for s in verdict) + "</ul>")
-        drawn = workload_figures(name, groups[name], probes) if name in groups else {}
+        drawn = workload_figures(name, groups[name], probes)
         if drawn:
             parts.append('<div class="figures">')
             for key, fig in drawn.items():

@@ -84,8 +84,7 @@ def device_noise(rows: list[dict]) -> tuple[float, int] | None:
     without a repeated row. Rows of an accuracy block say nothing of it: their times are
     the crowding (8 ranks on 2 cores, and whatever ran beside them), which the block shows
     no figure of (the report's verdict and `bench compare` alike)."""
-    crowded = {name for name in {r.get("workload") for r in rows}
-               if speed_not_comparable([r for r in rows if r.get("workload") == name])}
+    crowded = accuracy_workloads(rows)
     spreads = [max(v) / min(v) for v in (_rates(r) for r in rows
                                          if r.get("workload") not in crowded)
                if len(v) >= 2 and min(v) > 0]
@@ -221,6 +220,12 @@ def speed_not_comparable(block: list[dict]) -> bool:
     accuracy block: 8 ranks on 2 cores): its times measure the crowding, not the strategies,
     so it is an accuracy block: no speed figure or call (top-1 does not depend on speed)."""
     return any(r["status"] == "ok" and r.get("oversubscribed") for r in block)
+
+
+def accuracy_workloads(rows: list[dict]) -> set[str]:
+    """The workloads of ``rows`` that are accuracy blocks (speed_not_comparable)."""
+    return {name for name in {r.get("workload") for r in rows}
+            if speed_not_comparable([r for r in rows if r.get("workload") == name])}
 
 
 def _names(labels: list[str]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from bench.records.describe import short_options
 from bench.report.flags import clock_gap_matters
 from bench.report.table import COLUMN_INDEX, COLUMNS
-from bench.report.verdict import speed_not_comparable
+from bench.report.verdict import accuracy_workloads, speed_not_comparable
 from bench.tools import terminal
 
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
@@ -127,10 +127,7 @@ def plausibility_warnings(table) -> list[str]:
     shown only in the CSV and summary.md (its heading says so); ten lines about them under
     the committed results read as doubts about top-1s they do not concern."""
     lines = []
-    blocks: dict[str, list[dict]] = {}
-    for r in table.to_dict("records"):
-        blocks.setdefault(r["workload"], []).append(r)
-    accuracy_blocks = {name for name, rows in blocks.items() if speed_not_comparable(rows)}
+    accuracy_blocks = accuracy_workloads(table.to_dict("records"))
     for r in table.itertuples():
         if r.workload in accuracy_blocks:
             continue
@@ -217,14 +214,8 @@ def said_once(names: list[str], rows: list[list[str]], labels: dict[str, str],
 def _heading(block: str, same: list[str], width: int) -> list[str]:
     """A block's heading, its workload and what all its rows share, broken between the
     shared items (never inside 'GPU clock 100%') where it passes ``width``."""
-    lines = [block + (" —" if same else "")]
-    for i, part in enumerate(same):
-        part += "," if i < len(same) - 1 else ""
-        if len(lines[-1]) + 1 + len(part) > width:
-            lines.append("  " + part)
-        else:
-            lines[-1] += " " + part
-    return lines
+    parts = [part + ("," if i < len(same) - 1 else "") for i, part in enumerate(same)]
+    return terminal.pack(block + (" —" if same else ""), parts, width)
 
 
 # What a block too wide for the terminal leaves out first (`--format wide` has them all):

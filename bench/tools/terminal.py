@@ -25,6 +25,20 @@ def fill(text: str, width: int = WIDTH, initial_indent: str = "",
     return "\n".join(wrap(text, width, initial_indent, subsequent_indent))
 
 
+def pack(head: str, parts: list[str], width: int = WIDTH, separator: str = " ",
+         indent: str = "  ") -> list[str]:
+    """``head`` then each of ``parts`` after ``separator``, a part that would pass ``width``
+    starting a line of its own after ``indent``: lines broken between parts, never inside
+    one ('GPU clock 100%', 'final top1 99.61%')."""
+    lines = [head]
+    for part in parts:
+        if len(lines[-1]) + len(separator) + len(part) > width:
+            lines.append(indent + part)
+        else:
+            lines[-1] += separator + part
+    return lines
+
+
 def count(n: int, singular: str, plural: str | None = None) -> str:
     """``1 process``, ``2 processes``: a number and its noun in the right form."""
     return f"{n} {singular if n == 1 else plural or singular + 's'}"
