@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import pytest
@@ -300,3 +302,27 @@ def test_cpu_rows_of_two_cpu_models_are_a_new_machine_not_repeats(tmp_path):
     assert [h.partition(" — ")[0] for h in headings] == [
         "synthetic 1000 img, batch 100, resnet18 on AMD EPYC 7B13 (2 cores)",
         "synthetic 1000 img, batch 100, resnet18 on Intel Xeon (2 cores)"], text
+
+
+def test_rows_that_read_alike_say_what_sets_them_apart(tmp_path):
+    """A CPU sweep of dp at --gpus 1,2 records one replica twice; compare showed two 'dp 1
+    fp32' rows, and two 'ddp 2 fp32' rows where the runs differed only in epochs. The N cell
+    says '(2 asked)' as the report's does, and epochs get a column where they tell rows
+    apart; the CSV carries what each row is."""
+    dp = [repeat("dp1", "dp", 1, 50, 60.0), {**repeat("dp2", "dp", 1, 50, 60.0),
+                                            "gpus_requested": 2}]
+    ddp = [{**repeat("e2", "ddp", 2, 50, 60.0), "epochs": 2},
+           {**repeat("e3", "ddp", 2, 50, 60.0), "epochs": 3}]
+    a = write_runs(tmp_path / "a", dp + ddp)
+    text = run_bench("compare", str(a), str(a)).stdout.splitlines()
+    header = text[1].split()
+    assert header[:3] == ["strategy", "N", "epochs"], text
+    rows = [line for line in text[2:] if line.strip()]
+    assert len(set(rows)) == 4, text
+    assert any(line.split()[:4] == ["dp", "1", "(2", "asked)"] for line in rows), text
+    assert sorted(line.split()[2] for line in rows if line.startswith("ddp ")) == ["2", "3"]
+    out = run_bench("compare", str(a), str(a), "--format", "csv").stdout
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert {"gpus_requested", "epochs", "norm"} <= set(table[0]), out
+    assert sorted(r["gpus_requested"] for r in table if r["strategy"] == "dp") == ["1", "2"]
+    assert sorted(r["epochs"] for r in table if r["strategy"] == "ddp") == ["2", "3"]

@@ -230,3 +230,34 @@ def test_a_block_whose_ranks_oversubscribe_the_cores_shows_top1_only():
     assert ACCURACY_ONLY in markdown and "img/s" not in markdown, markdown
     assert "final top-1 (%)" in markdown and "fastest" not in markdown, markdown
     assert "⚠" not in markdown, markdown
+
+
+def test_rows_that_read_alike_are_told_apart_in_the_table_and_the_verdict():
+    """Two ddp N=2 runs of 2 and 3 epochs with no N=1 row read as two 'ddp fp32 —' rows and
+    'ddp is fastest, 1.05× ddp (next) ... ddp and ddp cannot be told apart'. So did ddp with
+    SyncBN beside ddp with per-replica BN on a GPU (no option names the default). What sets
+    such rows apart gets a column, and the verdict names it."""
+    two = run("two", "ddp", 2, 1.0, 70.0)
+    three = {**run("three", "ddp", 2, 0.8, 70.0), "epochs": 3}
+    two["epochs"] = 2
+    text = to_text(summary_table([two, three]))
+    lines = text.splitlines()
+    header = lines[1].split()
+    assert "epochs" in header and "BN" not in header, text
+    at = header.index("epochs")
+    assert sorted(line.split()[at] for line in lines[2:4]) == ["2", "3"], text
+    flat = " ".join(text.split())
+    # 1,000 / 0.8 = 1,250 img/s against 1,000: 1.25x
+    assert "N=2: ddp 3 epochs is fastest, 1.25× ddp 2 epochs (next)" in flat, text
+    assert "ddp and ddp" not in flat, text
+    # the same epochs, another BatchNorm, no option to say it
+    sync = {**run("sync", "ddp", 2, 0.8, 70.0), "norm": "syncbn"}
+    text = to_text(summary_table([run("per", "ddp", 2, 1.0, 70.0), sync]))
+    header = text.splitlines()[1].split()
+    assert "BN" in header and "epochs" not in header, text
+    flat = " ".join(text.split())
+    assert "ddp syncbn is fastest, 1.25× ddp per-replica-bn (next)" in flat, text
+    # rows an option tells apart keep the block as it was: no column for what all share
+    ghost = {**run("ghost", "ddp", 2, 0.8, 70.0), "config": {"ghost_bn": 8}}
+    header = to_text(summary_table([run("per", "ddp", 2, 1.0, 70.0), ghost])).splitlines()[1]
+    assert "epochs" not in header.split() and "BN" not in header.split(), header

@@ -17,7 +17,7 @@ from bench.records.files import load_source
 from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
 from bench.report.verdict import ONE_RUN_NOISE, device_noise
-from bench.report.views import SAID_BY_WORKLOAD, said_once
+from bench.report.views import SAID_BY_WORKLOAD, only_if_it_tells_apart, said_once
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
@@ -26,16 +26,18 @@ FORMATS = ("text", "markdown", "csv", "json")
 WIDTH = 120
 # CSV and JSON: numbers stay numbers (a range or CI in its own fields); the time to target's
 # text says how it was scored ("36.15 (MLPerf, 5 runs, 1 missed)", "did not converge (...)").
-COLUMNS = ["workload", "strategy", "device", "world_size", "precision", "options", "grad_accum",
-           "runs", "images_per_s_a", "images_per_s_b", "images_per_s_range_a",
-           "images_per_s_range_b", "speed_ratio", "time_to_target_s_a", "time_to_target_s_b",
-           "time_to_target_a", "time_to_target_b", "time_to_target_ratio", "top1_a", "top1_b",
-           "top1_ci_a", "top1_ci_b", "delta_top1", "p_value", "verdict"]
+COLUMNS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
+           "options", "grad_accum", "epochs", "norm", "runs", "images_per_s_a",
+           "images_per_s_b", "images_per_s_range_a", "images_per_s_range_b", "speed_ratio",
+           "time_to_target_s_a", "time_to_target_s_b", "time_to_target_a", "time_to_target_b",
+           "time_to_target_ratio", "top1_a", "top1_b", "top1_ci_a", "top1_ci_b", "delta_top1",
+           "p_value", "verdict"]
 
 # The markdown view: a person's column names, each figure with its range or CI.
 MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
-            "world_size": "N", "precision": "precision", "options": "options",
-            "grad_accum": "accum", "runs": "runs A/B", "images_per_s_a": "img/s A [range]",
+            "world_size": "N", "gpus_requested": "N asked", "precision": "precision",
+            "options": "options", "grad_accum": "accum", "epochs": "epochs", "norm": "norm",
+            "runs": "runs A/B", "images_per_s_a": "img/s A [range]",
             "images_per_s_b": "img/s B [range]", "speed_ratio": "B/A speed",
             "time_to_target_a": "time to target A", "time_to_target_b": "time to target B",
             "time_to_target_ratio": "B/A time to target", "top1_a": "top-1 A (%)",
@@ -272,9 +274,15 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
     options = [] if str(row["options"]) in ("—", "") else [str(row["options"])]
     if row.get("grad_accum", 1) != 1:
         options.append(f"accum {row['grad_accum']}")
+    asked = row.get("gpus_requested")
     return {
-        "strategy": row["strategy"], "N": str(row["world_size"]), "dev": str(row["device"]),
+        "strategy": row["strategy"],
+        "N": str(row["world_size"]) + (f" ({asked} asked)" if asked not in (
+            None, row["world_size"]) else ""),
+        "dev": str(row["device"]),
         "prec.": str(row["precision"]), "options": short_options(", ".join(options) or "—"),
+        # kept where they tell apart rows that read alike otherwise (views.only_if_it_tells_apart)
+        "epochs": str(row.get("epochs", "—")), "BN": str(row.get("norm") or "—"),
         "runs A/B": row.get("runs") or "—",
         "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
                              _number(row.get("images_per_s_b"), ".0f")),
@@ -310,8 +318,10 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
             alone.append(f"{name}: {sides.pop()} ({terminal.count(len(cells), 'row')})")
             continue
         filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
-        names, rows, same = said_once(filled, [[c[k] for k in filled] for c in cells],
-                                      _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
+        names, rows = filled, [[c[k] for k in filled] for c in cells]
+        for column in ("epochs", "BN"):
+            names, rows = only_if_it_tells_apart(names, rows, column)
+        names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
         # the verdict's word in the row (its last column), its reasons below
         table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]

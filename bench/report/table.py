@@ -48,6 +48,7 @@ COLUMNS = [
     ("precision", "precision"),
     ("options", "options"),
     ("grad_accum", "accum"),
+    ("epochs", "epochs"),
     ("norm", "norm"),
     ("same_start", "same start"),
     ("runs", "runs"),

@@ -7,6 +7,7 @@ carries."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.records.describe import short_options
@@ -71,6 +72,30 @@ def _label(r: dict, precisions: set[str]) -> str:
     if (r.get("grad_accum") or 1) > 1:
         parts.append(f"accum {r['grad_accum']}")
     return " ".join(parts)
+
+
+# What else keeps two rows apart (bench.report.table.GROUP_KEYS) when their strategy,
+# precision and options are alike, as a label says it.
+_APART = (("epochs", lambda v: f"{v} epochs"), ("norm", str),
+          ("global_batch", lambda v: f"batch {v}"))
+
+
+def labeller(rows: list[dict]) -> Callable[[dict], str]:
+    """Names for ``rows`` (those one sentence compares), each its own: a row's strategy,
+    and what sets it apart (_label); where two rows of one N would still read alike (a run
+    of 3 epochs beside one of 2, per-replica BN beside SyncBN), what differs between them
+    too, or the verdict would say 'ddp is fastest, 1.05× ddp'."""
+    precisions = {str(r["precision"]) for r in rows}
+    alike: dict[tuple, list[dict]] = {}
+    for r in rows:
+        alike.setdefault((_label(r, precisions), r["world_size"]), []).append(r)
+    names: dict[int, str] = {}
+    for (label, _), group in alike.items():
+        differ = [(key, say) for key, say in _APART
+                  if len({str(r.get(key)) for r in group}) > 1]
+        for r in group:
+            names[id(r)] = " ".join([label, *(say(r.get(key)) for key, say in differ)])
+    return lambda r: names[id(r)]
 
 
 def _rates(r: dict) -> list[float]:
@@ -138,14 +163,13 @@ def speed_calls(rows: list[dict], noise: tuple[float, int] | None) -> list[Speed
     for n, group in _finished_by_n(rows).items():
         if len(group) < 2:
             continue
-        precisions = {str(r["precision"]) for r in group}
+        label = labeller(group)
         fast, second = group[0], group[1]
         beyond, basis = _compare(fast, second, noise)
-        tied = tuple(_label(r, precisions) for r in group[1:]
-                     if _compare(fast, r, noise)[0] is False)
-        trailing = tuple(_label(r, precisions) for r in group[2:]
+        tied = tuple(label(r) for r in group[1:] if _compare(fast, r, noise)[0] is False)
+        trailing = tuple(label(r) for r in group[2:]
                          if beyond and _compare(second, r, noise)[0] is False)
-        calls.append(SpeedCall(n, _label(fast, precisions), _label(second, precisions),
+        calls.append(SpeedCall(n, label(fast), label(second),
                                fast["images_per_s"] / second["images_per_s"], beyond, basis,
                                tied, trailing, bool(fast.get("flags"))))
     return calls
@@ -157,10 +181,10 @@ def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict,
     `bench report --reference` names it) can say."""
     finished = [r for r in rows if r["status"] == "ok"]
     verdict.reference_ci = _reference_ci(finished)
-    precisions = {str(r["precision"]) for r in finished}
+    label_of = labeller(finished)
     several_n = len({r["world_size"] for r in finished}) > 1
     for r in finished:
-        label = _label(r, precisions) + (f" N={r['world_size']}" if several_n else "")
+        label = label_of(r) + (f" N={r['world_size']}" if several_n else "")
         if r.get("is_reference"):
             verdict.reference = label
         elif r.get("other_epochs"):

@@ -17,7 +17,8 @@ from bench.tools import terminal
 # per workload, in at most 120 columns; `--format wide`, the CSV and the markdown have all.
 TERMINAL_COLUMNS = [
     ("strategy", "strategy"), ("device", "dev"), ("world_size", "N"), ("global_batch", "batch"),
-    ("precision", "prec."), ("options", "options"), ("runs", "runs"),
+    ("precision", "prec."), ("options", "options"), ("epochs", "epochs"), ("norm", "BN"),
+    ("runs", "runs"),
     ("epoch_time_s", "epoch s"), ("images_per_s", "img/s"), ("speedup", "speed-up"),
     ("efficiency", "eff."), ("final_top1", "top-1 %"), ("delta_top1", "Δ top-1 (p)"),
     ("same_start", "start"), ("mem_rank", "mem/rank"), ("clock_share", "clock"),
@@ -275,6 +276,30 @@ def only_if_it_differs(names: list[str], rows: list[list[str]], name: str
     return _without_column(names, rows, i)
 
 
+# What names a row in a block; where two rows share all of it, what else sets them apart
+# (their number of epochs, their BatchNorm) gets a column.
+_IDENTITY = ("strategy", "dev", "N", "batch", "prec.", "options")
+
+
+def only_if_it_tells_apart(names: list[str], rows: list[list[str]], name: str
+                           ) -> tuple[list[str], list[list[str]]]:
+    """Column ``name`` stays in a block only where two rows that the identity columns
+    (strategy, N, precision, options...) cannot tell apart differ in it: a ddp run of 3
+    epochs beside one of 2 with no reference row to say '— (3 epochs)', a GPU run with
+    per-replica BN beside one with SyncBN. Elsewhere the options (cpu syncbn, ghost BN) or
+    the Δ top-1 cell say it already, or every row shares it."""
+    if name not in names:
+        return names, rows
+    i = names.index(name)
+    identity = [names.index(n) for n in _IDENTITY if n in names]
+    seen: dict[tuple, set[str]] = {}
+    for row in rows:
+        seen.setdefault(tuple(row[j] for j in identity), set()).add(row[i])
+    if any(len(values) > 1 for values in seen.values()):
+        return names, rows
+    return _without_column(names, rows, i)
+
+
 # What an accuracy block (ranks oversubscribing the cores) leaves out, and says instead.
 _TIME_COLUMNS = frozenset({"epoch s", "img/s", "speed-up", "eff.", "epoch time (s)",
                            "speed-up vs N=1", "scaling eff.", "time to target (s)",
@@ -336,6 +361,8 @@ def to_text(table, width: int = 120) -> str:
     for block, rows in blocks.items():
         names, rows = _memory_if_it_differs(list(header), rows)
         names, rows = only_if_it_differs(names, rows, "batch")
+        for name in ("epochs", "BN"):
+            names, rows = only_if_it_tells_apart(names, rows, name)
         names, rows, crowded = accuracy_only(names, rows, block_records[block])
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         same += crowded
