@@ -250,6 +250,8 @@ def test_rows_that_read_alike_are_told_apart_in_the_table_and_the_verdict():
     # 1,000 / 0.8 = 1,250 img/s against 1,000: 1.25x
     assert "N=2: ddp 3 epochs is fastest, 1.25× ddp 2 epochs (next)" in flat, text
     assert "ddp and ddp" not in flat, text
+    readme = readme_block([two, three], [])  # the README's and the page's view
+    assert "| epochs |" in readme and "ddp 3 epochs is fastest" in readme, readme
     # the same epochs, another BatchNorm, no option to say it
     sync = {**run("sync", "ddp", 2, 0.8, 70.0), "norm": "syncbn"}
     text = to_text(summary_table([run("per", "ddp", 2, 1.0, 70.0), sync]))

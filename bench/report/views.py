@@ -281,7 +281,8 @@ def only_if_it_differs(names: list[str], rows: list[list[str]], name: str
 _IDENTITY = ("strategy", "dev", "N", "batch", "prec.", "options")
 
 
-def only_if_it_tells_apart(names: list[str], rows: list[list[str]], name: str
+def only_if_it_tells_apart(names: list[str], rows: list[list[str]], name: str,
+                           identity: tuple[str, ...] = _IDENTITY
                            ) -> tuple[list[str], list[list[str]]]:
     """Column ``name`` stays in a block only where two rows that the identity columns
     (strategy, N, precision, options...) cannot tell apart differ in it: a ddp run of 3
@@ -291,10 +292,10 @@ def only_if_it_tells_apart(names: list[str], rows: list[list[str]], name: str
     if name not in names:
         return names, rows
     i = names.index(name)
-    identity = [names.index(n) for n in _IDENTITY if n in names]
+    at = [names.index(n) for n in identity if n in names]
     seen: dict[tuple, set[str]] = {}
     for row in rows:
-        seen.setdefault(tuple(row[j] for j in identity), set()).add(row[i])
+        seen.setdefault(tuple(row[j] for j in at), set()).add(row[i])
     if any(len(values) > 1 for values in seen.values()):
         return names, rows
     return _without_column(names, rows, i)
