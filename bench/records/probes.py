@@ -24,12 +24,12 @@ def probe_table(record: dict[str, Any]) -> str:
     where it measured them (probes from before 2026-11-27 did not)."""
     split = measured_split(record)
     lines = [f"{'size':>10} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
-             + (f" {'all-gather':>11} {'red.-scatter':>12}" if split else "")]
+             + (f"  {'all-gather (ms)':>15}  {'reduce-scatter (ms)':>19}" if split else "")]
     for r in record["results"]:
         size = r["bytes"]
         label = f"{size / MIB:.1f} MiB" if size >= MIB else f"{size // KIB} KiB"
         mark = "  <- one gradient" if size == record["gradient_bytes"] else ""
-        both = (f" {1000 * r['all_gather_s']:>8.3f} ms {1000 * r['reduce_scatter_s']:>9.3f} ms"
+        both = (f"  {1000 * r['all_gather_s']:>15.3f}  {1000 * r['reduce_scatter_s']:>19.3f}"
                 if split else "")
         lines.append(f"{label:>10} {1000 * r['time_s']:>10.3f} {r['algbw_GBps']:>13.3f} "
                      f"{r['busbw_GBps']:>13.3f}{both}{mark}")
