@@ -202,6 +202,29 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
     assert two.returncode == 2 and "two results given" in two.stderr, two.stderr
 
 
+def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
+    """The committed results hold 2-process CPU probes (gloo over loopback) and H100 and
+    H200 runs. `--network probe` projected those GPU runs over gloo between CPU processes
+    (4 % efficiency at 8 GPUs, 'all-reduce bandwidth'), in rows of 126 columns: a mem/rank
+    column of dashes, there for the CPU blocks, widened every block. The GPU runs are left
+    out with a line saying why: 9 series of the README's H100 block and 7 of its H200."""
+    proc = run_bench("project", str(ROOT / "results"), "--network", "probe")
+    assert proc.returncode == 0, proc.stderr
+    assert "H100" not in proc.stdout and "H200" not in proc.stdout, proc.stdout
+    assert "AMD EPYC" in proc.stdout and "Intel Xeon" in proc.stdout
+    said = " ".join(proc.stderr.split())
+    assert "bench project: 16 series of cuda runs not projected over a cpu probe" in said, said
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120, proc.stdout
+    # mem/rank only where the block's runs measured their memory parts (the testbed's, not
+    # the AMD EPYC table's older runs)
+    headers = {lines[i - 1]: line for i, line in enumerate(lines) if line.startswith("strategy")}
+    epyc = next(h for block, h in headers.items() if block.startswith("synthetic 1536 img")
+                and "AMD EPYC" in block)
+    assert "mem/rank" not in epyc, headers
+    assert any("mem/rank" in h for h in headers.values()), headers
+
+
 def test_a_run_measured_at_its_input_pipelines_pace_projects_an_input_bottleneck(tmp_path):
     """The committed H100 ddp run trained at 18,868 img/s. Had its input pipeline fed only
     19,800 img/s alone (training at 95 % of it), its step was the loader's, and so is every

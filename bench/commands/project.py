@@ -106,10 +106,22 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     if validate:
         return validate_records(records, probes, root)
     net = resolve_network(network, intra, inter, probes)
-    # A GPU network preset projects GPU runs; CPU runs go with a probe or given figures.
-    device = None if network == "probe" or intra is not None else "cuda"
-    measured = [(rec, work) for rec, work in _newest_per_strategy(records)
+    # A GPU network preset projects GPU runs; a probe the runs of the device it measured
+    # (gloo between CPU processes says nothing of NCCL between GPUs, nor the reverse);
+    # figures given on the command line, any.
+    device = (probes[-1]["device"] if network == "probe" and intra is None
+              else None if intra is not None else "cuda")
+    newest = _newest_per_strategy(records)
+    measured = [(rec, work) for rec, work in newest
                 if device is None or rec.get("device") == device]
+    other = [rec for rec, _ in newest if rec.get("device") != device]
+    if network == "probe" and intra is None and other:
+        kinds = "/".join(sorted({str(rec.get("device")) for rec in other}))
+        print(terminal.fill(
+            f"bench project: {terminal.count(len(other), 'series', 'series')} of {kinds} runs "
+            f"not projected over a {device} probe, which measured another network than "
+            "theirs: `bench probe` on their devices, or --network NAME (GPUs)",
+            subsequent_indent="    "), file=sys.stderr)
     for line in suspect_sources(measured):
         print(terminal.fill(f"bench project: {line}", subsequent_indent="    "), file=sys.stderr)
     rows = [(rec, work, project(work, n, gpus_per_node, net)) for rec, work in measured
@@ -203,11 +215,10 @@ def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
 
 
 def _text(table: list[dict[str, Any]]) -> str:
+    """A block per workload within 120 columns: the mem/rank column only in a block whose
+    runs have memory parts (a block of older runs' dashes widened every row past 120)."""
     header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
-              "exposed", "bottleneck"]
-    memory = any(r.get("memory_per_rank_gib") is not None for r in table)
-    if memory:
-        header.insert(-1, "mem/rank")
+              "exposed", "mem/rank", "bottleneck"]
     blocks: dict[str, list[list[str]]] = {}
     # rows the model does not project (nn.DataParallel: one process, one node) are told
     # once per strategy below its block: a row of dashes each would say nothing
@@ -226,13 +237,16 @@ def _text(table: list[dict[str, Any]]) -> str:
                       _count(r["images_per_s"]),
                       "—" if r["efficiency"] is None else f"{100 * r['efficiency']:.0f}%",
                       "—" if r["exposed_comm"] is None else f"{100 * r['exposed_comm']:.0f}%",
-                      *([] if not memory else ["—" if r["memory_per_rank_gib"] is None
-                                               else f"{r['memory_per_rank_gib']:.2f} GiB"]),
+                      "—" if r["memory_per_rank_gib"] is None
+                      else f"{r['memory_per_rank_gib']:.2f} GiB",
                       r["bottleneck"]])
     out = []
+    memory = header.index("mem/rank")
     for name, lines in blocks.items():
-        widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
-        out += ["", f"{name} (projected from its runs, not measured)"]
+        if all(row[memory] == "—" for row in lines[1:]):
+            lines = [row[:memory] + row[memory + 1:] for row in lines]
+        widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
+        out += ["", *terminal.pack(name, ["(projected from its runs, not measured)"])]
         out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
         for what, reasons in untold.get(name, {}).items():
             told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"
