@@ -67,6 +67,40 @@ def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():
     assert ticks == ["ddp\nN=2\ncpu fp32", "ddp\nN=2\ncpu fp32\naccum 4"], ticks
 
 
+def test_rows_that_read_alike_are_named_apart_in_every_figure():
+    """The committed testbed block's time-to-target bars named four rows `ddp / N=2 / cpu
+    fp32` (its 1 MB buckets, fp16 hook, PowerSGD hook and plain rows): the bars named no
+    option. Rows alike but for their epochs (or their BatchNorm, where no option says it)
+    were named alike in every figure. Each is named apart now, and the bars of eight rows no
+    longer run into each other (the figure widens)."""
+    from bench.report import figures_per_workload
+
+    def target(rec, seconds):
+        return {**rec, "target_top1": 40.0, "reached_target": True,
+                "time_to_target_s": seconds, "compute_step_s": 0.1}
+
+    plain = target(record("p", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), 10.0)
+    hook = {**plain, "run_id": "h", "ddp_options": {"comm_hook": "fp16"}}
+    longer = target({**record("l", "ddp", 2, [3.0, 2.0, 2.0], [0.1, 0.5, 0.6]), "epochs": 3},
+                    12.0)
+    plain["epochs"] = hook["epochs"] = 2
+    figure = figures_per_workload([plain, hook, longer])[CPU_BLOCK.format(100)]
+    for name in ("time_to_target", "where_time_goes", "epoch_time"):
+        ticks = [t.get_text() for t in figure[name].axes[0].get_xticklabels()]
+        assert len(set(ticks)) == 3, (name, ticks)
+    ticks = [t.get_text() for t in figure["time_to_target"].axes[0].get_xticklabels()]
+    assert sorted(ticks) == ["ddp\nN=2\ncpu fp32\n2 epochs", "ddp\nN=2\ncpu fp32\n3 epochs",
+                             "ddp\nN=2\ncpu fp32\nfp16 hook"], ticks
+    # (plain and hook trained alike: one line names both)
+    curves = [line.get_label() for line in figure["top1"].axes[0].lines]
+    assert sorted(curves) == ["ddp N=2 fp32 3 epochs",
+                              "ddp N=2 fp32 fp16 hook\n= ddp N=2 fp32 2 epochs"], curves
+    # eight bars: an inch each and room for the axis (7 inches before, whatever the count)
+    eight = [{**plain, "run_id": f"r{i}", "grad_accum": i + 1} for i in range(8)]
+    wide = figures_per_workload(eight)[CPU_BLOCK.format(100)]["where_time_goes"]
+    assert wide.get_size_inches()[0] >= 8 * 1.0 + 1.0, wide.get_size_inches()
+
+
 def test_plots_do_not_mislead_where_a_probe_ran_slow_curves_coincide_or_one_run_has_no_ci():
     """The demo drew ddp-spawn's bar at its compute-only probe (3.4 s) where its real step
     was 2.4 s; top1.png had four legend entries and two visible lines (identical curves

@@ -23,7 +23,7 @@ def time_to_target_figure(ok):
         reached = [t for t in r.run_times_to_target if not math.isinf(t)]
         score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
         lines = [r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}"]
-        lines += [f"accum {r.grad_accum}"] * (r.grad_accum != 1) + ["shared GPU"] * r.gpu_shared
+        lines += [part for part in sets_apart(r) if part != FLAG] + ["shared GPU"] * r.gpu_shared
         lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
         lines += [f"{FLAG} flagged"] * bool(r.flags)
         labels.append("\n".join(lines))
@@ -44,7 +44,7 @@ def where_time_goes_figure(ok):
     import matplotlib.pyplot as plt
 
     rows = [r for r in ok.itertuples() if not math.isnan(r.compute_step_s)]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
     # a compute-only probe slower than the real step (exposed communication < 0: a slowed
     # probe, flagged in the report) cannot be part of it: the bar is the measured step, and
     # the probe a mark above it
@@ -84,7 +84,7 @@ def memory_figure(ok):
     import matplotlib.pyplot as plt
 
     rows = [r for r in ok.itertuples() if getattr(r, "mem_rank", math.nan) == r.mem_rank]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
     bottom = [0.0] * len(rows)
     for column, label, color in MEMORY_BARS:
         heights = [getattr(r, column) if getattr(r, column) == getattr(r, column) else 0.0
@@ -97,6 +97,12 @@ def memory_figure(ok):
     if rows:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
+
+
+def bars_width(bars: int) -> float:
+    """Inches for a figure of ``bars`` named bars: 7, or about an inch a bar where more
+    need it (eight bars in 7 inches ran 'fp16 hook' into 'powersgd hook r=1')."""
+    return max(7.0, 1.05 * bars + 1.2)
 
 
 def bar_labels(rows) -> list[str]:

@@ -14,12 +14,15 @@ def row_label(r) -> str:
 
 
 def sets_apart(r) -> list[str]:
-    """What else tells a row from its workload's others: speed options, accumulation, a
+    """What else tells a row from its workload's others: speed options, accumulation, what
+    keeps rows apart that read alike otherwise (the table's ``apart``: '3 epochs'), a
     flag."""
     options = short_options(r.options)
     extra = [] if options == "—" else [options]
     if r.grad_accum > 1:
         extra.append(f"accum {r.grad_accum}")
+    if getattr(r, "apart", ""):
+        extra.append(r.apart)
     if getattr(r, "flags", ""):
         extra.append(FLAG)
     return extra

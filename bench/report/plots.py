@@ -99,6 +99,11 @@ def make_figures(records: list[dict[str, Any]],
     # One curve per table row (the mean over its repeats), legend outside the axes.
     fig, ax = plt.subplots(figsize=(8, 4))
     runs = run_rows(records)
+    # each run's row's ``apart`` ('3 epochs'), so that its curve is named as its row is
+    apart_of = {tuple(str(r[k]) for k in GROUP_KEYS): r["apart"]
+                for r in table.to_dict("records")}
+    runs["apart"] = [apart_of.get(tuple(str(r[k]) for k in GROUP_KEYS), "")
+                     for r in runs.to_dict("records")]
     by_run = {rec.get("run_id"): rec for rec in records}
     groups = runs[runs["status"] == "ok"].groupby(GROUP_KEYS, dropna=False)
     drawn: dict[tuple, list[str]] = {}  # a curve -> the rows that have it
@@ -138,7 +143,8 @@ def make_figures(records: list[dict[str, Any]],
         ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
         ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],
                     capsize=3,
-                    label=short_row_label(r) + (f", {r.epochs:g} epochs" if lengths else "")
+                    label=short_row_label(r) + (f", {r.epochs:g} epochs" if lengths
+                                                and "epochs" not in r.apart else "")
                     + (" (1 run)" if repeated and r.runs == 1 else ""))
     at_least_points(ax, [v for r in ok.itertuples() for v in (
         r.final_top1 - (r.final_top1_ci if r.final_top1_ci == r.final_top1_ci else 0.0),

@@ -277,6 +277,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     table["efficiency"] = table["speedup"] / table["world_size"]
     table["clock_gap"] = clock_gaps(table)
     table["flags"] = [row_flags(r) for r in table.itertuples()]
+    table["apart"] = apart(table.to_dict("records"))
     table = add_parity(table, reference)
     rows = table[GROUP_KEYS].to_dict("records")
     order = sorted(range(len(rows)), key=lambda i: report_order(rows[i]))  # stable
@@ -299,6 +300,32 @@ def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> s
     step = run["step_time_s"]
     return f"{1000 * ideal:.1f} / {1000 * step:.1f}" if not math.isnan(step) else (
         f"{1000 * ideal:.1f} / —")
+
+
+# What else keeps rows apart (GROUP_KEYS) whose strategy, N, precision and options are alike,
+# as a label says it.
+_APART = (("epochs", "{} epochs"), ("norm", "{}"), ("global_batch", "batch {}"))
+
+
+def apart(rows: list[dict[str, Any]]) -> list[str]:
+    """For each row, what sets it apart from the rows that read as it does (same workload,
+    strategy, N, precision, options, accumulation): '3 epochs' beside a run of 2,
+    'per-replica-bn' beside 'syncbn' where no option says it; '' for a row alone. Labels
+    (the verdict's, the plots') add it, or two rows read as one: 'ddp is fastest, 1.05×
+    ddp'."""
+    keys = {key for key, _ in _APART}
+    identity = [k for k in GROUP_KEYS if k not in keys]
+    alike: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        alike.setdefault(tuple(str(r.get(k)) for k in identity), []).append(i)
+    out = [""] * len(rows)
+    for group in alike.values():
+        differ = [(key, text) for key, text in _APART
+                  if len({str(rows[i].get(key)) for i in group}) > 1]
+        for i in group:
+            out[i] = " ".join(text.format(rows[i][key]) for key, text in differ
+                              if rows[i].get(key) is not None)
+    return out
 
 
 PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe of the device

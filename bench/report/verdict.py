@@ -74,28 +74,13 @@ def _label(r: dict, precisions: set[str]) -> str:
     return " ".join(parts)
 
 
-# What else keeps two rows apart (bench.report.table.GROUP_KEYS) when their strategy,
-# precision and options are alike, as a label says it.
-_APART = (("epochs", lambda v: f"{v} epochs"), ("norm", str),
-          ("global_batch", lambda v: f"batch {v}"))
-
-
 def labeller(rows: list[dict]) -> Callable[[dict], str]:
     """Names for ``rows`` (those one sentence compares), each its own: a row's strategy,
-    and what sets it apart (_label); where two rows of one N would still read alike (a run
-    of 3 epochs beside one of 2, per-replica BN beside SyncBN), what differs between them
-    too, or the verdict would say 'ddp is fastest, 1.05× ddp'."""
+    what sets it apart from the others (_label), and from any that would still read alike
+    (the table's ``apart``: '3 epochs' beside a run of 2, 'syncbn' beside per-replica BN),
+    or the verdict would say 'ddp is fastest, 1.05× ddp'."""
     precisions = {str(r["precision"]) for r in rows}
-    alike: dict[tuple, list[dict]] = {}
-    for r in rows:
-        alike.setdefault((_label(r, precisions), r["world_size"]), []).append(r)
-    names: dict[int, str] = {}
-    for (label, _), group in alike.items():
-        differ = [(key, say) for key, say in _APART
-                  if len({str(r.get(key)) for r in group}) > 1]
-        for r in group:
-            names[id(r)] = " ".join([label, *(say(r.get(key)) for key, say in differ)])
-    return lambda r: names[id(r)]
+    return lambda r: " ".join(filter(None, [_label(r, precisions), r.get("apart")]))
 
 
 def _rates(r: dict) -> list[float]:
