@@ -361,3 +361,23 @@ def test_an_accuracy_block_draws_top1_against_n_and_no_times():
     assert ax.get_yscale() == "symlog"
     xs = [line.get_xdata()[-1] for line in ax.lines if line.get_marker() == "o"]
     assert len(xs) == 2 and xs[0] != xs[1] and all(7.5 < x < 8.5 for x in xs), xs
+
+
+def test_more_lines_than_colours_are_each_drawn_their_own_way():
+    """matplotlib has ten colours; the committed accuracy block's 15 curves drew ddp N=1 and
+    ddp-amp N=2 both as blue circles on a solid line, so the legend could not say which
+    line was which. Twelve rows here, each its own curve and point: no two alike."""
+    from matplotlib.colors import to_hex
+
+    from bench.report import figures_per_workload
+
+    rows = [{**record(f"r{i}", "ddp", 2, [3.0, 2.0 + i / 10], [0.1 + i / 100, 0.5 + i / 100]),
+             "grad_accum": i + 1} for i in range(12)]
+    figure = figures_per_workload(rows)[CPU_BLOCK.format(100)]
+    lines = figure["top1"].axes[0].lines
+    assert len(lines) == 12
+    looks = {(to_hex(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}
+    assert len(looks) == 12, looks
+    points = [bars.lines[0] for bars in figure["time_vs_accuracy"].axes[0].containers]
+    marks = {(to_hex(p.get_color()), p.get_marker()) for p in points}
+    assert len(points) == 12 and len(marks) == 12, marks

@@ -8,7 +8,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.report.plot_labels import FLAG, SERIES, legend, ring_flagged, series_label, sets_apart
+from bench.report.plot_labels import (
+    FLAG,
+    SERIES,
+    legend,
+    line_look,
+    ring_flagged,
+    series_label,
+    sets_apart,
+)
 
 
 def time_to_target_figure(ok):
@@ -117,11 +125,13 @@ def efficiency_figure(ok):
     fig, ax = plt.subplots(figsize=(6, 4))
     worlds = sorted({int(n) for n in ok["world_size"]}) if len(ok) else [1]
     ax.plot(worlds, [100] * len(worlds), ":", color="grey", label="ideal (100 %)")
+    drawn = 0
     for key, grp in ok.groupby(SERIES):
         grp = grp[grp["efficiency"].notna()].sort_values("world_size")
         if len(grp):
-            ax.plot(grp["world_size"], 100 * grp["efficiency"], "o-",
-                    label=series_label(*key))
+            ax.plot(grp["world_size"], 100 * grp["efficiency"], label=series_label(*key),
+                    **line_look(drawn))
+            drawn += 1
             ring_flagged(ax, list(grp.itertuples()), grp["world_size"],
                           100 * grp["efficiency"])
     ax.set_xlabel("world size N")

@@ -28,6 +28,8 @@ from bench.report.plot_labels import (
     SERIES,
     at_least_points,
     legend,
+    line_look,
+    point_marker,
     ring_flagged,
     row_label,
     series_label,
@@ -71,10 +73,10 @@ def make_figures(records: list[dict[str, Any]],
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ceiling_label = f"loader alone (drawn within {CEILING_SHOWN:g}× of training)"
-    for key, grp in ok.groupby(SERIES):
+    for i, (key, grp) in enumerate(ok.groupby(SERIES)):
         grp = grp.sort_values("world_size")
-        (line,) = ax.plot(grp["world_size"], grp["images_per_s"], "o-",
-                          label=series_label(*key))
+        (line,) = ax.plot(grp["world_size"], grp["images_per_s"], label=series_label(*key),
+                          **line_look(i))
         near = grp[grp["loader_alone"] <= CEILING_SHOWN * grp["images_per_s"]]
         if len(near):  # the input pipeline's ceiling, where it was close to limiting
             ax.plot(near["world_size"], near["loader_alone"], "_", markersize=16, mew=2,
@@ -117,11 +119,11 @@ def make_figures(records: list[dict[str, Any]],
         label = row_label(next(group.itertuples()))
         label += f" ({len(curves)} runs)" if len(curves) > 1 else ""
         drawn.setdefault(tuple(round(v, 6) for v in mean), []).append(label)
-    for curve, labels in drawn.items():
+    for i, (curve, labels) in enumerate(drawn.items()):
         # rows that trained to the same top-1 at every epoch draw one line, not several
         # hidden under each other: the legend names them all
         label = labels[0] + "".join(f"\n= {other}" for other in labels[1:])
-        ax.plot(range(1, len(curve) + 1), curve, "o-", label=label)
+        ax.plot(range(1, len(curve) + 1), curve, label=label, **line_look(i))
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test top-1 (%, mean over repeats)")
@@ -136,13 +138,12 @@ def make_figures(records: list[dict[str, Any]],
     # One point per row (median training time, mean top-1 with its 95 % CI), named in the
     # legend rather than by text beside the points, which overlaps when rows are close.
     fig, ax = plt.subplots(figsize=(7, 4))
-    markers = "osD^v<>phX*"
     lengths = ok["epochs"].nunique() > 1  # then each point says its own
     repeated = bool((ok["runs"] > 1).any()) if len(ok) else False
     for i, r in enumerate(ok.itertuples()):
         ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
-        ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=markers[i % len(markers)],
-                    capsize=3,
+        ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=point_marker(i),
+                    color=f"C{i % 10}", capsize=3,
                     label=short_row_label(r) + (f", {r.epochs:g} epochs" if lengths
                                                 and "epochs" not in r.apart else "")
                     + (" (1 run)" if repeated and r.runs == 1 else ""))
