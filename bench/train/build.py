@@ -103,8 +103,32 @@ class CudaGraphWatch:
                 + (f": {'; '.join(self.reasons)}" if self.reasons else ""))
 
 
+# Two lines torch logs on every compiled run that concern nothing the run does: Dynamo
+# drops DDP's own profiler label from the compiled forward (the trace loses one name, not
+# a kernel), and Inductor's C++ compiler on CPU notes the CUDA toolkit it does not use. They
+# read as faults under a run's first epoch; other messages of these loggers pass.
+_COMPILE_NOISE = {
+    "torch._dynamo.variables.ctx_manager": "Profiler record function ",
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
+}
+
+
+class _DropNoise(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
 def compiled(model: nn.Module, mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``torch.compile`` in the run's mode (torch's own default when "default")."""
+    """``torch.compile`` in the run's mode (torch's own default when "default"), without
+    torch's two notes of no consequence (_COMPILE_NOISE)."""
+    for name, start in _COMPILE_NOISE.items():
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropNoise) for f in log.filters):
+            log.addFilter(_DropNoise(start))
     return torch.compile(model) if mode == "default" else torch.compile(model, mode=mode)
 
 
