@@ -122,6 +122,31 @@ def test_an_imagefolder_trains_and_evaluates_every_image_once(image_folder, tmp_
         assert math.isclose(correct, round(correct), abs_tol=1e-6), epoch["top1"]
 
 
+def test_files_an_imagefolder_does_not_read_are_named_not_dropped_in_silence(tmp_path):
+    """torchvision's ImageFolder reads no .gif: a folder with GIFs among its PNGs trained on
+    the rest, and nothing said so (a quarter of a set left out, found by its train_size).
+    One line names what was left out, by split and extension, once the run is sure to
+    start; bad input stays one line."""
+    root = tmp_path / "images"
+    write_imagefolder(root)  # and train/cat/notes.txt
+    for split, count in (("train", 3), ("val", 1)):
+        for k in range(count):
+            Image.new("P", (30, 30)).save(root / split / "dog" / f"moving{k}.gif")
+    proc = run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
+                     str(root), "--model", "user_models:tiny_cnn", "--batch-size", "8",
+                     *TINY, "--epochs", "1", "--output", str(tmp_path / "out"), env=USER_MODELS)
+    assert_ok(proc)
+    said = " ".join(proc.stderr.split())
+    assert ("bench: --data imagefolder: left out 4 in train/, 1 in val/ (not images "
+            "torchvision reads: .gif 4, .txt 1); convert the images among them to .png or "
+            ".jpg to train on them") in said, proc.stderr
+    rec = only_record(tmp_path / "out")
+    assert (rec["train_size"], rec["test_size"]) == (3 * FOLDER_TRAIN, 3 * FOLDER_VAL)
+    bad = run_bench("run", "--strategy", "ddp", "--data", "imagefolder", "--data-dir",
+                    str(root), "--batch-size", "800", *TINY, "--output", str(tmp_path / "x"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+
+
 def test_an_imagefolder_trains_exactly_like_one_plain_process(image_folder):
     proc = run_bench("verify", "--strategies", "ddp,fsdp", "--gpus", "2", "--steps", "2",
                      "--batch-size", "8", "--cpu", "--data", "imagefolder", "--data-dir",

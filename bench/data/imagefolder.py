@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -54,15 +55,22 @@ def folder_classes(root: str | Path) -> list[str]:
 
 
 def _samples(root: Path, split: str) -> list[tuple[str, int]]:
+    return _walk(root, split)[0]
+
+
+def _walk(root: Path, split: str) -> tuple[list[tuple[str, int]], Counter[str]]:
     """(path, class index) of every image of a split, in torchvision ImageFolder's order
     (classes sorted, then each class folder walked, folders and files sorted), following
     links as it does, but never into a folder reached before: a link back up the tree (a
     loop) or a second way into one folder would serve its images again and again (a
-    40-image tree trained as 840), so it is refused in one line."""
+    40-image tree trained as 840), so it is refused in one line. And the files left out, by
+    extension (a .gif or .avif is no image torchvision's ImageFolder reads; hidden files
+    are not counted)."""
     folder = root / SPLIT_FOLDERS[split]
     classes = folder_classes(root)
     extensions = _extensions()
     samples = []
+    skipped: Counter[str] = Counter()
     seen: dict[tuple[int, int], str] = {}  # every folder of the split, by device and inode
     for index, name in enumerate(classes):
         walked = []
@@ -82,10 +90,12 @@ def _samples(root: Path, split: str) -> list[tuple[str, int]]:
         for here, files in sorted(walked):
             samples.extend((os.path.join(here, f), index) for f in sorted(files)
                            if f.lower().endswith(extensions))
+            skipped.update(os.path.splitext(f)[1].lower() or "no extension" for f in files
+                           if not f.lower().endswith(extensions) and not f.startswith("."))
     if not samples:
         raise ConfigError(f"--data imagefolder: no images in {folder} (extensions "
                           f"{', '.join(extensions)})")
-    return samples
+    return samples, skipped
 
 
 def _raise(exc: OSError) -> None:
@@ -107,9 +117,22 @@ def chosen(count: int, limit: int | None) -> np.ndarray:
     return np.random.default_rng(0).permutation(count)[:limit]
 
 
-def split_size(root: str | Path, split: str) -> int:
-    """Images in one split (before any limit)."""
-    return len(_samples(Path(root), split))
+def sizes_and_left_out(root: str | Path) -> tuple[int, int, str | None]:
+    """Images in the train and val splits (before any limit), and one line naming the files
+    of either that are not images ImageFolder reads, by extension (None: none). They were
+    left out without a word: a folder with .gif files among its .png trained on what was
+    left. Each split walked once (ImageNet's is 1.28 M files)."""
+    (train, train_out), (test, test_out) = (_walk(Path(root), split) for split in SPLIT_FOLDERS)
+    counts = {"train": train_out, "val": test_out}
+    if not train_out and not test_out:
+        return len(train), len(test), None
+    where = ", ".join(f"{sum(c.values())} in {name}/" for name, c in counts.items() if c)
+    kinds = (train_out + test_out).most_common()
+    note = (f"--data imagefolder: left out {where} (not images torchvision reads: "
+            + ", ".join(f"{ext} {n}" for ext, n in kinds[:6])
+            + (", ..." if len(kinds) > 6 else "")
+            + "); convert the images among them to .png or .jpg to train on them")
+    return len(train), len(test), note
 
 
 class FolderImages(Dataset):

@@ -22,6 +22,7 @@ from bench.launch.preflight import (
     default_workers,
     resolve_device,
     resolve_strategy,
+    say_notes,
     shares_gpus,
 )
 from bench.launch.slurm import default_rdzv_id, slurm_cpus_per_task, slurm_note, slurm_task
@@ -216,6 +217,8 @@ def check_data(plans: list[RunPlan]) -> None:
     search of tries, a sweep's or verify's runs each failed on it in turn)."""
     if not plans:
         return
-    _, train, test = data_sizes(plans[0].cfg)
+    notes: list[str] = []
+    _, train, test = data_sizes(plans[0].cfg, notes)
     for plan in plans:
         check_data_fits(plan.cfg, train, test, plan.local_processes)
+    say_notes(notes)

@@ -4,6 +4,7 @@ data and the loader workers."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -192,25 +193,37 @@ def writable_folder(folder: Path) -> tuple[Path, list[Path]]:
 
 def prepare_data(cfg: RunConfig, processes: int = 1) -> tuple[str, int, int]:
     """Dataset kind and the train / test sizes after limits (downloads CIFAR-100 if absent);
-    a set this machine's ``processes`` cannot hold in memory is refused."""
-    kind, train, test = data_sizes(cfg)
+    a set this machine's ``processes`` cannot hold in memory is refused. What the data's
+    reading noticed is said once all is well (bad input stays one line)."""
+    notes: list[str] = []
+    kind, train, test = data_sizes(cfg, notes)
     check_data_fits(cfg, train, test, processes)
+    say_notes(notes)
     return kind, train, test
 
 
-def data_sizes(cfg: RunConfig) -> tuple[str, int, int]:
+def say_notes(notes: list[str]) -> None:
+    """Each note on stderr as bench's, within 120 columns."""
+    for note in notes:
+        print(terminal.fill(f"bench: {note}", subsequent_indent="    "), file=sys.stderr)
+
+
+def data_sizes(cfg: RunConfig, notes: list[str] | None = None) -> tuple[str, int, int]:
     """Dataset kind and the train / test sizes after limits, the data made ready (CIFAR-100
     downloaded if absent and allowed): what differs between runs only in strategy, N and
-    batch is read once."""
+    batch is read once. ``notes`` gets what a user should hear of it (the files of an
+    ImageFolder that are no images it reads)."""
     if cfg.data == "synthetic":  # drawn at any size: a limit is the size (image_set)
         train = cfg.train_limit or SYNTHETIC_SIZES["train"]
         test = cfg.test_limit or SYNTHETIC_SIZES["test"]
         kind = "synthetic"
     elif cfg.data == "imagefolder":
-        from bench.data.imagefolder import split_size
+        from bench.data.imagefolder import sizes_and_left_out
 
-        train, test = split_size(cfg.data_dir, "train"), split_size(cfg.data_dir, "test")
+        train, test, note = sizes_and_left_out(cfg.data_dir)
         kind = "imagefolder"
+        if note and notes is not None:
+            notes.append(note)
     else:
         kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
     return kind, min(train, cfg.train_limit or train), min(test, cfg.test_limit or test)
