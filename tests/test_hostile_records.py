@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,31 @@ def test_a_writers_temporary_file_is_never_read_as_a_record(tmp_path):
     assert proc.returncode == 0 and "skipped" not in proc.stderr, proc.stderr
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
     assert sorted(row["runs"] for row in rows) == ["1", "1"], proc.stdout
+
+
+# What a terminal obeys: clear the screen, paint red, set the window title, move up a line
+# (to write over one), right-to-left override.
+ESCAPES = "\x1b[2J\x1b[31m\x1b]0;owned\x07\x1b[1A\u202e\x9b"
+
+
+def test_a_records_text_prints_as_text_never_as_terminal_commands(tmp_path):
+    """A record is data someone else may have written. Its CPU name, tag and error, and a
+    file's name, reached the terminal as they were: `bench report` on a crafted record
+    cleared the screen and set the window's title. Every control character is written
+    out (\\x1b), in report, compare and project alike."""
+    evil = {**_valid("evil"), "env": {"cpu": f"Test{ESCAPES}", "cpu_count": 2, "torch": "x",
+                                      "python": "3"}}
+    failed = {**_valid("failed", 1), "status": "failed", "error": f"boom{ESCAPES}\nfake ok",
+              "strategy": "fsdp"}
+    results = write_runs(tmp_path / "results", [evil, failed])
+    (results / "runs" / f"x{ESCAPES[:4]}.json").write_text("{not json")
+    for args in (["report", "--results", str(results), "--no-write"],
+                 ["report", "--results", str(results), "--no-write", "--format", "wide"],
+                 ["compare", str(results), str(results)],
+                 ["project", str(results), "--intra-busbw", "10", "--inter-busbw", "5"]):
+        proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        shown = proc.stdout + proc.stderr
+        assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", shown), (args, shown)
+        assert "\\x1b[2J" in shown, (args, shown)  # said, as text
+        assert "\nfake ok" not in shown, (args, shown)

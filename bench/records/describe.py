@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from pathlib import PurePath
 from typing import Any
 
 from bench.config.run_config import GPU_LOADER_WORKERS
@@ -138,6 +139,9 @@ def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
         data += f" d={config['synthetic_difficulty']:g}"
     if data.startswith("synthetic") and config.get("synthetic_classes", 100) != 100:
         data += f" {config['synthetic_classes']} classes"
+    if data == "imagefolder" and isinstance(rec.get("data_dir"), str):
+        # whose images: two folders of as many images are two workloads, not repeats
+        data += f" {PurePath(rec['data_dir']).name}"
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
     where = machine(rec) if on else None

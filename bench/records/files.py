@@ -17,6 +17,7 @@ from typing import Any
 from bench.records.schema import record_problem
 from bench.tools.errors import CannotWrite
 from bench.tools.lifetime import still_running
+from bench.tools.terminal import printable
 
 
 def utc_now() -> str:
@@ -160,6 +161,21 @@ def read_record(path: Path) -> dict[str, Any]:
             raise ValueError("nested too deeply") from None
 
 
+def printable_record(value: Any, key: str = "") -> Any:
+    """A record (any JSON) read for display: its strings and keys with their control
+    characters written out (terminal.printable), newlines kept in a failed rank's
+    traceback alone. A record is data someone else may have written: its text must print
+    as text, not move the cursor or hide a line."""
+    if isinstance(value, str):
+        return printable(value, keep="\n" if key == "error_traceback" else "")
+    if isinstance(value, list):
+        return [printable_record(v, key) for v in value]
+    if isinstance(value, dict):
+        return {printable(k) if isinstance(k, str) else k: printable_record(v, k)
+                for k, v in value.items()}
+    return value
+
+
 def records_by_tag(output: str | Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
     """The readable records of ``output``/runs that carry a ``tag``, by tag, each with its
     path (a sweep's combination and its repeats are ``sweep:KEY:rN`` tags); unreadable
@@ -187,19 +203,21 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
     for path in sorted(folder.glob("*.json")):
         if path.name.startswith("."):  # a writer's temporary file, a reserve: not a record
             continue
+        shown = printable(str(path))
         try:
-            record = read_record(path)
+            record = printable_record(read_record(path))
         except (OSError, ValueError) as exc:
-            warnings.append(f"skipped {path}: not a readable JSON record ({exc})")
+            warnings.append(f"skipped {shown}: not a readable JSON record "
+                            f"({printable(str(exc))})")
             continue
         problem = record_problem(record)
         if problem:
-            warnings.append(f"skipped {path}: not a parallel-bench run record ({problem})")
+            warnings.append(f"skipped {shown}: not a parallel-bench run record ({problem})")
             continue
         first = seen.setdefault(record["run_id"], path)
         if first != path:
-            warnings.append(f"skipped {path}: run {record['run_id']} is already {first.name}'s "
-                            "(one run, counted once)")
+            warnings.append(f"skipped {shown}: run {record['run_id']} is already "
+                            f"{printable(first.name)}'s (one run, counted once)")
             continue
         records.append(record)
     records.sort(key=lambda r: r.get("started_at", ""))
@@ -209,7 +227,7 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
 def load_record_file(path: str | Path) -> dict[str, Any]:
     """One record file given by name (``bench compare A B``, ``bench project FILE``): a
     ValueError saying why it is not a usable run record."""
-    record = read_record(Path(path))
+    record = printable_record(read_record(Path(path)))
     problem = record_problem(record)
     if problem:
         raise ValueError(f"not a parallel-bench run record: {problem}")

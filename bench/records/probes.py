@@ -7,8 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.records.files import read_record
+from bench.records.files import printable_record, read_record
 from bench.records.schema import NUMBER, wrong_type
+from bench.tools.terminal import printable
 
 KIB, MIB = 1024, 1024 * 1024
 SPLIT_COLLECTIVES = ("all_gather_s", "reduce_scatter_s")  # a result's optional keys
@@ -51,15 +52,15 @@ def load_probes(results: str | Path, warnings: list[str] | None = None) -> list[
     probes = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = read_record(path)
+            data = printable_record(read_record(path))
         except (OSError, ValueError) as exc:
-            problem = f"not readable JSON ({exc})"
+            problem = f"not readable JSON ({printable(str(exc))})"
         else:
             problem = probe_problem(data)
         if problem is None:
             probes.append(data)
         elif warnings is not None:
-            warnings.append(f"skipped {path}: {problem}")
+            warnings.append(f"skipped {printable(str(path))}: {problem}")
     return probes
 
 

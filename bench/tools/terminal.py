@@ -9,6 +9,21 @@ import textwrap
 WIDTH = 120
 _GLUE = "\x00"  # stands for a space inside backticks while wrapping
 
+# What a terminal obeys rather than shows: C0 and C1 controls (ESC starts the sequences
+# that clear the screen, move the cursor, set the title), DEL, and the marks that reorder
+# text (bidirectional overrides and isolates).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every control character written out (``\\x1b``), but those in ``keep``
+    ('\\n' for a traceback): a string read from a record or a file name prints as what
+    it is, never as a command to the terminal (a crafted record's CPU name cleared the
+    screen of a `bench report` and titled its window)."""
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep
+                         else f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                         else f"\\u{ord(m.group()):04x}", text)
+
 
 def wrap(text: str, width: int = WIDTH, initial_indent: str = "",
          subsequent_indent: str = "") -> list[str]:
