@@ -256,3 +256,19 @@ def test_a_block_too_wide_leaves_out_its_least_needed_columns_not_the_status():
     assert "runs" not in head and head[-2:] == ["start", "status"], lines[1]
     assert [line.split()[-2:] for line in lines[2:4]] == [["—", "ok"], ["✗", "ok"]], lines
     assert lines[4].split()[-1] == "failed", lines
+
+
+def test_two_image_folders_of_as_many_images_are_two_workloads():
+    """An ImageFolder run's workload said 'imagefolder 1000 img': runs on two folders of as
+    many images were one row, repeats of each other. The folder's name tells them apart."""
+    from report_records import record
+
+    from bench.report.table import summary_table
+
+    flowers = {**record("f", "ddp", 2, [2.0, 1.0], [0.1, 0.5]), "dataset": "imagefolder",
+               "data_dir": "/data/flowers"}
+    birds = {**flowers, "run_id": "b", "data_dir": "/data/birds"}
+    table = summary_table([flowers, birds])
+    assert sorted(table["workload"]) == [
+        "imagefolder birds 1000 img, batch 100, resnet18 on Test (2 cores)",
+        "imagefolder flowers 1000 img, batch 100, resnet18 on Test (2 cores)"]
