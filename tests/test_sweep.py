@@ -284,3 +284,25 @@ def test_a_lost_hosts_claim_is_respected_while_it_beats_and_taken_once_it_stops(
     assert done["status"] == "ok" and done["owner"]["host"] != "host-b", done
     assert (out / "runs" / "superseded" / f"{lost['run_id']}.json").exists()
     assert not list(claims.iterdir())
+
+
+def test_a_gpu_sweep_for_slurm_is_written_on_a_login_node_without_a_gpu(tmp_path):
+    """A Slurm cluster's login node has no GPU: `bench sweep --slurm` refused a GPU sweep
+    there ('no CUDA GPU is visible here; add --cpu'), as if it ran here, and gave each GPU
+    rank one core (bench slurm gives 8). Its scripts are checked as they will run, on the
+    job's nodes. (This machine, and CI's, has no GPU.)"""
+    proc = run_bench("sweep", "--strategies", "ddp,fsdp", "--gpus", "1,4", "--slurm",
+                     "--dry-run", "--epochs", "3", "--data", "synthetic", "--output",
+                     str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    four = proc.stdout[proc.stdout.index("# --- world size 4 ---"):]
+    assert "#SBATCH --gpus-per-node=4" in four and "#SBATCH --cpus-per-task=32" in four, four
+    assert "#SBATCH --cpus-per-task=8" in proc.stdout.split("# --- world size 4 ---")[0]
+    # what a GPU run refuses anywhere is still refused before any script is written
+    bad = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", "--slurm", "--dry-run",
+                    "--precision", "fp16", "--batch-size", "3", "--output", str(tmp_path))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    # --cpu: a core a process, as before
+    cpu = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", "--cpu", "--slurm",
+                    "--dry-run", "--output", str(tmp_path))
+    assert cpu.returncode == 0 and "#SBATCH --cpus-per-task=2" in cpu.stdout, cpu.stderr

@@ -88,12 +88,14 @@ def sweep_key(cfg: RunConfig) -> str:
 
 
 def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
-                repeats: int, srun_steps: bool = False, data: bool = False) -> list[Combo]:
+                repeats: int, srun_steps: bool = False, data: bool = False,
+                elsewhere: bool = False) -> list[Combo]:
     """Every combination, validated before anything runs (bad input: ConfigError);
     ``srun_steps``: as the srun steps of a job array over several nodes; ``data``: the data
     is made ready here (read once, CIFAR-100 fetched if absent) and each run's share of it
     checked, as each run would before it starts (a sweep that runs here: data missing
-    would otherwise fail every run in turn, after writing its folders)."""
+    would otherwise fail every run in turn, after writing its folders); ``elsewhere``: for
+    a Slurm job's nodes, not this machine (its GPUs, or their absence, are not theirs)."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1 (got {repeats})")
     combos, plans = [], []
@@ -102,7 +104,8 @@ def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
             cfg = base.derive(strategy=strategy, gpus=n)
             if base.batch_fits_in:  # each run's batch is found later; one that splits here
                 cfg = cfg.derive(batch_size=n)
-            plans.append(RunPlan(cfg, probe_output=False, srun_step=srun_steps))
+            plans.append(RunPlan(cfg, probe_output=False, srun_step=srun_steps,
+                                 elsewhere=elsewhere))
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
     if data:  # after the options' checks: a misspelt name must not wait for a download
@@ -310,14 +313,15 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
     """``bench sweep --slurm``: the job arrays written (and with --submit, submitted)."""
     import shutil
 
-    if args.max_parallel < 1 or args.cpus_per_task < 1:
+    if args.max_parallel < 1 or (args.cpus_per_task is not None and args.cpus_per_task < 1):
         raise ConfigError("--max-parallel and --cpus-per-task must be at least 1")
     if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){1,2}", args.time):
         raise ConfigError(f"--time must look like HH:MM:SS (got {args.time!r})")
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or use "
                           "--dry-run and copy the scripts there")
-    combos = plan_combos(base, names, gpus, args.repeats, srun_steps=base.nodes > 1)
+    combos = plan_combos(base, names, gpus, args.repeats, srun_steps=base.nodes > 1,
+                         elsewhere=True)
     output = str(Path(base.output).resolve())
     sweep_args = ["--strategies", args.strategies, "--gpus", args.gpus, "--repeats",
                   str(args.repeats), *(["--force"] if args.force else []),
@@ -327,7 +331,8 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
         sweep_args += ["--output", output]
     scripts = array_scripts(combos, sweep_args, job_name=args.job_name, time=args.time,
                             partition=args.partition, max_parallel=args.max_parallel,
-                            cpus_per_rank=args.cpus_per_task, cpu=base.cpu,
+                            cpus_per_rank=args.cpus_per_task or (1 if base.cpu else 8),
+                            cpu=base.cpu,
                             workdir=str(Path.cwd()), output=output, nodes=base.nodes)
     if args.dry_run:
         for n, text in scripts.items():
@@ -380,8 +385,10 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     slurm.add_argument("--time", default="01:00:00", help="each task's limit, HH:MM:SS")
     slurm.add_argument("--max-parallel", type=int, default=4,
                        help="array tasks running at once (default 4)")
-    slurm.add_argument("--cpus-per-task", type=int, default=1,
-                       help="cores per rank (x N for a combination of N ranks; default 1)")
+    slurm.add_argument("--cpus-per-task", type=int, default=None,
+                       help="cores per rank (x N for a combination of N ranks): its threads "
+                            "and loader workers (default 8 per GPU, as bench slurm's, 1 per "
+                            "CPU process with --cpu)")
     slurm.add_argument("--job-name", default="bench-sweep", help="Slurm job name prefix")
     fit = sweep.add_argument_group(
         "--batch-size max: each strategy and N at the largest batch that fits (bench fit's "

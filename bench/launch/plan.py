@@ -75,9 +75,12 @@ class RunPlan:
     reserve: Path | None = None  # room kept for the record's closing (open_record makes it)
 
     def __init__(self, cfg: RunConfig, probe_output: bool = True,
-                 srun_step: bool = False) -> None:
+                 srun_step: bool = False, elsewhere: bool = False) -> None:
         """``srun_step``: validate the run as the srun step it will be (a job array's task
-        over several nodes: `bench sweep --slurm` plans it before any Slurm exists)."""
+        over several nodes: `bench sweep --slurm` plans it before any Slurm exists).
+        ``elsewhere``: the run is for another machine (a Slurm job's nodes, planned on a
+        login node without a GPU): its device is the one asked for, and this machine's
+        GPUs and memory say nothing of it."""
         cfg.validate()
         Fault.from_env()  # the test hooks' variables are read by every rank: checked here
         defect_from_env()
@@ -87,7 +90,7 @@ class RunPlan:
             raise ConfigError(f"--ghost-bn groups BatchNorm's statistics; --model {cfg.model} "
                               "has no BatchNorm layer: drop --ghost-bn")
         self.strategy = resolve_strategy(cfg)
-        self.device_type = resolve_device(cfg)
+        self.device_type = ("cpu" if cfg.cpu else "cuda") if elsewhere else resolve_device(cfg)
         resolved: dict[str, Any] = {
             "precision": cfg.precision or self.strategy.default_precision(self.device_type)
         }
@@ -115,7 +118,8 @@ class RunPlan:
             rdzv_endpoint=cfg.rdzv_endpoint, under_srun=self.slurm is not None or srun_step,
             timeout=group_timeout(cfg.timeout, cfg.compile, cfg.gpus * cfg.nodes),
             backend=cfg.backend or ("nccl" if self.device_type == "cuda" else "gloo"),
-            gpu_shared=self.slurm is None and shares_gpus(cfg, self.device_type),
+            gpu_shared=(self.slurm is None and not elsewhere
+                        and shares_gpus(cfg, self.device_type)),
         )
         self.strategy.check(self.topology, cfg.features)
         check_strategy_options(cfg, self.strategy)
@@ -138,8 +142,9 @@ class RunPlan:
         self.workers_per_process = self.loader_workers_per_process(self.workers_per_replica)
         # horovodrun starts every host's slots from here; one machine holds its own
         on_one_machine = max(host_slots(cfg.hosts)) if cfg.hosts else self.local_processes
-        check_processes_fit(on_one_machine, self.workers_per_process,
-                            max(1, self.replicas_here // self.local_processes))
+        if not elsewhere:
+            check_processes_fit(on_one_machine, self.workers_per_process,
+                                max(1, self.replicas_here // self.local_processes))
         self.per_replica_batch = cfg.check_batch_split(self.replicas)
         cfg.check_batch_split(self.processes)
         cfg.check_ghost_bn(self.per_replica_batch // cfg.grad_accum,
