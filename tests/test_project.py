@@ -329,6 +329,23 @@ def test_a_plot_file_must_be_png_or_svg(tmp_path):
     assert ".png or .svg" in proc.stderr and not (tmp_path / "x.jpg").exists()
 
 
+def test_a_plot_of_more_than_ten_series_dashes_the_eleventh(tmp_path):
+    """Eleven series in one panel: matplotlib's ten colours came round, the eleventh line
+    drawn as the first. It is dashed now (SVG: its line's and its legend sample's
+    stroke-dasharray beside the dotted 100 % line's own)."""
+    from report_records import record
+
+    from bench.project.plot import write_projection_plot
+
+    runs = [({**record(f"r{i}", "ddp", 2, [2.0, 1.0], [0.1, 0.5]),
+              "ddp_options": {"bucket_cap_mb": i + 1}},
+             Workload("ddp", 0.1, 40_000_000, (i + 1) * 2**20)) for i in range(11)]
+    for count, dashed in ((10, 1), (11, 3)):
+        path = tmp_path / f"{count}.svg"
+        write_projection_plot(path, runs[:count], [], [8, 64], 8, NET)
+        assert path.read_text().count("stroke-dasharray") == dashed, count
+
+
 def test_a_model_without_batchnorm_pays_no_syncbn_collectives():
     """A record that says 0 BatchNorm layers gets no SyncBatchNorm time; one from before
     the count was recorded is ResNet-18's 20 layers (2 collectives each)."""

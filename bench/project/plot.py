@@ -54,16 +54,19 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
     xs = curve_gpus(asked)
     for ax, (name, runs) in zip(axes[:, 0], panels.items()):
         lowest = 100.0
+        points = False
         for index, (rec, work) in enumerate(runs):
-            color = f"C{index % 10}"
+            # ten colours, then the next ten dashed (an eleventh line was the first's twin)
+            color, dash = f"C{index % 10}", ("-", "--", "-.", ":")[index // 10 % 4]
             options = run_options(rec, work)
             label = " ".join([work.strategy, str(rec.get("precision")),
                               *([] if options == "—" else [options])])
             ys = [100 * project(work, n, gpus_per_node, net).efficiency for n in xs]
             lowest = min(lowest, *ys)
-            ax.plot(xs, ys, "-", color=color, label=f"{label}: projected")
+            ax.plot(xs, ys, dash, color=color, label=f"{label}: projected")
             seen = measured.get(series_key(rec, work), [])
             if seen:
+                points = True
                 lowest = min(lowest, *(100 * e for _, e in seen))
                 ax.plot(*zip(*[(n, 100 * e) for n, e in seen]), "o", color=color,
                         markeredgecolor="black", label=f"{label}: measured")
@@ -74,7 +77,9 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
         ax.set_ylim(max(0.0, 10 * math.floor(lowest / 10) - 10), 102)
         ax.set_xlabel(f"GPUs ({gpus_per_node} per node)")
         ax.set_ylabel("efficiency: compute step / step (%)")
-        ax.set_title(f"{name}\nprojected on {net.name} (lines), measured (points)", fontsize=9)
+        ax.set_title(f"{name}\nprojected on {net.name} (lines)"
+                     + (", measured (points)" if points else "; no measured efficiency to draw"),
+                     fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     with atomic_file(path) as tmp:
