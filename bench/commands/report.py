@@ -111,7 +111,9 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench report``'s options (``help``: its line in ``bench --help``)."""
     report = sub.add_parser("report", help=help)
-    report.add_argument("--results", default="results", help="results folder")
+    report.add_argument("--results", default="results",
+                        help="the results folder: a run's or a sweep's --output (default "
+                             "results)")
     report.add_argument("--reference", default=None,
                         help="STRATEGY[:N]: the row each workload's top-1 is compared with "
                              "(default ddp:1)")
