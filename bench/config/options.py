@@ -181,7 +181,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                             "warm-up may take up to 30 min); MODE: default, reduce-overhead "
                             "(CUDA graphs), max-autotune or max-autotune-no-cudagraphs")
     speed.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="default",
-                       help="SGD implementation")
+                       help="SGD implementation (default: torch's choice)")
     speed.add_argument("--no-cudnn-benchmark", action="store_true",
                        help="turn cudnn.benchmark off (on by default on GPU)")
 
@@ -193,7 +193,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     dist.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     dist.add_argument("--rdzv-id", default=None,
                       help="run id shared by all nodes (default: derived from the command)")
-    dist.add_argument("--max-restarts", type=int, default=0, help="torchrun --max-restarts")
+    dist.add_argument("--max-restarts", type=int, default=0,
+                      help="torchrun --max-restarts (default 0)")
     dist.add_argument("--no-slurm", action="store_true",
                       help="ignore Slurm variables (do not act as one srun task)")
     dist.add_argument("--master-port", type=int, default=None,
@@ -203,7 +204,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                            "lets several ranks share one GPU, for correctness checks only")
     dist.add_argument("--timeout", type=float, default=300.0,
                       help="seconds a collective, or a rank waiting for its loader "
-                           "workers' next batch, may wait before the run fails")
+                           "workers' next batch, may wait before the run fails (default 300; "
+                           "longer while a --compile run compiles)")
 
     ddp = p.add_argument_group("DDP knobs (torch's defaults; recorded as ddp_options)")
     ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
@@ -229,16 +231,16 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
     other = p.add_argument_group("horovod, fsdp and apex")
     other.add_argument("--hvd-compression", choices=HVD_COMPRESSION, default="none",
-                       help="horovod: gradient compression on the wire")
+                       help="horovod: gradient compression on the wire (default none)")
     other.add_argument("--no-reshard-after-forward", action="store_true",
                        help="fsdp: keep the gathered parameters from forward to backward "
                             "(ZeRO-2-like: one all-gather less per step, more memory)")
     other.add_argument("--hosts", default=None,
                        help="horovod: host1:4,host2:4 for horovodrun -H")
     other.add_argument("--apex-opt-level", choices=APEX_OPT_LEVELS, default="O1",
-                       help="ddp-apex: apex.amp opt level")
+                       help="ddp-apex: apex.amp opt level (default O1)")
     other.add_argument("--apex-ddp", choices=APEX_DDP, default="apex",
-                       help="ddp-apex: wrap with apex.parallel or torch DDP")
+                       help="ddp-apex: wrap with apex.parallel or torch DDP (default apex)")
 
     out = p.add_argument_group("output")
     out.add_argument("--output", default="results",
