@@ -326,3 +326,18 @@ def test_rows_that_read_alike_say_what_sets_them_apart(tmp_path):
     assert {"gpus_requested", "epochs", "norm"} <= set(table[0]), out
     assert sorted(r["gpus_requested"] for r in table if r["strategy"] == "dp") == ["1", "2"]
     assert sorted(r["epochs"] for r in table if r["strategy"] == "ddp") == ["2", "3"]
+
+
+def test_two_sides_with_nothing_in_common_are_no_pass(tmp_path):
+    """Committed results against a folder of another workload: every row 'only in A' or
+    'only in B', '0 matched rows, 0 regressed', exit 0: a CI gate that compared nothing
+    passed. It exits 2 with a line saying so, after listing what each side holds."""
+    a = write_runs(tmp_path / "a", [repeat("x", "ddp", 2, 50, 10.0)])
+    other = {**repeat("y", "ddp", 2, 50, 10.0), "global_batch": 512}  # another workload
+    b = write_runs(tmp_path / "b", [other])
+    proc = run_bench("compare", str(a), str(b))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "only in A (1 row)" in proc.stdout and "only in B (1 row)" in proc.stdout
+    assert "have no configuration in common" in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert run_bench("compare", str(a), str(a)).returncode == 0
