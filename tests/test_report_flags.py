@@ -161,3 +161,41 @@ def test_more_cpu_processes_than_cores_is_said_and_recorded(tmp_path):
     assert f"{n} CPU processes on {n - 1} cores compete" in proc.stderr
     (rec,) = load_records(tmp_path)[0]
     assert rec["oversubscribed"] == {"processes": n, "cores": n - 1}
+
+
+def _ordered(run_id, strategy, world, orders, seed=0, rule="sha256(seed, epoch)"):
+    """A run of SEED whose epochs served the batches whose order hashes to ORDERS."""
+    rec = record(run_id, strategy, world, [2.0] * len(orders), [0.1] * len(orders))
+    for epoch, order in zip(rec["per_epoch"], orders):
+        epoch["data_order_sha1"] = order
+    return {**rec, "seed": seed, "data_order_rule": rule}
+
+
+def test_a_run_that_trained_on_other_batches_is_named(tmp_path):
+    """Every strategy is to train on the same global batches in the same order, and each
+    epoch's order is hashed into the record 'so you can check it': nothing did. A run whose
+    epoch 2 served another order than its workload's other runs of the same seed is named
+    now, in a speed block and in an accuracy block alike (it concerns top-1 too); runs of
+    another seed, of the older order rule, or that stopped earlier are no such run."""
+    runs = [_ordered("one", "ddp", 1, ["a", "b", "c"]), _ordered("two", "ddp", 2, ["a", "b", "c"]),
+            _ordered("fsdp", "fsdp", 2, ["a", "X", "c"]),
+            _ordered("seed1", "ddp", 2, ["p", "q", "r"], seed=1),
+            _ordered("old", "ddp-amp", 2, ["s", "t", "u"], rule=None),
+            _ordered("short", "horovod", 2, ["a", "b"])]
+    write_runs(tmp_path / "speed", runs)
+    proc = run_bench("report", "--results", str(tmp_path / "speed"), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert ("fsdp N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): run fsdp "
+            "trained on other batches than this workload's other runs of seed 0 (its order of "
+            "epoch 2 differs: data_order_sha1)") in said, proc.stderr
+    assert said.count("trained on other batches") == 1, proc.stderr
+    flagged = [line.split()[0] for line in proc.stdout.splitlines() if "other batches" in line]
+    assert flagged == ["fsdp"], proc.stdout
+    # the same runs crowding the cores: an accuracy block, which says this one all the same
+    crowded = [{**r, "oversubscribed": {"processes": 2, "cores": 1}} for r in runs]
+    write_runs(tmp_path / "crowded", crowded)
+    proc = run_bench("report", "--results", str(tmp_path / "crowded"), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    assert " ".join(proc.stderr.split()).count("trained on other batches") == 1, proc.stderr
+    assert "CPU oversubscribed" not in proc.stdout and "other batches" in proc.stdout

@@ -27,6 +27,39 @@ def slow_runs(ok) -> list[tuple[str, float, float]]:
     return [(i, t, median) for i, t in times if t > SLOW_RUN_FACTOR * median]
 
 
+def other_batches(runs) -> dict[str, tuple[int, int]]:
+    """The runs that trained on other batches than the rest of their workload's runs of the
+    same seed: run id -> (the first epoch whose order differs, the seed). Every strategy is
+    to see the same global batches in the same order, whatever N or launcher; each epoch's
+    order is hashed into the record (``data_order_sha1``), and this is where it is checked.
+    A run is compared over the epochs it shares with the others, within the runs of one
+    order rule (records before ``data_order_rule`` drew seed + epoch); the order most runs
+    hold is the workload's, and where none holds most, every run that differs is named.
+    Not within a block at each one's largest batch: another batch is another order."""
+    groups: dict[tuple, list[tuple[str, list]]] = {}
+    for r in runs.itertuples():
+        if r.status == "ok" and not r.own_batch and r.data_order and r.seed is not None:
+            groups.setdefault((r.workload, r.seed, r.order_rule), []).append(
+                (r.run_id, list(r.data_order)))
+    found: dict[str, tuple[int, int]] = {}
+    for (_, seed, _), members in groups.items():
+        shared = min(len(order) for _, order in members)
+        kinds: dict[tuple, list[str]] = {}
+        for run_id, order in members:
+            kinds.setdefault(tuple(order[:shared]), []).append(run_id)
+        if len(kinds) < 2:
+            continue
+        ranked = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+        most = ranked[0][0] if len(ranked[0][1]) > len(ranked[1][1]) else None
+        for order, ids in kinds.items():
+            if order == most:
+                continue
+            other = most if most is not None else next(o for o in kinds if o != order)
+            epoch = next(i for i, (a, b) in enumerate(zip(order, other)) if a != b) + 1
+            found.update({run_id: (epoch, seed) for run_id in ids})
+    return found
+
+
 def clock_gaps(table) -> list[float]:
     """How far each row's GPU clock (median SM clock over its timed epochs, as a share of
     the maximum) fell below the best row of its workload and device: rows measured at
@@ -79,4 +112,6 @@ def row_flags(r) -> str:
         flags.append("GPU " + " / ".join(r.abnormal_slowdowns))
     if r.slow_runs:
         flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
+    if r.other_batches:
+        flags.append("other batches")
     return ", ".join(flags)

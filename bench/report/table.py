@@ -22,7 +22,13 @@ from bench.records.describe import (
 )
 from bench.records.provenance import current_status
 from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
-from bench.report.flags import clock_gaps, lowered_power_limit, row_flags, slow_runs
+from bench.report.flags import (
+    clock_gaps,
+    lowered_power_limit,
+    other_batches,
+    row_flags,
+    slow_runs,
+)
 from bench.report.verdict import add_verdict_fields
 from bench.tools.stats import mean_ci
 
@@ -151,6 +157,11 @@ def run_rows(records: list[dict[str, Any]]):
                 "options": speed_options(rec),
                 "norm": rec.get("norm"),
                 "same_start": same_start(rec),
+                "seed": rec.get("seed"),
+                # records from before the rule was named drew seed + epoch (torch's)
+                "order_rule": rec.get("data_order_rule") or "seed + epoch",
+                "data_order": tuple(e.get("data_order_sha1") for e in epochs
+                                    if isinstance(e.get("data_order_sha1"), str)),
                 "status": status,
                 "error": error,
                 "dataset": rec.get("dataset"),
@@ -204,6 +215,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     if runs.empty:
         return pd.DataFrame(columns=[c for c, _ in COLUMNS] + ["error"])
     out = []
+    differ = other_batches(runs)
     for key, group in runs.groupby(GROUP_KEYS, dropna=False, sort=True):
         ok = group[group["status"] == "ok"]
         use = ok if len(ok) else group
@@ -244,6 +256,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
+            other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
             clock_share=median_of(list(ok["clock_share"])),
             gpu_util=median_of(list(ok["gpu_util"])),
             images_per_joule=median_of(list(ok["images_per_joule"])),

@@ -123,16 +123,23 @@ def to_markdown(table) -> str:
 
 def plausibility_warnings(table) -> list[str]:
     """Figures that cannot be right as measured (the rows' flags), each with its likely
-    cause. Not for an accuracy block's rows (its ranks oversubscribe the cores): every flag
-    is about a time, and such a block's times measure the crowding, are judged nowhere and
-    shown only in the CSV and summary.md (its heading says so); ten lines about them under
-    the committed results read as doubts about top-1s they do not concern."""
+    cause. Of an accuracy block's rows (its ranks oversubscribe the cores) only a run that
+    trained on other batches: every other flag is about a time, and such a block's times
+    measure the crowding, are judged nowhere and shown only in the CSV and summary.md (its
+    heading says so); ten lines about them under the committed results read as doubts about
+    top-1s they do not concern."""
     lines = []
     accuracy_blocks = accuracy_workloads(table.to_dict("records"))
     for r in table.itertuples():
+        row = f"{r.strategy} N={r.world_size} ({r.workload})"
+        for run_id, epoch, seed in r.other_batches:  # about top-1 too: said in any block
+            lines.append(f"{row}: run {run_id} trained on other batches than this workload's "
+                         f"other runs of seed {seed} (its order of epoch {epoch} differs: "
+                         "data_order_sha1): not the same work as the rows it is compared with; "
+                         "its command or its bench differ (the page's command lines show "
+                         "which): rerun it as the others ran")
         if r.workload in accuracy_blocks:
             continue
-        row = f"{r.strategy} N={r.world_size} ({r.workload})"
         if "efficiency > 100 %" in r.flags:
             lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %, "
                          "which no data-parallel run reaches: the N=1 run was slowed (a loaded "
@@ -322,8 +329,9 @@ def accuracy_only(names: list[str], rows: list[list[str]], records: list[dict]
     keep = [i for i, name in enumerate(names) if name not in _TIME_COLUMNS]
     rows = [[row[i] for i in keep] for row in rows]
     for row, record in zip(rows, records, strict=True):
-        if record.get("flags"):
-            row[-1] = row[-1].replace(f" ⚠ {record['flags']}", "")
+        if record.get("flags"):  # all but the one about top-1 too
+            kept = ", ".join(f for f in record["flags"].split(", ") if f == "other batches")
+            row[-1] = row[-1].replace(f" ⚠ {record['flags']}", f" ⚠ {kept}" if kept else "")
     return [names[i] for i in keep], rows, [ACCURACY_ONLY]
 
 
