@@ -199,3 +199,28 @@ def test_a_run_that_trained_on_other_batches_is_named(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert " ".join(proc.stderr.split()).count("trained on other batches") == 1, proc.stderr
     assert "CPU oversubscribed" not in proc.stdout and "other batches" in proc.stdout
+
+
+def test_a_run_that_started_from_other_weights_is_named(tmp_path):
+    """Each record checks its start against the reference its own torch drew: two benches
+    that draw a seed's weights otherwise would each pass, and their rows sit side by side
+    having started apart. A run whose first weights differ from its workload's other runs
+    of the same seed reads 'same start ✗', flagged and named."""
+    def started(run_id, strategy, world, sha1, seed=0):
+        rec = _ordered(run_id, strategy, world, ["a", "b"], seed=seed)
+        return {**rec, "initial_param_fingerprint": sha1,
+                "initial_reference_fingerprint": sha1}
+
+    runs = [started("one", "ddp", 1, "w"), started("two", "ddp", 2, "w"),
+            started("odd", "fsdp", 2, "v"), started("seed1", "ddp-amp", 2, "z", seed=1)]
+    write_runs(tmp_path, runs)
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert ("fsdp N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): run odd "
+            "started from other weights than this workload's other runs of seed 0 "
+            "(initial_param_fingerprint differs)") in said, proc.stderr
+    assert said.count("other weights") == 1, proc.stderr
+    rows = {tuple(line.split()[:2]): line for line in proc.stdout.splitlines()[2:6]}
+    assert "✗" in rows[("fsdp", "2")] and "other weights" in rows[("fsdp", "2")], proc.stdout
+    assert sum("✗" in line for line in rows.values()) == 1, proc.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 from bench.records.describe import input_bound
 
@@ -27,6 +28,36 @@ def slow_runs(ok) -> list[tuple[str, float, float]]:
     return [(i, t, median) for i, t in times if t > SLOW_RUN_FACTOR * median]
 
 
+def _odd_ones(members: list[tuple[str, tuple]]) -> dict[str, tuple[tuple, tuple]]:
+    """Of runs that should all hold one value (run id, value): each that holds another than
+    most do, with its value and the one it differs from; where no value is held by most,
+    every run whose value differs from another's."""
+    kinds: dict[tuple, list[str]] = {}
+    for run_id, value in members:
+        kinds.setdefault(value, []).append(run_id)
+    if len(kinds) < 2:
+        return {}
+    ranked = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+    most = ranked[0][0] if len(ranked[0][1]) > len(ranked[1][1]) else None
+    found = {}
+    for value, ids in kinds.items():
+        if value != most:
+            other = most if most is not None else next(v for v in kinds if v != value)
+            found.update({run_id: (value, other) for run_id in ids})
+    return found
+
+
+def _by_seed(runs, value_of) -> dict[tuple, list[tuple[str, Any]]]:
+    """The ok runs of each (workload, seed, order rule) with ``value_of(run)`` (None: left
+    out); not in a block at each one's largest batch (another batch, another order)."""
+    groups: dict[tuple, list[tuple[str, Any]]] = {}
+    for r in runs.itertuples():
+        value = value_of(r) if r.status == "ok" and not r.own_batch else None
+        if value and r.seed is not None:
+            groups.setdefault((r.workload, r.seed, r.order_rule), []).append((r.run_id, value))
+    return groups
+
+
 def other_batches(runs) -> dict[str, tuple[int, int]]:
     """The runs that trained on other batches than the rest of their workload's runs of the
     same seed: run id -> (the first epoch whose order differs, the seed). Every strategy is
@@ -34,30 +65,26 @@ def other_batches(runs) -> dict[str, tuple[int, int]]:
     order is hashed into the record (``data_order_sha1``), and this is where it is checked.
     A run is compared over the epochs it shares with the others, within the runs of one
     order rule (records before ``data_order_rule`` drew seed + epoch); the order most runs
-    hold is the workload's, and where none holds most, every run that differs is named.
-    Not within a block at each one's largest batch: another batch is another order."""
-    groups: dict[tuple, list[tuple[str, list]]] = {}
-    for r in runs.itertuples():
-        if r.status == "ok" and not r.own_batch and r.data_order and r.seed is not None:
-            groups.setdefault((r.workload, r.seed, r.order_rule), []).append(
-                (r.run_id, list(r.data_order)))
+    hold is the workload's, and where none holds most, every run that differs is named."""
     found: dict[str, tuple[int, int]] = {}
-    for (_, seed, _), members in groups.items():
+    for (_, seed, _), members in _by_seed(runs, lambda r: r.data_order).items():
         shared = min(len(order) for _, order in members)
-        kinds: dict[tuple, list[str]] = {}
-        for run_id, order in members:
-            kinds.setdefault(tuple(order[:shared]), []).append(run_id)
-        if len(kinds) < 2:
-            continue
-        ranked = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
-        most = ranked[0][0] if len(ranked[0][1]) > len(ranked[1][1]) else None
-        for order, ids in kinds.items():
-            if order == most:
-                continue
-            other = most if most is not None else next(o for o in kinds if o != order)
-            epoch = next(i for i, (a, b) in enumerate(zip(order, other)) if a != b) + 1
-            found.update({run_id: (epoch, seed) for run_id in ids})
+        odd = _odd_ones([(run_id, tuple(order[:shared])) for run_id, order in members])
+        for run_id, (order, other) in odd.items():
+            found[run_id] = (next(i for i, (a, b) in enumerate(zip(order, other)) if a != b)
+                             + 1, seed)
     return found
+
+
+def other_start(runs) -> dict[str, int]:
+    """The runs that started from other weights than the rest of their workload's runs of
+    the same seed (``initial_param_fingerprint``): run id -> seed. Each record's own check
+    (``same_start``) compares it with the reference its own torch drew; two benches or
+    torches that draw a seed's weights differently would each pass it, and their rows, put
+    side by side, would not have started alike."""
+    return {run_id: seed
+            for (_, seed, _), members in _by_seed(runs, lambda r: r.start_sha1).items()
+            for run_id in _odd_ones(members)}
 
 
 def clock_gaps(table) -> list[float]:
@@ -114,4 +141,6 @@ def row_flags(r) -> str:
         flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
     if r.other_batches:
         flags.append("other batches")
+    if r.other_start:
+        flags.append("other weights")
     return ", ".join(flags)

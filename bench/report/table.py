@@ -26,6 +26,7 @@ from bench.report.flags import (
     clock_gaps,
     lowered_power_limit,
     other_batches,
+    other_start,
     row_flags,
     slow_runs,
 )
@@ -157,6 +158,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "options": speed_options(rec),
                 "norm": rec.get("norm"),
                 "same_start": same_start(rec),
+                "start_sha1": rec.get("initial_param_fingerprint"),
                 "seed": rec.get("seed"),
                 # records from before the rule was named drew seed + epoch (torch's)
                 "order_rule": rec.get("data_order_rule") or "seed + epoch",
@@ -215,7 +217,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     if runs.empty:
         return pd.DataFrame(columns=[c for c, _ in COLUMNS] + ["error"])
     out = []
-    differ = other_batches(runs)
+    differ, started = other_batches(runs), other_start(runs)
     for key, group in runs.groupby(GROUP_KEYS, dropna=False, sort=True):
         ok = group[group["status"] == "ok"]
         use = ok if len(ok) else group
@@ -225,7 +227,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         row.update(
             processes=use["processes"].iloc[-1],
             norm=use["norm"].iloc[-1],
-            same_start=_all_same_start(list(ok["same_start"])),
+            same_start=("✗" if any(i in started for i in ok["run_id"])
+                        else _all_same_start(list(ok["same_start"]))),
             runs=len(ok),
             failed_runs=len(group) - len(ok),
             epoch_time_s=median_of(list(ok["epoch_time_s"])),
@@ -257,6 +260,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
             other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
+            other_start=[(i, started[i]) for i in ok["run_id"] if i in started],
             clock_share=median_of(list(ok["clock_share"])),
             gpu_util=median_of(list(ok["gpu_util"])),
             images_per_joule=median_of(list(ok["images_per_joule"])),

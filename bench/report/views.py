@@ -138,6 +138,11 @@ def plausibility_warnings(table) -> list[str]:
                          "data_order_sha1): not the same work as the rows it is compared with; "
                          "its command or its bench differ (the page's command lines show "
                          "which): rerun it as the others ran")
+        for run_id, seed in r.other_start:
+            lines.append(f"{row}: run {run_id} started from other weights than this workload's "
+                         f"other runs of seed {seed} (initial_param_fingerprint differs): not "
+                         "the same start as the rows it is compared with (another bench or "
+                         "torch drawing the seed's weights otherwise?): rerun it as the others ran")
         if r.workload in accuracy_blocks:
             continue
         if "efficiency > 100 %" in r.flags:
@@ -330,7 +335,8 @@ def accuracy_only(names: list[str], rows: list[list[str]], records: list[dict]
     rows = [[row[i] for i in keep] for row in rows]
     for row, record in zip(rows, records, strict=True):
         if record.get("flags"):  # all but the one about top-1 too
-            kept = ", ".join(f for f in record["flags"].split(", ") if f == "other batches")
+            kept = ", ".join(f for f in record["flags"].split(", ")
+                             if f in ("other batches", "other weights"))
             row[-1] = row[-1].replace(f" ⚠ {record['flags']}", f" ⚠ {kept}" if kept else "")
     return [names[i] for i in keep], rows, [ACCURACY_ONLY]
 
