@@ -6,6 +6,7 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import re
 import secrets
 import stat
 import sys
@@ -146,19 +147,30 @@ def release_space(path: Path | None) -> None:
 MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; anything far larger is not one
 
 
-def read_record(path: Path) -> dict[str, Any]:
+def read_record(path: Path, for_display: bool = False) -> Any:
     """The JSON in a regular file of sane size (a FIFO would block, a huge file is not a
-    record); ValueError for anything else, including absurdly nested JSON."""
+    record); ValueError for anything else, including absurdly nested JSON. ``for_display``:
+    its text made printable (printable_record), for the commands that show what records
+    say."""
     info = os.stat(path)
     if not stat.S_ISREG(info.st_mode):
         raise ValueError("not a regular file")
     if info.st_size > MAX_RECORD_BYTES:
         raise ValueError(f"{info.st_size} bytes, more than a record ever holds")
     with open(path) as fh:
-        try:
-            return json.load(fh)
-        except RecursionError:
-            raise ValueError("nested too deeply") from None
+        text = fh.read()
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    return printable_record(data) if for_display and _MAYBE_CONTROL.search(text) else data
+
+
+# In a record's JSON text, a backslash (every C0 control character is written escaped, as
+# are quotes, backslashes and, by json.dump, any non-ASCII character) or a character JSON
+# leaves as it is (DEL, C1, the bidirectional marks): a text without one holds nothing
+# to write out, and its record needs no walk (bench's own records hold none).
+_MAYBE_CONTROL = re.compile("[\\\\\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable_record(value: Any, key: str = "") -> Any:
@@ -205,7 +217,7 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         shown = printable(str(path))
         try:
-            record = printable_record(read_record(path))
+            record = read_record(path, for_display=True)
         except (OSError, ValueError) as exc:
             warnings.append(f"skipped {shown}: not a readable JSON record "
                             f"({printable(str(exc))})")
@@ -227,7 +239,7 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
 def load_record_file(path: str | Path) -> dict[str, Any]:
     """One record file given by name (``bench compare A B``, ``bench project FILE``): a
     ValueError saying why it is not a usable run record."""
-    record = printable_record(read_record(Path(path)))
+    record = read_record(Path(path), for_display=True)
     problem = record_problem(record)
     if problem:
         raise ValueError(f"not a parallel-bench run record: {problem}")

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.records.files import printable_record, read_record
+from bench.records.files import read_record
 from bench.records.schema import NUMBER, wrong_type
 from bench.tools.terminal import printable
 
@@ -52,7 +52,7 @@ def load_probes(results: str | Path, warnings: list[str] | None = None) -> list[
     probes = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = printable_record(read_record(path))
+            data = read_record(path, for_display=True)
         except (OSError, ValueError) as exc:
             problem = f"not readable JSON ({printable(str(exc))})"
         else:
