@@ -203,11 +203,12 @@ def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet()
 
 
 def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
-    """The committed results hold 2-process CPU probes (gloo over loopback) and H100 and
-    H200 runs. `--network probe` projected those GPU runs over gloo between CPU processes
-    (4 % efficiency at 8 GPUs, 'all-reduce bandwidth'), in rows of 126 columns: a mem/rank
-    column of dashes, there for the CPU blocks, widened every block. The GPU runs are left
-    out with a line saying why: 9 series of the README's H100 block and 7 of its H200."""
+    """The committed results hold 2-process CPU probes (gloo; the newest across the 1 Gbit/s
+    testbed link, 0.12 GB/s) and H100 and H200 runs. `--network probe` projected those GPU
+    runs over it (4 % efficiency at 8 GPUs, 'all-reduce bandwidth'), in rows of 126
+    columns: a mem/rank column of dashes, there for the CPU blocks, widened every block.
+    The GPU runs are left out with a line saying why: 9 series of the README's H100 block
+    and 7 of its H200."""
     proc = run_bench("project", str(ROOT / "results"), "--network", "probe")
     assert proc.returncode == 0, proc.stderr
     assert "H100" not in proc.stdout and "H200" not in proc.stdout, proc.stdout
