@@ -55,6 +55,7 @@ def folder_classes(root: str | Path) -> list[str]:
 
 
 def _samples(root: Path, split: str) -> list[tuple[str, int]]:
+    """(path, class index) of every image of a split (_walk)."""
     return _walk(root, split)[0]
 
 
