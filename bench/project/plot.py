@@ -11,6 +11,7 @@ from bench.project.from_records import run_options, series_key, workload_of
 from bench.project.scaling import Network, Workload, project
 from bench.records.describe import median_step_s, workload
 from bench.records.files import atomic_file
+from bench.tools.plot_style import line_look
 
 
 def curve_gpus(asked: list[int]) -> list[int]:
@@ -56,14 +57,15 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
         lowest = 100.0
         points = False
         for index, (rec, work) in enumerate(runs):
-            # ten colours, then the next ten dashed (an eleventh line was the first's twin)
-            color, dash = f"C{index % 10}", ("-", "--", "-.", ":")[index // 10 % 4]
+            look = line_look(index)  # past ten lines, dashed: not the first's twin
+            color = look["color"]
             options = run_options(rec, work)
             label = " ".join([work.strategy, str(rec.get("precision")),
                               *([] if options == "—" else [options])])
             ys = [100 * project(work, n, gpus_per_node, net).efficiency for n in xs]
             lowest = min(lowest, *ys)
-            ax.plot(xs, ys, dash, color=color, label=f"{label}: projected")
+            ax.plot(xs, ys, color=color, linestyle=look["linestyle"],
+                    label=f"{label}: projected")
             seen = measured.get(series_key(rec, work), [])
             if seen:
                 points = True

@@ -147,6 +147,13 @@ def release_space(path: Path | None) -> None:
 MAX_RECORD_BYTES = 64 * 2**20  # a record is kilobytes; anything far larger is not one
 
 
+# In a record's JSON text, a backslash (every C0 control character is written escaped, as
+# are quotes, backslashes and, by json.dump, any non-ASCII character) or a character JSON
+# leaves as it is (DEL, C1, the bidirectional marks): a text without one holds nothing
+# to write out, and its record needs no walk (bench's own records hold none).
+_MAYBE_CONTROL = re.compile("[\\\\\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def read_record(path: Path, for_display: bool = False) -> Any:
     """The JSON in a regular file of sane size (a FIFO would block, a huge file is not a
     record); ValueError for anything else, including absurdly nested JSON. ``for_display``:
@@ -164,13 +171,6 @@ def read_record(path: Path, for_display: bool = False) -> Any:
     except RecursionError:
         raise ValueError("nested too deeply") from None
     return printable_record(data) if for_display and _MAYBE_CONTROL.search(text) else data
-
-
-# In a record's JSON text, a backslash (every C0 control character is written escaped, as
-# are quotes, backslashes and, by json.dump, any non-ASCII character) or a character JSON
-# leaves as it is (DEL, C1, the bidirectional marks): a text without one holds nothing
-# to write out, and its record needs no walk (bench's own records hold none).
-_MAYBE_CONTROL = re.compile("[\\\\\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable_record(value: Any, key: str = "") -> Any:

@@ -12,11 +12,11 @@ from bench.report.plot_labels import (
     FLAG,
     SERIES,
     legend,
-    line_look,
     ring_flagged,
     series_label,
     sets_apart,
 )
+from bench.tools.plot_style import line_look
 
 
 def time_to_target_figure(ok):

@@ -28,8 +28,6 @@ from bench.report.plot_labels import (
     SERIES,
     at_least_points,
     legend,
-    line_look,
-    point_marker,
     ring_flagged,
     row_label,
     series_label,
@@ -37,6 +35,7 @@ from bench.report.plot_labels import (
 )
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
 from bench.report.verdict import speed_not_comparable
+from bench.tools.plot_style import line_look, point_marker
 
 CEILING_SHOWN = 2.0  # the loader's ceiling is drawn where it is within this of training's rate
 
