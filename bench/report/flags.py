@@ -28,6 +28,10 @@ def slow_runs(ok) -> list[tuple[str, float, float]]:
     return [(i, t, median) for i, t in times if t > SLOW_RUN_FACTOR * median]
 
 
+# The flags that concern a row's top-1 as much as its times: shown in an accuracy block too.
+ABOUT_TOP1 = ("other batches", "other weights")
+
+
 def _odd_ones(members: list[tuple[str, tuple]]) -> dict[str, tuple[tuple, tuple]]:
     """Of runs that should all hold one value (run id, value): each that holds another than
     most do, with its value and the one it differs from; where no value is held by most,
@@ -140,7 +144,7 @@ def row_flags(r) -> str:
     if r.slow_runs:
         flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
     if r.other_batches:
-        flags.append("other batches")
+        flags.append(ABOUT_TOP1[0])
     if r.other_start:
-        flags.append("other weights")
+        flags.append(ABOUT_TOP1[1])
     return ", ".join(flags)

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from bench.records.describe import short_options
-from bench.report.flags import clock_gap_matters
+from bench.report.flags import ABOUT_TOP1, clock_gap_matters
 from bench.report.table import COLUMN_INDEX, COLUMNS
 from bench.report.verdict import accuracy_workloads, speed_not_comparable
 from bench.tools import terminal
@@ -124,15 +124,15 @@ def to_markdown(table) -> str:
 def plausibility_warnings(table) -> list[str]:
     """Figures that cannot be right as measured (the rows' flags), each with its likely
     cause. Of an accuracy block's rows (its ranks oversubscribe the cores) only a run that
-    trained on other batches: every other flag is about a time, and such a block's times
-    measure the crowding, are judged nowhere and shown only in the CSV and summary.md (its
-    heading says so); ten lines about them under the committed results read as doubts about
-    top-1s they do not concern."""
+    trained on other batches or started from other weights (ABOUT_TOP1): every other flag
+    is about a time, and such a block's times measure the crowding, are judged nowhere and
+    shown only in the CSV and summary.md (its heading says so); ten lines about them under
+    the committed results read as doubts about top-1s they do not concern."""
     lines = []
     accuracy_blocks = accuracy_workloads(table.to_dict("records"))
     for r in table.itertuples():
         row = f"{r.strategy} N={r.world_size} ({r.workload})"
-        for run_id, epoch, seed in r.other_batches:  # about top-1 too: said in any block
+        for run_id, epoch, seed in r.other_batches:  # ABOUT_TOP1: said in any block
             lines.append(f"{row}: run {run_id} trained on other batches than this workload's "
                          f"other runs of seed {seed} (its order of epoch {epoch} differs: "
                          "data_order_sha1): not the same work as the rows it is compared with; "
@@ -334,9 +334,8 @@ def accuracy_only(names: list[str], rows: list[list[str]], records: list[dict]
     keep = [i for i, name in enumerate(names) if name not in _TIME_COLUMNS]
     rows = [[row[i] for i in keep] for row in rows]
     for row, record in zip(rows, records, strict=True):
-        if record.get("flags"):  # all but the one about top-1 too
-            kept = ", ".join(f for f in record["flags"].split(", ")
-                             if f in ("other batches", "other weights"))
+        if record.get("flags"):  # all but those about top-1 too
+            kept = ", ".join(f for f in record["flags"].split(", ") if f in ABOUT_TOP1)
             row[-1] = row[-1].replace(f" ⚠ {record['flags']}", f" ⚠ {kept}" if kept else "")
     return [names[i] for i in keep], rows, [ACCURACY_ONLY]
 
