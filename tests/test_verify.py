@@ -49,7 +49,11 @@ def test_self_test_catches_every_broken_variant():
     its own self-test (test_model_rows.py)."""
     proc = run_bench("verify", "--self-test", "--strategies", "ddp-amp", *SMALL, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = dict(re.findall(r"^(\S+)(?:\s+\S+){4}\s+(passes|caught|ESCAPED|FAILS)",
+    # each figure beside its tolerance, as in the check's own table ('8.3e-04 (1e-08)'; its
+    # header ran 'tolerance param diff' together)
+    assert re.search(r"^variant +loss diff \(tol\.\) +param diff \(tol\.\) +result$",
+                     proc.stdout, re.M), proc.stdout
+    rows = dict(re.findall(r"^(\S+) +\S+ \(\S+\) +\S+ \(\S+\) +(passes|caught|ESCAPED|FAILS)",
                            proc.stdout, re.M))
     assert rows == {"unbroken": "passes", "sum-gradients": "caught",
                     "skip-allreduce": "caught", "bn-grouping": "caught",

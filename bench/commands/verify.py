@@ -265,8 +265,8 @@ def run_self_test(base: RunConfig, name: str, steps: int,
     check_data([plan])
     print(f"bench verify --self-test: {name}, {steps} steps, global batch {base.batch_size}, "
           f"lr {base.lr}, width {base.width}, {_ranks(base)}", flush=True)
-    print(f"{'variant':<16} {'loss diff':>10} {'tolerance':>10} {'param diff':>10} "
-          f"{'tolerance':>10}  result")
+    # the columns of the check's own table (HEADER): a figure beside its tolerance
+    print(f"{'variant':<16}  {'loss diff (tol.)':<16}  {'param diff (tol.)':<17}  result")
     checker = Checker(base, steps)
     escaped = []
     for defect in (None, *defects):
@@ -278,8 +278,8 @@ def run_self_test(base: RunConfig, name: str, steps: int,
         verdict = ("caught" if caught else "ESCAPED") if broken else (
             "passes" if not caught else "FAILS (the check or the strategy is wrong)")
         tol = outcome.tolerance
-        print(f"{defect or 'unbroken':<16} {outcome.loss_diff:>10.1e} {tol.loss:>10.0e} "
-              f"{outcome.param_diff:>10.1e} {tol.params:>10.0e}  {verdict}"
+        print(f"{defect or 'unbroken':<16}  {_against(outcome.loss_diff, tol.loss):<16}  "
+              f"{_against(outcome.param_diff, tol.params):<17}  {verdict}"
               f"{'  ' + outcome.detail if outcome.detail.startswith('run') else ''}",
               flush=True)
     print(f"bench verify --self-test: {len(defects) + 1 - len(escaped)}/"
