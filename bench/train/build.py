@@ -114,6 +114,8 @@ _COMPILE_NOISE = {
 
 
 class _DropNoise(logging.Filter):
+    """Drops a logger's records whose message starts with ``start``; lets the rest pass."""
+
     def __init__(self, start: str) -> None:
         super().__init__()
         self.start = start
