@@ -163,6 +163,13 @@ def test_more_cpu_processes_than_cores_is_said_and_recorded(tmp_path):
     assert rec["oversubscribed"] == {"processes": n, "cores": n - 1}
 
 
+def _reported(results):
+    """`bench report` of RESULTS, ok: its table, and its stderr on one line."""
+    proc = run_bench("report", "--results", str(results), "--no-write")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, " ".join(proc.stderr.split())
+
+
 def _ordered(run_id, strategy, world, orders, seed=0, rule="sha256(seed, epoch)"):
     """A run of SEED whose epochs served the batches whose order hashes to ORDERS."""
     rec = record(run_id, strategy, world, [2.0] * len(orders), [0.1] * len(orders))
@@ -182,23 +189,18 @@ def test_a_run_that_trained_on_other_batches_is_named(tmp_path):
             _ordered("seed1", "ddp", 2, ["p", "q", "r"], seed=1),
             _ordered("old", "ddp-amp", 2, ["s", "t", "u"], rule=None),
             _ordered("short", "horovod", 2, ["a", "b"])]
-    write_runs(tmp_path / "speed", runs)
-    proc = run_bench("report", "--results", str(tmp_path / "speed"), "--no-write")
-    assert proc.returncode == 0, proc.stderr
-    said = " ".join(proc.stderr.split())
+    table, said = _reported(write_runs(tmp_path / "speed", runs))
     assert ("fsdp N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): run fsdp "
             "trained on other batches than this workload's other runs of seed 0 (its order of "
-            "epoch 2 differs: data_order_sha1)") in said, proc.stderr
-    assert said.count("trained on other batches") == 1, proc.stderr
-    flagged = [line.split()[0] for line in proc.stdout.splitlines() if "other batches" in line]
-    assert flagged == ["fsdp"], proc.stdout
+            "epoch 2 differs: data_order_sha1)") in said, said
+    assert said.count("trained on other batches") == 1, said
+    flagged = [line.split()[0] for line in table.splitlines() if "other batches" in line]
+    assert flagged == ["fsdp"], table
     # the same runs crowding the cores: an accuracy block, which says this one all the same
     crowded = [{**r, "oversubscribed": {"processes": 2, "cores": 1}} for r in runs]
-    write_runs(tmp_path / "crowded", crowded)
-    proc = run_bench("report", "--results", str(tmp_path / "crowded"), "--no-write")
-    assert proc.returncode == 0, proc.stderr
-    assert " ".join(proc.stderr.split()).count("trained on other batches") == 1, proc.stderr
-    assert "CPU oversubscribed" not in proc.stdout and "other batches" in proc.stdout
+    table, said = _reported(write_runs(tmp_path / "crowded", crowded))
+    assert said.count("trained on other batches") == 1, said
+    assert "CPU oversubscribed" not in table and "other batches" in table
 
 
 def test_a_run_that_started_from_other_weights_is_named(tmp_path):
@@ -213,14 +215,11 @@ def test_a_run_that_started_from_other_weights_is_named(tmp_path):
 
     runs = [started("one", "ddp", 1, "w"), started("two", "ddp", 2, "w"),
             started("odd", "fsdp", 2, "v"), started("seed1", "ddp-amp", 2, "z", seed=1)]
-    write_runs(tmp_path, runs)
-    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
-    assert proc.returncode == 0, proc.stderr
-    said = " ".join(proc.stderr.split())
+    table, said = _reported(write_runs(tmp_path, runs))
     assert ("fsdp N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): run odd "
             "started from other weights than this workload's other runs of seed 0 "
-            "(initial_param_fingerprint differs)") in said, proc.stderr
-    assert said.count("other weights") == 1, proc.stderr
-    rows = {tuple(line.split()[:2]): line for line in proc.stdout.splitlines()[2:6]}
-    assert "✗" in rows[("fsdp", "2")] and "other weights" in rows[("fsdp", "2")], proc.stdout
-    assert sum("✗" in line for line in rows.values()) == 1, proc.stdout
+            "(initial_param_fingerprint differs)") in said, said
+    assert said.count("other weights") == 1, said
+    rows = {tuple(line.split()[:2]): line for line in table.splitlines()[2:6]}
+    assert "✗" in rows[("fsdp", "2")] and "other weights" in rows[("fsdp", "2")], table
+    assert sum("✗" in line for line in rows.values()) == 1, table
