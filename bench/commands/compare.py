@@ -16,8 +16,9 @@ from bench.records.describe import short_options
 from bench.records.files import load_source
 from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
+from bench.report.table import apart_by
 from bench.report.verdict import ONE_RUN_NOISE, device_noise
-from bench.report.views import SAID_BY_WORKLOAD, only_if_it_tells_apart, said_once
+from bench.report.views import SAID_BY_WORKLOAD, only_where_apart, said_once
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
@@ -281,7 +282,7 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
             None, row["world_size"]) else ""),
         "dev": str(row["device"]),
         "prec.": str(row["precision"]), "options": short_options(", ".join(options) or "—"),
-        # kept where they tell apart rows that read alike otherwise (views.only_if_it_tells_apart)
+        # kept where they tell apart rows that read alike otherwise (views.only_where_apart)
         "epochs": str(row.get("epochs", "—")), "BN": str(row.get("norm") or "—"),
         "runs A/B": row.get("runs") or "—",
         "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
@@ -308,8 +309,10 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
     block is left out, one with a single value said in the heading; a verdict's reasons on
     the lines below its row."""
     blocks: dict[str, list[dict[str, str]]] = {}
-    for row in rows:
+    differ: dict[str, list[tuple[str, ...]]] = {}  # each block's rows' apart_by (A's and B's)
+    for row, keys in zip(rows, apart_by(rows)):
         blocks.setdefault(str(row["workload"]), []).append(_text_row(row))
+        differ.setdefault(str(row["workload"]), []).append(keys)
     out: list[str] = []
     alone = []  # workloads one side has and the other has not at all: a line each
     for name, cells in blocks.items():
@@ -318,9 +321,8 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
             alone.append(f"{name}: {sides.pop()} ({terminal.count(len(cells), 'row')})")
             continue
         filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
-        names, rows = filled, [[c[k] for k in filled] for c in cells]
-        for column in ("epochs", "BN"):
-            names, rows = only_if_it_tells_apart(names, rows, column)
+        names, rows = only_where_apart(filled, [[c[k] for k in filled] for c in cells],
+                                       {"epochs": "epochs", "BN": "norm"}, differ[name])
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
         # the verdict's word in the row (its last column), its reasons below

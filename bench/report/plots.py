@@ -144,7 +144,7 @@ def make_figures(records: list[dict[str, Any]],
         ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=point_marker(i),
                     color=f"C{i % 10}", capsize=3,
                     label=short_row_label(r) + (f", {r.epochs:g} epochs" if lengths
-                                                and "epochs" not in r.apart else "")
+                                                and "epochs" not in r.apart_by else "")
                     + (" (1 run)" if repeated and r.runs == 1 else ""))
     at_least_points(ax, [v for r in ok.itertuples() for v in (
         r.final_top1 - (r.final_top1_ci if r.final_top1_ci == r.final_top1_ci else 0.0),

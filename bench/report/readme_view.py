@@ -9,7 +9,7 @@ from bench.report.views import (
     SAID_BY_WORKLOAD,
     accuracy_only,
     only_if_it_differs,
-    only_if_it_tells_apart,
+    only_where_apart,
     row_cells,
     said_once,
     verdict_lines,
@@ -39,8 +39,6 @@ _README_SAID_ONCE = {"device": "", "N": "N =", "procs": "procs", "precision": ""
 # Said once, these go without saying: the default accumulation, and where every row is at
 # N=1 (its own baseline) the speed-up and efficiency that follow from it.
 _README_UNSAID = frozenset({"accum 1", *SAID_BY_WORKLOAD})
-_README_IDENTITY = ("strategy", "device", "N", "batch", "precision", "options", "accum",
-                    "norm")
 _README_UNSAID_AT_1 = frozenset({"speed-up 1.00×", "scaling eff. 100 %"})
 
 
@@ -64,7 +62,8 @@ def workload_blocks(table) -> list[tuple[str, list[str], list[str], list[list[st
     for block, rows in blocks.items():
         names, rows = only_if_it_differs(list(header), rows, "batch")
         # where two rows would read alike otherwise (the norm has a column of its own)
-        names, rows = only_if_it_tells_apart(names, rows, "epochs", _README_IDENTITY)
+        names, rows = only_where_apart(names, rows, {"epochs": "epochs"},
+                                       [r["apart_by"] for r in block_records[block]])
         names, rows, crowded = accuracy_only(names, rows, block_records[block])
         ok = [row[-1].startswith("ok") for row in rows]
         at_1 = all(row[names.index("N")] == "1" for row in rows)

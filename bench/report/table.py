@@ -294,7 +294,9 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     table["efficiency"] = table["speedup"] / table["world_size"]
     table["clock_gap"] = clock_gaps(table)
     table["flags"] = [row_flags(r) for r in table.itertuples()]
-    table["apart"] = apart(table.to_dict("records"))
+    rows = table.to_dict("records")
+    table["apart_by"] = apart_by(rows)
+    table["apart"] = [apart(r, keys) for r, keys in zip(rows, table["apart_by"])]
     table = add_parity(table, reference)
     rows = table[GROUP_KEYS].to_dict("records")
     order = sorted(range(len(rows)), key=lambda i: report_order(rows[i]))  # stable
@@ -321,28 +323,30 @@ def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> s
 
 # What else keeps rows apart (GROUP_KEYS) whose strategy, N, precision and options are alike,
 # as a label says it.
-_APART = (("epochs", "{} epochs"), ("norm", "{}"), ("global_batch", "batch {}"))
+_APART = {"epochs": "{} epochs", "norm": "{}", "global_batch": "batch {}"}
 
 
-def apart(rows: list[dict[str, Any]]) -> list[str]:
-    """For each row, what sets it apart from the rows that read as it does (same workload,
-    strategy, N, precision, options, accumulation): '3 epochs' beside a run of 2,
-    'per-replica-bn' beside 'syncbn' where no option says it; '' for a row alone. Labels
-    (the verdict's, the plots') add it, or two rows read as one: 'ddp is fastest, 1.05×
-    ddp'."""
-    keys = {key for key, _ in _APART}
-    identity = [k for k in GROUP_KEYS if k not in keys]
+def apart_by(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """For each row (a dict of GROUP_KEYS: the summary table's, or `bench compare`'s), the
+    keys of _APART in which the rows that read as it does (same workload, strategy, N,
+    precision, options, accumulation) differ: ('epochs',) for a run of 3 epochs beside one
+    of 2; () for a row alone. The one rule for what labels add (``apart``) and for which
+    columns a view shows (epochs, BN): or two rows read as one, 'ddp is fastest, 1.05× ddp'."""
+    identity = [k for k in GROUP_KEYS if k not in _APART]
     alike: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         alike.setdefault(tuple(str(r.get(k)) for k in identity), []).append(i)
-    out = [""] * len(rows)
+    out: list[tuple[str, ...]] = [()] * len(rows)
     for group in alike.values():
-        differ = [(key, text) for key, text in _APART
-                  if len({str(rows[i].get(key)) for i in group}) > 1]
+        differ = tuple(key for key in _APART if len({str(rows[i].get(key)) for i in group}) > 1)
         for i in group:
-            out[i] = " ".join(text.format(rows[i][key]) for key, text in differ
-                              if rows[i].get(key) is not None)
+            out[i] = differ
     return out
+
+
+def apart(row: dict[str, Any], keys: tuple[str, ...]) -> str:
+    """What sets ``row`` apart, in words ('3 epochs', 'per-replica-bn'), for ``keys``."""
+    return " ".join(_APART[k].format(row[k]) for k in keys if row.get(k) is not None)
 
 
 PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe of the device

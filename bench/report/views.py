@@ -288,29 +288,18 @@ def only_if_it_differs(names: list[str], rows: list[list[str]], name: str
     return _without_column(names, rows, i)
 
 
-# What names a row in a block; where two rows share all of it, what else sets them apart
-# (their number of epochs, their BatchNorm) gets a column.
-_IDENTITY = ("strategy", "dev", "N", "batch", "prec.", "options")
-
-
-def only_if_it_tells_apart(names: list[str], rows: list[list[str]], name: str,
-                           identity: tuple[str, ...] = _IDENTITY
-                           ) -> tuple[list[str], list[list[str]]]:
-    """Column ``name`` stays in a block only where two rows that the identity columns
-    (strategy, N, precision, options...) cannot tell apart differ in it: a ddp run of 3
-    epochs beside one of 2 with no reference row to say '— (3 epochs)', a GPU run with
-    per-replica BN beside one with SyncBN. Elsewhere the options (cpu syncbn, ghost BN) or
-    the Δ top-1 cell say it already, or every row shares it."""
-    if name not in names:
-        return names, rows
-    i = names.index(name)
-    at = [names.index(n) for n in identity if n in names]
-    seen: dict[tuple, set[str]] = {}
-    for row in rows:
-        seen.setdefault(tuple(row[j] for j in at), set()).add(row[i])
-    if any(len(values) > 1 for values in seen.values()):
-        return names, rows
-    return _without_column(names, rows, i)
+def only_where_apart(names: list[str], rows: list[list[str]], columns: dict[str, str],
+                     apart_by: list[tuple[str, ...]]) -> tuple[list[str], list[list[str]]]:
+    """Each of ``columns`` (its name: the GROUP_KEYS key it shows) stays in a block only
+    where some row's ``apart_by`` (bench.report.table.apart_by) names its key: rows alike
+    in strategy, N, precision and options that differ in it (a ddp run of 3 epochs beside
+    one of 2 with no reference row to say '— (3 epochs)', a GPU run with per-replica BN
+    beside one with SyncBN). Elsewhere the options (cpu syncbn, ghost BN) or the Δ top-1
+    cell say it already, or every row shares it."""
+    for name, key in columns.items():
+        if name in names and not any(key in keys for keys in apart_by):
+            names, rows = _without_column(names, rows, names.index(name))
+    return names, rows
 
 
 # What an accuracy block (ranks oversubscribing the cores) leaves out, and says instead.
@@ -375,8 +364,8 @@ def to_text(table, width: int = 120) -> str:
     for block, rows in blocks.items():
         names, rows = _memory_if_it_differs(list(header), rows)
         names, rows = only_if_it_differs(names, rows, "batch")
-        for name in ("epochs", "BN"):
-            names, rows = only_if_it_tells_apart(names, rows, name)
+        names, rows = only_where_apart(names, rows, {"epochs": "epochs", "BN": "norm"},
+                                       [r["apart_by"] for r in block_records[block]])
         names, rows, crowded = accuracy_only(names, rows, block_records[block])
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
         same += crowded
