@@ -319,7 +319,7 @@ def test_rows_that_read_alike_say_what_sets_them_apart(tmp_path):
     assert header[:3] == ["strategy", "N", "epochs"], text
     rows = [line for line in text[2:] if line.strip()]
     assert len(set(rows)) == 4, text
-    assert any(line.split()[:4] == ["dp", "1", "(2", "asked)"] for line in rows), text
+    assert any(line.split()[:4] == ["dp", "(2", "asked)", "1"] for line in rows), text
     assert sorted(line.split()[2] for line in rows if line.startswith("ddp ")) == ["2", "3"]
     out = run_bench("compare", str(a), str(a), "--format", "csv").stdout
     table = list(csv.DictReader(io.StringIO(out)))
@@ -341,3 +341,26 @@ def test_two_sides_with_nothing_in_common_are_no_pass(tmp_path):
     assert "have no configuration in common" in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert run_bench("compare", str(a), str(a)).returncode == 0
+
+
+def test_the_committed_results_against_a_demo_keep_to_120_columns(tmp_path):
+    """`make demo` ends comparing the committed results with its own runs: ddp N=1, ddp
+    and ddp-amp N=2, each with a time to target. Its block of the committed CPU table ran
+    130 columns wide once the N cell said '1 (2 asked)'."""
+    from conftest import ROOT
+
+    runs = sorted((ROOT / "results" / "runs").glob("*.json"))
+    demo = []
+    for path in runs:
+        rec = json.loads(path.read_text())
+        if (rec.get("dataset"), rec.get("train_size"), rec.get("global_batch")) == (
+                "synthetic", 1536, 64) and "AMD EPYC" in rec["env"].get("cpu", "") and (
+                rec["strategy"], rec["world_size"]) in (("ddp", 1), ("ddp", 2), ("ddp-amp", 2)) \
+                and rec.get("grad_accum", 1) == 1 and rec.get("status") == "ok":
+            demo.append({**rec, "run_id": rec["run_id"] + "-again"})
+    assert len(demo) == 3, [r["run_id"] for r in demo]
+    proc = run_bench("compare", str(ROOT / "results"), str(write_runs(tmp_path / "b", demo)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "dp (2 asked)" in proc.stdout and "3 matched rows" in proc.stderr
+    assert max(len(line) for line in lines) <= 120, proc.stdout
