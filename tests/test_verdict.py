@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from conftest import run_bench
-from report_records import record, write_runs
+from report_records import record, repeat, write_runs
 
 from bench.report.readme import readme_block
 from bench.report.table import summary_table
@@ -263,3 +263,26 @@ def test_rows_that_read_alike_are_told_apart_in_the_table_and_the_verdict():
     ghost = {**run("ghost", "ddp", 2, 0.8, 70.0), "config": {"ghost_bn": 8}}
     header = to_text(summary_table([run("per", "ddp", 2, 1.0, 70.0), ghost])).splitlines()[1]
     assert "epochs" not in header.split() and "BN" not in header.split(), header
+
+
+def test_rows_that_never_reached_the_target_are_named_beside_the_speed_call():
+    """The testbed block's PowerSGD row (rank 1) ended at 11.72 % where every other row
+    reached 99 %, and the verdict called it the 'next' fastest and said nothing else: top-1
+    was not compared there (no N=1 row). A row with no time to target is now named, with
+    what its runs missed, whatever its speed."""
+    runs = [repeat(f"ddp{i}", "ddp", 2, 60.0, 10.0 + i) for i in range(3)]
+    # 2 of 3 runs missed the 45 % target: no MLPerf time (at most one may miss)
+    runs += [repeat(f"amp{i}", "ddp-amp", 2, f, t)
+             for i, (f, t) in enumerate([(40.0, None), (44.0, None), (50.0, 9.0)])]
+    # 1 of 3 missed: the median of (8, 9, inf) is 9 s, so it converged and is not named
+    runs += [repeat(f"zero{i}", "ddp-zero", 2, f, t)
+             for i, (f, t) in enumerate([(40.0, None), (50.0, 8.0), (50.0, 9.0)])]
+    runs += [repeat("sgd0", "ddp", 2, 11.72, None)]  # one run, missed
+    runs[-1]["ddp_options"] = {"comm_hook": "powersgd", "powersgd_rank": 1}
+    flat = " ".join(to_text(summary_table(runs)).split())
+    said = flat[flat.find("Did not reach"):].split("). ")[0]
+    assert "Did not reach the 45 % target (no time to target, whatever the speed): " in flat, flat
+    # ddp-amp's mean final top-1: (40 + 44 + 50) / 3 = 44.67
+    assert "ddp-amp (2 of 3 runs missed it; mean 44.67%)" in flat, said
+    assert "ddp powersgd hook r=1 (its one run ended at 11.72%)" in flat, said
+    assert "ddp-zero" not in said and "ddp (" not in said, said

@@ -57,6 +57,9 @@ class WorkloadVerdict:
     # no finished reference row among two or more: (the reference asked for, a row of the
     # block that --reference could name instead)
     no_reference: tuple[str, str] | None = None
+    # rows with no time to target (more than one run, or its one run, missed it): (label,
+    # target %, runs that missed, runs, final top-1 %)
+    missed_target: list[tuple[str, float, int, int, float]] = field(default_factory=list)
 
 
 def _label(r: dict, precisions: set[str]) -> str:
@@ -195,6 +198,27 @@ def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict,
                                     f"{own[0]['strategy']}:{own[0]['world_size']}")
 
 
+def missed_target(rows: list[dict]) -> list[tuple[str, float, int, int, float]]:
+    """The finished rows that did not converge (more than one of their runs missed the
+    target top-1, or their one run did, so MLPerf gives them no time to target), named as
+    the accuracy sentences name rows. A speed call ranks them by img/s as any other: this
+    says that their speed did not buy the model the others trained (PowerSGD at rank 1
+    trained twice as fast as a failed model: 11.72 % where the others reached 99 %)."""
+    finished = [r for r in rows if r["status"] == "ok"]
+    label_of = labeller(finished)
+    several_n = len({r["world_size"] for r in finished}) > 1
+    out = []
+    for r in finished:
+        target = r.get("target_top1")
+        if (not isinstance(target, (int, float)) or not math.isfinite(target)
+                or not math.isinf(r.get("time_to_target_s", math.nan))):
+            continue
+        times = r.get("run_times_to_target") or []
+        out.append((label_of(r) + (f" N={r['world_size']}" if several_n else ""), float(target),
+                    sum(math.isinf(t) for t in times), len(times), r["final_top1"]))
+    return out
+
+
 def _reference_ci(rows: list[dict]) -> float:
     """The 95 % CI half-width (points) of the block's reference row's mean (NaN: none)."""
     ref = next((r for r in rows if r.get("is_reference") and r["status"] == "ok"), None)
@@ -220,6 +244,7 @@ def verdicts(table, reference: str = "ddp:1") -> dict[str, WorkloadVerdict]:
         verdict.speed = ([] if speed_not_comparable(block)
                          else speed_calls(block, noise_by_device.get(block[0]["device"])))
         accuracy_verdict(block, verdict, reference)
+        verdict.missed_target = missed_target(block)
         verdict.own_batches = any(r["own_batch"] for r in block)
     return out
 
@@ -298,9 +323,22 @@ def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
     return out
 
 
+def target_sentences(verdict: WorkloadVerdict) -> list[str]:
+    """Which rows never reached the target top-1, one sentence per target."""
+    by_target: dict[float, list[str]] = {}
+    for label, target, missed, runs, final in verdict.missed_target:
+        how = (f"its one run ended at {final:.2f}%" if runs == 1
+               else f"{missed} of {runs} runs missed it; mean {final:.2f}%")
+        by_target.setdefault(target, []).append(f"{label} ({how})")
+    return [f"Did not reach the {target:g} % target (no time to target, whatever the "
+            f"speed): {_names(labels)}." for target, labels in by_target.items()]
+
+
 def verdict_sentences(verdict: WorkloadVerdict) -> list[str]:
-    """The verdict in sentences: speed per N, then accuracy."""
-    return [speed_sentence(c) for c in verdict.speed] + accuracy_sentences(verdict)
+    """The verdict in sentences: speed per N, the rows that missed the target, then
+    accuracy."""
+    return ([speed_sentence(c) for c in verdict.speed] + target_sentences(verdict)
+            + accuracy_sentences(verdict))
 
 
 def add_verdict_fields(table, reference: str = "ddp:1"):
