@@ -208,6 +208,8 @@ def test_time_to_target_is_scored_like_mlperf():
         "did not converge (2/5 missed 60 %)")
     three = [timed(f"t{i}", t) for i, t in enumerate([9.0, 3.0, 6.0])]
     assert summary_table(three)["time_to_target"].iloc[0] == "6.00 (median of 3)"
+    # one run is its own time, not 'the median of 1'
+    assert summary_table(three[:1])["time_to_target"].iloc[0] == "9.00 (1 run)"
 
 
 def test_sweep_table_scores_time_to_target_and_tests_accuracy_parity():

@@ -26,7 +26,8 @@ def mlperf_seconds(times: list[float]) -> tuple[float, int]:
 def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
     """Time to target over repeats, scored as MLPerf Training does: with 5 or more runs drop
     the fastest and the slowest and average the rest; at most one run may miss the target
-    (its time is infinite, so it is the slowest). Fewer runs: the median, marked."""
+    (its time is infinite, so it is the slowest). Fewer runs: the median, marked; one run:
+    its time, '(1 run)'."""
     if not times or all(t is None or (isinstance(t, float) and math.isnan(t)) for t in targets):
         return None
     if len({t for t in targets}) > 1:
@@ -35,7 +36,8 @@ def mlperf_score(times: list[float], targets: list[float | None]) -> str | None:
     score, missed = mlperf_seconds(times)
     if math.isinf(score):
         return f"did not converge ({missed}/{len(times)} missed {target:g} %)"
-    how = f"MLPerf, {len(times)} runs" if len(times) >= 5 else f"median of {len(times)}"
+    how = (f"MLPerf, {len(times)} runs" if len(times) >= 5
+           else f"median of {len(times)}" if len(times) > 1 else "1 run")
     return f"{score:.2f} ({how}{f', {missed} missed' if missed else ''})"
 
 
