@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -52,6 +53,13 @@ def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes,
     missing = [f for f in RECORD_FIELDS if f not in rec]
     assert not missing, missing
     assert not [f for f in ENV_FIELDS if f not in rec["env"]]
+    # the CPU's generation, as lscpu (util-linux, its own reader) tells it
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if shutil.which(
+        "lscpu") else ""
+    said = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    if said.get("CPU family") and said.get("Model"):
+        assert (f"family {said['CPU family'].strip()} model {said['Model'].strip()}"
+                in rec["env"]["cpu_id"]), (rec["env"], lscpu)
     assert rec["status"] == "ok" and rec["error"] is None and rec["finished_at"]
     assert rec["launcher"] == launcher and rec["processes"] == processes
     assert rec["world_size"] == gpus and rec["device"] == "cpu"

@@ -104,13 +104,18 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     """The CPU a CPU run was measured on, as its record's env names it, trade marks and
     boilerplate left out, with the machine's core count ('AMD EPYC 7B13 (2 cores)'); None on
     CUDA. CPU rows of two machines are no more repeats of each other than two GPU models'
-    (this machine kind trains at 47 img/s on one CPU model and 94 on another)."""
+    (this machine kind trains at 47 img/s on one CPU model and 94 on another). A name with
+    no model number in it ('AMD EPYC', as a virtual machine may show it) gets the CPU's
+    family and model where the record has them ('AMD EPYC family 25 model 17 (2 cores)')."""
     if rec.get("device") == "cuda":
         return None
     env = rec.get("env") or {}
     name = re.sub(r"\((R|TM|tm|r)\)|\b\d+-Core\b|\bProcessor\b|\bCPU\b|@.*$", " ",
                   str(env.get("cpu") or "CPU"))
     name = " ".join(name.split()) or "CPU"
+    found = re.search(r"family (\d+) model (\d+)", str(env.get("cpu_id") or ""))
+    if found and not re.search(r"\d", name):  # a name with no model number: the generation
+        name += f" family {found[1]} model {found[2]}"
     cores = env.get("cpu_count")
     return f"{name} ({cores} cores)" if isinstance(cores, int) else name
 

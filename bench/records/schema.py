@@ -46,7 +46,7 @@ EPOCH_FIELDS = (
 
 
 ENV_FIELDS = (
-    "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_count", "cuda",
+    "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_id", "cpu_count", "cuda",
     "cudnn", "nccl", "gpus", "driver",
 )
 

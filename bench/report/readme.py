@@ -25,6 +25,8 @@ def hardware_lines(records: list[dict[str, Any]]) -> list[str]:
             what = f"{len(gpus)} × {gpus[0]}, driver {env.get('driver')}, CUDA {env.get('cuda')}"
         else:
             what = f"CPU only: {env.get('cpu')}, {env.get('cpu_count')} cores"
+            if env.get("cpu_id"):
+                what += f" ({env['cpu_id']})"
         line = f"{what}; torch {env.get('torch')}, Python {env.get('python')}"
         if line not in seen:
             seen.append(line)
