@@ -117,6 +117,12 @@ CASES = {
     "loader sweep of a bad run": (["loader", *BASE, "--gpus", "3"], "multiple of 3"),
     "mllog in a missing folder": (["run", "--strategy", "dp", *BASE, "--mllog",
                                    "{empty}/run.log"], "--mllog"),
+    # the path as typed, not with the run id put in: a user never typed 'run-id'
+    "mllog's pattern in a missing folder": (["run", "--strategy", "dp", *BASE, "--mllog",
+                                             "{empty}/{{run_id}}.log"], "/{run_id}.log: "),
+    "mllog's run id in its folder": (["run", "--strategy", "dp", *BASE, "--mllog",
+                                      "{here}/{{run_id}}/x.log"],
+                                     "goes in the file's name, not its folder's, e.g. "),
     "mllog names a folder": (["run", "--strategy", "dp", *BASE, "--mllog", "{here}"],
                              "is a folder; name a file"),
     "sweep mllog without run id": (["sweep", "--strategies", "dp", "--gpus", "1", *BASE,

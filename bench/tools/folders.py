@@ -23,11 +23,13 @@ def remove_created(folders: list[Path]) -> None:
             folder.rmdir()
 
 
-def file_to_write(flag: str, path: str, example: str) -> Path:
+def file_to_write(flag: str, path: str, example: str, typed: str | None = None) -> Path:
     """PATH as a file a command may create or replace, checked before any work is done: it
     is no folder and its folder exists and is writable; otherwise a ConfigError naming FLAG
-    (EXAMPLE: a file name to suggest inside a folder given by mistake)."""
+    and the path as the user TYPED it (PATH with a pattern filled in, by default PATH itself;
+    EXAMPLE: a file name to suggest inside a folder given by mistake)."""
     resolved = Path(path).expanduser().absolute()
+    path = path if typed is None else typed
     if resolved.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name a file, e.g. "
                           f"{Path(path) / example}")

@@ -30,7 +30,14 @@ def check_mllog_path(path: str, run_id: str) -> str:
     package is importable and the folder writable; otherwise a ConfigError naming the fix."""
     if importlib.util.find_spec("mlperf_logging") is None:
         raise ConfigError(f"--mllog needs the mlperf-logging package: {PACKAGE_HINT}")
-    return str(file_to_write("--mllog", path.replace("{run_id}", run_id), "run.log"))
+    typed = Path(path)
+    if "{run_id}" in str(typed.parent):  # a folder that cannot exist before the run
+        folder = Path(*[p for p in typed.parent.parts if "{run_id}" not in p] or ["."])
+        name = typed.name if "{run_id}" in typed.name else "{run_id}-" + typed.name
+        raise ConfigError(f"--mllog {path}: {{run_id}} goes in the file's name, not its "
+                          f"folder's, e.g. {folder / name}")
+    return str(file_to_write("--mllog", path.replace("{run_id}", run_id), "run.log",
+                             typed=path))
 
 
 class MLPerfLog:
