@@ -323,6 +323,12 @@ def test_cpus_of_one_name_and_two_generations_are_two_machines(tmp_path):
     (row,) = json.loads(run_bench("compare", str(a), str(b), "--format", "json").stdout)
     assert row["workload"] == ("synthetic 1000 img, batch 100, resnet18 on AMD EPYC family 25 "
                                "model 1 (2 cores) → AMD EPYC family 25 model 17 (2 cores)"), row
+    # the heading, 'A → B' and what the rows share, in 120 columns (it ran 122 in the demo)
+    text = run_bench("compare", str(a), str(b)).stdout
+    assert max(len(line) for line in text.splitlines()) <= 120, text
+    assert text.splitlines()[:2] == [
+        "synthetic 1000 img, batch 100, resnet18 on AMD EPYC family 25 model 1 (2 cores) → AMD "
+        "EPYC family 25 model 17 (2 cores)", "  — fp32, runs A/B 3/3"], text
     # the model number in the name says it already
     named = write_runs(tmp_path / "named", on("AMD EPYC 7B13 64-Core Processor", milan, base,
                                               "n"))

@@ -325,7 +325,13 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
         names, rows = only_where_apart(filled, [[c[k] for k in filled] for c in cells],
                                        {"epochs": "epochs", "BN": "norm"}, differ[name])
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
-        out += ([""] if out else []) + [name + (f" — {', '.join(same)}" if same else "")]
+        out += [""] if out else []
+        heading = name + (f" — {', '.join(same)}" if same else "")
+        if len(heading) > width and same:  # a new machine's 'A → B' is long: what all
+            out += [name, *terminal.wrap(f"— {', '.join(same)}", width,  # share below it
+                                         initial_indent="  ", subsequent_indent="    ")]
+        else:
+            out += terminal.wrap(heading, width, subsequent_indent="    ")
         # the verdict's word in the row (its last column), its reasons below
         table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]
                                                 for r in rows]
