@@ -341,6 +341,33 @@ def test_cpus_of_one_name_and_two_generations_are_two_machines(tmp_path):
         "torch None, Python None"]
 
 
+def test_a_new_machine_pairs_with_the_one_it_shares_most_configurations_with(tmp_path):
+    """`make demo` on a third CPU: the committed rows hold ddp N=1 on an AMD EPYC and on an
+    Intel Xeon, so the demo's ddp N=1 had two machines to pair with and was left out ('only
+    in B') while its N=2 rows were paired with the AMD EPYC. A machine pairs with the one
+    it shares most configurations with, for all of them; a tie still pairs nothing (the
+    H100/A100 case above)."""
+    def on(cpu, recs, prefix):
+        return [{**r, "run_id": f"{prefix}{i}", "env": {"cpu": cpu, "cpu_count": 2}}
+                for i, r in enumerate(recs)]
+
+    configs = [repeat("c1", "ddp", 1, 50, 20.0), repeat("c2", "ddp", 2, 50, 12.0),
+               repeat("c3", "ddp-amp", 2, 50, 8.0)]
+    a = write_runs(tmp_path / "a", [*on("AMD EPYC 7B13", configs, "e"),
+                                    *on("Intel Xeon Gold 6338", configs[:1], "x")])
+    b = write_runs(tmp_path / "b", on("AMD EPYC 9B14", [_slower(configs[0], 1.5),
+                                                        _slower(configs[2], 1.5)], "g"))
+    rows = json.loads(run_bench("compare", str(a), str(b), "--format", "json").stdout)
+    paired = sorted((r["strategy"], r["world_size"]) for r in rows
+                    if r["workload"].endswith("on AMD EPYC 7B13 (2 cores) → AMD EPYC 9B14 "
+                                              "(2 cores)"))
+    assert paired == [("ddp", 1), ("ddp-amp", 2)], rows
+    left = sorted((r["workload"].rpartition(" on ")[2], r["strategy"], r["world_size"],
+                   r["verdict"]) for r in rows if "→" not in r["workload"])
+    assert left == [("AMD EPYC 7B13 (2 cores)", "ddp", 2, "only in A"),
+                    ("Intel Xeon Gold 6338 (2 cores)", "ddp", 1, "only in A")], rows
+
+
 def test_rows_that_read_alike_say_what_sets_them_apart(tmp_path):
     """A CPU sweep of dp at --gpus 1,2 records one replica twice; compare showed two 'dp 1
     fp32' rows, and two 'ddp 2 fp32' rows where the runs differed only in epochs. The N cell

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from typing import Any
 
 from bench.records.describe import short_options
@@ -70,31 +71,53 @@ def _or_none(value: Any, digits: int) -> float | None:
 
 def _pairs(table_a, table_b) -> list[tuple[tuple, dict | None, dict | None]]:
     """(key, A's row, B's row) for every configuration: rows of the same workload on the
-    same machine (GPU model, or CPU model and cores) first; then a row that only A has and
-    one that only B has of the same configuration on another machine ('resnet18 on H100 →
-    H200', '... on AMD EPYC (2 cores) → Intel Xeon (2 cores)'), where each side has one such
-    row."""
+    same machine (GPU model, or CPU model and cores) first; then the configurations that
+    one machine of A and one of B ran and the other side did not ('resnet18 on H100 →
+    H200', '... on AMD EPYC (2 cores) → Intel Xeon (2 cores)'). Where a side holds several
+    machines of a workload, a machine pairs with the one it shares most configurations with
+    (`make demo`'s three rows against the committed AMD EPYC's ten: its ddp N=1 was left
+    out, as the Intel Xeon had run it too); a tie is not clear, and pairs nothing."""
     def key(r: dict, on: bool = True) -> tuple:
         return tuple(r["workload_alone" if k == "workload" and not on else k]
                      for k in GROUP_KEYS)
 
     rows_a = {key(r): r for r in table_a.to_dict("records")}
     rows_b = {key(r): r for r in table_b.to_dict("records")}
-    alone: dict[tuple, tuple[list, list]] = {}
-    for rows, side in ((rows_a, 0), (rows_b, 1)):
-        other = rows_b if side == 0 else rows_a
-        for k, r in rows.items():
-            if k not in other:
-                alone.setdefault(key(r, on=False), ([], []))[side].append(k)
     pairs = {k: (rows_a.get(k), rows_b.get(k)) for k in set(rows_a) | set(rows_b)}
-    for (ka, *more_a), (kb, *more_b) in (v for v in alone.values() if all(v)):
-        if more_a or more_b:
-            continue  # several machines on a side: which pairs with which is not clear
-        ra, rb = pairs.pop(ka)[0], pairs.pop(kb)[1]
-        moved = f"{ra['workload_alone']} on {ra['machine']} → {rb['machine']}"
-        pairs[(moved, *ka[1:])] = (ra, rb)
+    alone_a = {(key(r, on=False), r["machine"]): k for k, r in rows_a.items() if k not in rows_b}
+    alone_b = {(key(r, on=False), r["machine"]): k for k, r in rows_b.items() if k not in rows_a}
+    for (work, machine_a), (_, machine_b) in _machine_pairs(alone_a, alone_b):
+        for (config, machine), ka in alone_a.items():
+            kb = alone_b.get((config, machine_b))
+            if config[0] != work or machine != machine_a or kb is None:
+                continue
+            ra, rb = pairs.pop(ka)[0], pairs.pop(kb)[1]
+            moved = f"{ra['workload_alone']} on {ra['machine']} → {rb['machine']}"
+            pairs[(moved, *ka[1:])] = (ra, rb)
     return [(k, *pairs[k]) for k in sorted(
         pairs, key=lambda k: (report_order(dict(zip(GROUP_KEYS, k))), str(k)))]
+
+
+def _machine_pairs(alone_a: dict, alone_b: dict) -> list[tuple[tuple[str, str], ...]]:
+    """((workload, A's machine), (workload, B's machine)) for each machine of B whose
+    configurations only A has on another machine: the machine of A that shares most of
+    them, each machine paired once, a tie paired with neither."""
+    shared = Counter((config[0], machine_a, machine_b)
+                     for config, machine_a in alone_a for other, machine_b in alone_b
+                     if config == other)
+    taken: set[tuple[str, str]] = set()
+    chosen = []
+    for (work, ma, mb), count in sorted(shared.items(), key=lambda kv: -kv[1]):
+        a, b = (work, ma), (work, mb)
+        if a in taken or b in taken:
+            continue
+        tied = any(n == count and o[0] == work and (o[1] == ma) != (o[2] == mb)
+                   and (work, o[1]) not in taken and (work, o[2]) not in taken
+                   for o, n in shared.items())
+        taken |= {a, b}  # a tie takes both: which pairs with which is not clear
+        if not tied:
+            chosen.append((a, b))
+    return chosen
 
 
 def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
