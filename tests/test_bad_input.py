@@ -280,18 +280,33 @@ def test_what_cannot_be_an_srun_task_is_refused_alike(how, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_every_option_has_help_and_version_names_torch():
+def test_every_option_has_help_with_its_default_and_version_names_torch():
+    """Each command's options, as `bench NAME --help` builds them (a command's options are
+    added only when it is the one given: this test once built none and checked nothing).
+    An option with a default says it: `--time` gave no hint that it was an hour."""
     import argparse
+    import importlib
 
     import torch
 
-    from bench.cli import build_parser
+    from bench.cli import COMMANDS, build_parser
 
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for name, sub in subparsers.choices.items():
-        for action in sub._actions:
+    flags = (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
+             argparse._HelpAction)
+    unsaid, options = [], 0
+    for name in COMMANDS:
+        parser = build_parser(importlib.import_module(f"bench.commands.{name}"))
+        subparsers = next(a for a in parser._actions
+                          if isinstance(a, argparse._SubParsersAction))
+        for action in subparsers.choices[name]._actions:
             assert action.help, f"bench {name} {action.option_strings} has no help"
+            options += 1
+            if (action.help != argparse.SUPPRESS and not isinstance(action, flags)
+                    and action.default not in (None, argparse.SUPPRESS)
+                    and "default" not in action.help):
+                unsaid.append(f"bench {name} {action.option_strings[0]}")
+    assert options > 100, options  # run alone has 64
+    assert not unsaid, unsaid
     proc = run_bench("--version")
     assert proc.returncode == 0 and f"torch {torch.__version__}" in proc.stdout
 

@@ -275,7 +275,7 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
         "fit", help=help,
         description="Any other option is a `bench run` option (model, data, precision...).")
     fit.add_argument("--strategy", required=True, help="see `bench list`")
-    fit.add_argument("--gpus", type=int, default=1, help="GPUs (with --cpu, processes)")
+    fit.add_argument("--gpus", type=int, default=1, help="GPUs (with --cpu, processes; default 1)")
     fit.add_argument("--memory-limit", type=float, default=None, metavar="GiB",
                      help="CPU: every process of a try together (launcher and ranks), "
                           "enforced by a memory cgroup this command makes (root)")

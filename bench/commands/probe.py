@@ -259,16 +259,16 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                             "--model; default resnet18-cifar, 100 classes)")
     probe.add_argument("--width", type=float, default=1.0,
                        help="resnet18-cifar's channel multiplier (default 1.0)")
-    probe.add_argument("--nodes", type=int, default=1, help="machines (run it on each)")
-    probe.add_argument("--node-rank", type=int, default=0, help="this machine's index")
+    probe.add_argument("--nodes", type=int, default=1, help="machines (run it on each; default 1)")
+    probe.add_argument("--node-rank", type=int, default=0, help="this machine's index (default 0)")
     probe.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT (--nodes > 1)")
     probe.add_argument("--timeout", type=float, default=300.0,
-                       help="seconds a collective may wait")
+                       help="seconds a collective may wait (default 300)")
     probe.add_argument("--max-size", type=float, default=256.0,
                        help="largest message in MiB (default 256; the gradient is always "
                             "probed)")
     probe.add_argument("--output", default="results",
-                       help="results folder; the record goes to OUTPUT/probes/")
+                       help="results folder; the record goes to OUTPUT/probes/ (default results)")
     probe.add_argument("--tag", default=None,
                        help="names the network probed: bench project matches it to the runs "
                             "of the same --tag (untagged probes: to any run)")

@@ -268,7 +268,8 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                       help="results folder or one record (default results)")
     proj.add_argument("--results", default=None, metavar="DIR",
                       help="the same as SOURCE, as `bench report` names it")
-    proj.add_argument("--gpus", default="8,64,512,4096", help="GPU counts, comma-separated")
+    proj.add_argument("--gpus", default="8,64,512,4096",
+                      help="GPU counts, comma-separated (default 8,64,512,4096)")
     proj.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
     proj.add_argument("--network", default="h100-nvlink-ndr",
                       help="h100-nvlink-ndr (default), a100-nvlink-hdr, pcie-ethernet-100g, "

@@ -26,13 +26,16 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                        help="a strategy whose ranks can be srun tasks (see `bench list`)")
     slurm.add_argument("--nodes", type=int, required=True, help="machines to allocate")
     slurm.add_argument("--gpus", type=int, required=True, help="GPUs (tasks) per node")
-    slurm.add_argument("--time", default="01:00:00", help="wall-clock limit, HH:MM:SS")
-    slurm.add_argument("--job-name", default="parallel-bench", help="Slurm job name")
+    slurm.add_argument("--time", default="01:00:00",
+                       help="wall-clock limit, HH:MM:SS (default 01:00:00)")
+    slurm.add_argument("--job-name", default="parallel-bench",
+                       help="Slurm job name (default parallel-bench)")
     slurm.add_argument("--partition", default=None, help="Slurm partition (default: the site's)")
     slurm.add_argument("--cpus-per-task", type=int, default=None,
                        help="CPU cores per task: its threads and loader workers (default 8 "
                             "per GPU, 1 per CPU process with --cpu)")
-    slurm.add_argument("--out", default="bench-slurm.sbatch", help="script path")
+    slurm.add_argument("--out", default="bench-slurm.sbatch",
+                       help="script path (default bench-slurm.sbatch)")
     slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
 
 

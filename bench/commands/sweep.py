@@ -370,7 +370,7 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     )
     sweep.add_argument("--strategies", required=True, help="comma-separated strategy names")
     sweep.add_argument("--gpus", required=True, help="comma-separated world sizes, e.g. 1,2,4")
-    sweep.add_argument("--repeats", type=int, default=1, help="runs per combination")
+    sweep.add_argument("--repeats", type=int, default=1, help="runs per combination (default 1)")
     sweep.add_argument("--force", action="store_true", help="re-run combinations that have ok "
                        "records")
     sweep.add_argument("--run-timeout", type=float, default=None,
@@ -382,14 +382,16 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     slurm.add_argument("--submit", action="store_true", help="with --slurm: run sbatch")
     slurm.add_argument("--dry-run", action="store_true", help="with --slurm: print the scripts")
     slurm.add_argument("--partition", default=None, help="Slurm partition")
-    slurm.add_argument("--time", default="01:00:00", help="each task's limit, HH:MM:SS")
+    slurm.add_argument("--time", default="01:00:00",
+                       help="each task's limit, HH:MM:SS (default 01:00:00)")
     slurm.add_argument("--max-parallel", type=int, default=4,
                        help="array tasks running at once (default 4)")
     slurm.add_argument("--cpus-per-task", type=int, default=None,
                        help="cores per rank (x N for a combination of N ranks): its threads "
                             "and loader workers (default 8 per GPU, as bench slurm's, 1 per "
                             "CPU process with --cpu)")
-    slurm.add_argument("--job-name", default="bench-sweep", help="Slurm job name prefix")
+    slurm.add_argument("--job-name", default="bench-sweep",
+                       help="Slurm job name prefix (default bench-sweep)")
     fit = sweep.add_argument_group(
         "--batch-size max: each strategy and N at the largest batch that fits (bench fit's "
         "search, kept in OUTPUT/fits/; lr 0.1 x batch / 128 unless --lr)")

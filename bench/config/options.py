@@ -98,7 +98,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                            "or imagefolder (your images: DIR/train/CLASS/*, DIR/val/CLASS/*)")
     data.add_argument("--data-dir", default=str(default_data_dir()),
                       help="CIFAR-100 folder (downloaded there when absent), or the "
-                           "ImageFolder's DIR")
+                           "ImageFolder's DIR (default %(default)s; $BENCH_DATA_DIR sets it)")
     data.add_argument("--no-download", action="store_true", help="never download CIFAR-100")
     data.add_argument("--synthetic-difficulty", type=float, default=SYNTHETIC_DIFFICULTY,
                       help="0..1: fainter, shifted class patterns and 0.3·d noisy labels, so "
@@ -115,7 +115,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                       help="loader workers per GPU/replica (default 0 on CPU, up to 4 per GPU)")
     data.add_argument("--loader", choices=LOADERS, default="torch",
                       help="torch: DataLoader + per-image transforms (the seeds' way); "
-                           "gpu: whole set on the device, batch-wide crop/flip")
+                           "gpu: whole set on the device, batch-wide crop/flip (default "
+                           "torch)")
 
     train = p.add_argument_group("training")
     train.add_argument("--epochs", type=int, default=30,
@@ -132,7 +133,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                        help="SGD weight decay; momentum 0.9, Nesterov (default 5e-4)")
     train.add_argument("--grad-accum", type=int, default=1,
                        help="micro-steps per optimizer step (--batch-size stays the "
-                            "effective batch)")
+                            "effective batch; default 1)")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of weights, data order and augmentation (default 0)")
     train.add_argument("--model", default="resnet18-cifar",
@@ -140,7 +141,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                             "torchvision:resnet50) or package.module:function (called with "
                             "the number of classes, returns an nn.Module)")
     train.add_argument("--width", type=float, default=1.0,
-                       help="ResNet-18 channel multiplier (1.0 = the real model)")
+                       help="ResNet-18 channel multiplier (default 1.0, the real model)")
     train.add_argument("--no-syncbn", action="store_true",
                        help="keep per-replica BatchNorm (SyncBatchNorm otherwise, on GPU)")
     train.add_argument("--ghost-bn", type=int, default=None, metavar="G",
@@ -160,14 +161,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     why = p.add_argument_group("where the time goes")
     why.add_argument("--comm-probe-steps", type=int, default=20,
                      help="after the epochs, this many steps with gradient sync off give "
-                          "compute_step_s and exposed_comm_fraction (multi-rank; 0: none)")
+                          "compute_step_s and exposed_comm_fraction (multi-rank; 0: none; "
+                          "default 20)")
     why.add_argument("--loader-probe-steps", type=int, default=30,
                      help="after the epochs, this many batches drawn from the input pipeline "
                           "alone (onto the device, no model) give the img/s it can feed at "
-                          "most: a row near it is input-bound (0: none)")
+                          "most: a row near it is input-bound (0: none; default 30)")
     why.add_argument("--profile-steps", type=int, default=0,
                      help="after the epochs, a torch.profiler trace of this many steps in "
-                          "OUTPUT/traces/ (Perfetto, TensorBoard)")
+                          "OUTPUT/traces/ (Perfetto, TensorBoard; default 0: none)")
 
     speed = p.add_argument_group("precision and speed")
     speed.add_argument("--precision", choices=PRECISIONS, default=None,
@@ -187,9 +189,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
     dist = p.add_argument_group("distributed")
     dist.add_argument("--nodes", type=int, default=1,
-                      help="machines; run the same command on each (torchrun c10d rendezvous)")
+                      help="machines; run the same command on each (torchrun c10d "
+                           "rendezvous; default 1)")
     dist.add_argument("--node-rank", type=int, default=0,
-                      help="this machine's index (0..nodes-1)")
+                      help="this machine's index (0..nodes-1, default 0)")
     dist.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     dist.add_argument("--rdzv-id", default=None,
                       help="run id shared by all nodes (default: derived from the command)")
@@ -221,7 +224,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     ddp.add_argument("--ddp-comm-hook", choices=DDP_COMM_HOOKS, default="none",
                      help="gradient compression by DDP's communication hooks: fp16 / bf16 "
                           "(cast for the all-reduce; horovod's --hvd-compression fp16 "
-                          "counterpart) or powersgd (low-rank, with error feedback)")
+                          "counterpart) or powersgd (low-rank, with error feedback); "
+                          "default none")
     ddp.add_argument("--powersgd-rank", type=int, default=1,
                      help="PowerSGD's approximation rank (default 1, torch's)")
     ddp.add_argument("--cpu-syncbn", action="store_true",
