@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import USER_MODELS, assert_ok, only_record, run_bench
+from conftest import USER_MODELS, assert_ok, only_record, records, run_bench
 from PIL import Image
 
 from bench.data.image_sets import ImageSet, resized, synthetic_split
@@ -277,3 +277,21 @@ def test_a_set_the_machine_cannot_hold_is_refused_before_anything_runs(tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "lower --train-limit" in proc.stderr and "224 px" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_of_another_image_folder_is_not_done_already(tmp_path):
+    """A sweep's combinations are done where the output holds their ok records, by a key of
+    the recipe that left out where the data lies: right for CIFAR-100, wrong for an
+    ImageFolder, whose folder is the data. A sweep over a second folder into the same
+    output skipped every run as done, and its rows were the first folder's."""
+    for name in ("flowers", "cars"):
+        write_imagefolder(tmp_path / name)
+    for name in ("flowers", "cars"):
+        proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--data", "imagefolder",
+                         "--data-dir", str(tmp_path / name), "--model", "user_models:tiny_cnn",
+                         "--batch-size", "8", "--cpu", "--epochs", "1", "--no-progress",
+                         "--comm-probe-steps", "0", "--output", str(tmp_path / "out"),
+                         env=USER_MODELS)
+        assert proc.returncode == 0, proc.stderr
+    found = sorted(r["data_dir"] for r in records(tmp_path / "out"))
+    assert found == [str(tmp_path / "cars"), str(tmp_path / "flowers")], found

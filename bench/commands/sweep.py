@@ -73,7 +73,8 @@ class Combo:
 def sweep_key(cfg: RunConfig) -> str:
     """Same key = same strategy, world size and recipe. An explicit ``--workers`` is part of
     it (a sweep run again with more workers, after an input-bound one, runs again); the
-    default is not, so that keys made before it counted stay."""
+    default is not, so that keys made before it counted stay. An ImageFolder's folder is
+    part of it: a sweep of another folder into the same output is other work, not done."""
     recipe = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_KEY}
     if cfg.batch_fits_in is None:  # a batch given: keys made before the field stay
         del recipe["batch_fits_in"]
@@ -83,6 +84,8 @@ def sweep_key(cfg: RunConfig) -> str:
         del recipe["ghost_bn"]
     if cfg.workers is not None:
         recipe["workers"] = cfg.workers
+    if cfg.data == "imagefolder":  # the folder is the data (CIFAR-100's is only where it is)
+        recipe["data_dir"] = str(Path(cfg.data_dir).expanduser().resolve())
     text = json.dumps([cfg.strategy, cfg.gpus, recipe], sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
