@@ -223,3 +223,21 @@ def test_a_run_that_started_from_other_weights_is_named(tmp_path):
     rows = {tuple(line.split()[:2]): line for line in table.splitlines()[2:6]}
     assert "✗" in rows[("fsdp", "2")] and "other weights" in rows[("fsdp", "2")], table
     assert sum("✗" in line for line in rows.values()) == 1, table
+
+
+def test_a_row_whose_runs_ran_under_two_torches_is_named(tmp_path):
+    """A sweep run again into the same folder after a torch upgrade: its repeats were one
+    row, both torches' runs averaged as one configuration's, and nothing said so. The row
+    is flagged, and a line names the versions and how many runs each."""
+    def under(run_id, strategy, torch, seed):
+        rec = record(run_id, strategy, 2, [5.0, 2.0], [0.1, 0.5], started=run_id)
+        return {**rec, "seed": seed, "env": {**rec["env"], "torch": torch}}
+
+    runs = [under("a0", "ddp", "2.14.1", 0), under("a1", "ddp", "2.15.0", 1),
+            under("a2", "ddp", "2.15.0", 2), under("f0", "fsdp", "2.15.0", 0),
+            under("f1", "fsdp", "2.15.0", 1)]
+    table, said = _reported(write_runs(tmp_path, runs))
+    assert ("ddp N=2 (synthetic 1000 img, batch 100, resnet18 on Test (2 cores)): its runs ran "
+            "under torch 2.14.1 (1 run) and 2.15.0 (2 runs)") in said, said
+    flagged = [line.split()[0] for line in table.splitlines() if "mixed torch" in line]
+    assert flagged == ["ddp"], table

@@ -29,7 +29,16 @@ def slow_runs(ok) -> list[tuple[str, float, float]]:
 
 
 # The flags that concern a row's top-1 as much as its times: shown in an accuracy block too.
-ABOUT_TOP1 = ("other batches", "other weights")
+ABOUT_TOP1 = ("other batches", "other weights", "mixed torch")
+
+
+def mixed_torch(ok) -> list[tuple[str, int]]:
+    """(torch version, runs) of a row's ok runs where they ran under more than one torch
+    (else []): a row's runs are repeats of one configuration, and a folder that holds a
+    sweep run again after an upgrade averaged both torches' runs into one row, unsaid. Two
+    torches are two sides of `bench compare`."""
+    counts = ok["torch"].value_counts(sort=False)
+    return sorted((str(v), int(n)) for v, n in counts.items()) if len(counts) > 1 else []
 
 
 def _odd_ones(members: list[tuple[str, tuple]]) -> dict[str, tuple[tuple, tuple]]:
@@ -147,4 +156,6 @@ def row_flags(r) -> str:
         flags.append(ABOUT_TOP1[0])
     if r.other_start:
         flags.append(ABOUT_TOP1[1])
+    if r.torches:
+        flags.append(ABOUT_TOP1[2])
     return ", ".join(flags)

@@ -25,6 +25,7 @@ from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import (
     clock_gaps,
     lowered_power_limit,
+    mixed_torch,
     other_batches,
     other_start,
     row_flags,
@@ -160,6 +161,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "same_start": same_start(rec),
                 "start_sha1": rec.get("initial_param_fingerprint"),
                 "seed": rec.get("seed"),
+                "torch": str((rec.get("env") or {}).get("torch") or "?"),
                 # records from before the rule was named drew seed + epoch (torch's)
                 "order_rule": rec.get("data_order_rule") or "seed + epoch",
                 "data_order": tuple(e.get("data_order_sha1") for e in epochs
@@ -261,6 +263,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             slow_runs=slow_runs(ok),
             other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
             other_start=[(i, started[i]) for i in ok["run_id"] if i in started],
+            torches=mixed_torch(ok),
             clock_share=median_of(list(ok["clock_share"])),
             gpu_util=median_of(list(ok["gpu_util"])),
             images_per_joule=median_of(list(ok["images_per_joule"])),

@@ -124,10 +124,11 @@ def to_markdown(table) -> str:
 def plausibility_warnings(table) -> list[str]:
     """Figures that cannot be right as measured (the rows' flags), each with its likely
     cause. Of an accuracy block's rows (its ranks oversubscribe the cores) only a run that
-    trained on other batches or started from other weights (ABOUT_TOP1): every other flag
-    is about a time, and such a block's times measure the crowding, are judged nowhere and
-    shown only in the CSV and summary.md (its heading says so); ten lines about them under
-    the committed results read as doubts about top-1s they do not concern."""
+    trained on other batches, started from other weights or ran under two torches
+    (ABOUT_TOP1): every other flag is about a time, and such a block's times measure the
+    crowding, are judged nowhere and shown only in the CSV and summary.md (its heading says
+    so); ten lines about them under the committed results read as doubts about top-1s they
+    do not concern."""
     lines = []
     accuracy_blocks = accuracy_workloads(table.to_dict("records"))
     for r in table.itertuples():
@@ -143,6 +144,12 @@ def plausibility_warnings(table) -> list[str]:
                          f"other runs of seed {seed} (initial_param_fingerprint differs): not "
                          "the same start as the rows it is compared with (another bench or "
                          "torch drawing the seed's weights otherwise?): rerun it as the others ran")
+        if r.torches:
+            lines.append(f"{row}: its runs ran under torch " + " and ".join(
+                f"{version} ({terminal.count(n, 'run')})" for version, n in r.torches)
+                + ": the row averages them as repeats of one configuration; compare two "
+                "torches with `bench compare A B`, each version's records in a folder of "
+                "its own")
         if r.workload in accuracy_blocks:
             continue
         if "efficiency > 100 %" in r.flags:
