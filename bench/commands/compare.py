@@ -19,7 +19,7 @@ from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import clock_gap_matters
 from bench.report.table import apart_by
 from bench.report.verdict import ONE_RUN_NOISE, device_noise
-from bench.report.views import SAID_BY_WORKLOAD, only_where_apart, said_once
+from bench.report.views import SAID_BY_WORKLOAD, block_heading, only_where_apart, said_once
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
@@ -348,13 +348,9 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
         names, rows = only_where_apart(filled, [[c[k] for k in filled] for c in cells],
                                        {"epochs": "epochs", "BN": "norm"}, differ[name])
         names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
-        out += [""] if out else []
-        heading = name + (f" — {', '.join(same)}" if same else "")
-        if len(heading) > width and same:  # a new machine's 'A → B' is long: what all
-            out += [name, *terminal.wrap(f"— {', '.join(same)}", width,  # share below it
-                                         initial_indent="  ", subsequent_indent="    ")]
-        else:
-            out += terminal.wrap(heading, width, subsequent_indent="    ")
+        # as the report's: what all rows share after the workload, broken between its parts
+        # (a new machine's 'A → B' is long)
+        out += ([""] if out else []) + block_heading(name, same, width)
         # the verdict's word in the row (its last column), its reasons below
         table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]
                                                 for r in rows]

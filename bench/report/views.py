@@ -231,10 +231,14 @@ def said_once(names: list[str], rows: list[list[str]], labels: dict[str, str],
     return names, rows, same
 
 
-def _heading(block: str, same: list[str], width: int) -> list[str]:
+def block_heading(block: str, same: list[str], width: int) -> list[str]:
     """A block's heading, its workload and what all its rows share, broken between the
-    shared items (never inside 'GPU clock 100%') where it passes ``width``."""
+    shared items (never inside 'GPU clock 100%') where it passes ``width``; a workload too
+    long for its dash ('… on AMD EPYC family 25 model 1 (2 cores) → AMD EPYC family 25 model
+    17 (2 cores)', in `bench compare`) has the shared items on the lines below."""
     parts = [part + ("," if i < len(same) - 1 else "") for i, part in enumerate(same)]
+    if same and len(block) + 2 > width:
+        return [block, *terminal.pack("  —", parts, width)]
     return terminal.pack(block + (" —" if same else ""), parts, width)
 
 
@@ -385,7 +389,7 @@ def to_text(table, width: int = 120) -> str:
         # the status column's reason goes on lines of its own; other cells keep their ': '
         # ('— (1 epoch: warm-up only)')
         names, rows, widths = _fit(names, rows, width)
-        out += ([""] if out else []) + _heading(block, same, width)
+        out += ([""] if out else []) + block_heading(block, same, width)
         for cells in [names, *rows]:
             status, _, reason = cells[-1].partition(": ")
             text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
