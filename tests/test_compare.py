@@ -130,7 +130,7 @@ def test_a_slowdown_on_a_lower_gpu_clock_says_so(tmp_path):
     text = run_bench("compare", str(tmp_path / "a"), str(tmp_path / "b")).stdout
     lines = text.splitlines()
     assert max(map(len, lines)) <= 120, text
-    assert lines[0].endswith(" on Test (2 cores) — fp32, runs A/B 3/3"), text
+    assert lines[0].endswith(" on Test (2 cores) — fp32, runs A/B 3/3, torch x"), text
     head, cells = lines[1].split(), lines[2].split()
     assert head[:4] == ["strategy", "N", "img/s", "A→B"] and cells[-1] == "REGRESSED", text
     assert cells[2:4] == ["990→826", "0.83×"], text  # medians of 1.01 and 1.21 slower runs
@@ -366,6 +366,25 @@ def test_a_new_machine_pairs_with_the_one_it_shares_most_configurations_with(tmp
                    r["verdict"]) for r in rows if "→" not in r["workload"])
     assert left == [("AMD EPYC 7B13 (2 cores)", "ddp", 2, "only in A"),
                     ("Intel Xeon Gold 6338 (2 cores)", "ddp", 1, "only in A")], rows
+
+
+def test_compare_says_which_torch_each_side_ran(tmp_path):
+    """`make demo` here against the committed rows compared torch 2.14.1 with 2.15.0 as
+    well as two CPUs, and nothing said so: a regression's first question is what changed.
+    Each row gives both sides' torch (said once where every row shares it)."""
+    def under(torch, recs, prefix):
+        return [{**r, "run_id": f"{prefix}{i}", "env": {**r["env"], "torch": torch}}
+                for i, r in enumerate(recs)]
+
+    base = [repeat(f"a{i}", "ddp", 2, 50, 10.0 + i / 10) for i in range(3)]
+    a = write_runs(tmp_path / "a", under("2.14.1+cu130", base, "a"))
+    b = write_runs(tmp_path / "b", under("2.15.0+cu132", base, "b"))
+    (row,) = json.loads(run_bench("compare", str(a), str(b), "--format", "json").stdout)
+    assert (row["torch_a"], row["torch_b"]) == ("2.14.1+cu130", "2.15.0+cu132"), row
+    heading = run_bench("compare", str(a), str(b)).stdout.splitlines()[0]
+    assert heading.endswith(", runs A/B 3/3, torch 2.14.1+cu130→2.15.0+cu132"), heading
+    same = run_bench("compare", str(a), str(a)).stdout.splitlines()[0]
+    assert same.endswith(", runs A/B 3/3, torch 2.14.1+cu130"), same
 
 
 def test_rows_that_read_alike_say_what_sets_them_apart(tmp_path):

@@ -33,7 +33,7 @@ COLUMNS = ["workload", "strategy", "device", "world_size", "gpus_requested", "pr
            "images_per_s_b", "images_per_s_range_a", "images_per_s_range_b", "speed_ratio",
            "time_to_target_s_a", "time_to_target_s_b", "time_to_target_a", "time_to_target_b",
            "time_to_target_ratio", "top1_a", "top1_b", "top1_ci_a", "top1_ci_b", "delta_top1",
-           "p_value", "verdict"]
+           "p_value", "torch_a", "torch_b", "verdict"]
 
 # The markdown view: a person's column names, each figure with its range or CI.
 MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
@@ -44,7 +44,7 @@ MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
             "time_to_target_a": "time to target A", "time_to_target_b": "time to target B",
             "time_to_target_ratio": "B/A time to target", "top1_a": "top-1 A (%)",
             "top1_b": "top-1 B (%)", "delta_top1": "Δ top-1", "p_value": "Welch p",
-            "verdict": "verdict"}
+            "torch_a": "torch A", "torch_b": "torch B", "verdict": "verdict"}
 
 
 def load_side(path: str) -> list[dict[str, Any]]:
@@ -180,6 +180,7 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
             top1_ci_a=_or_none(ra.get("final_top1_ci"), 4),
             top1_ci_b=_or_none(rb.get("final_top1_ci"), 4),
             delta_top1=_or_none(delta, 4), p_value=_or_none(p, 6),
+            torch_a=ra.get("torch"), torch_b=rb.get("torch"),
             verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
                 ("not gated: " + ", ".join(unsure)) if unsure else (
                     "ok: " + ", ".join(flagged) if flagged else "ok")),
@@ -320,12 +321,16 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
                                _number(row.get("top1_b"), ".2f")),
         "Δ top-1 (p)": "—" if delta is None else (
             f"{delta:+.2f}" + ("" if p is None else f" (p {p:.2g})")),
+        # what each side ran on (said once in the heading where every row shares it)
+        "torch": "—" if not row.get("torch_a") else row["torch_a"] if (
+            row["torch_a"] == row.get("torch_b")) else f"{row['torch_a']}→{row['torch_b']}",
         "verdict": str(row["verdict"]),
     }
 
 
 # Said once in a block's heading when every row has the same value.
-_SAID_ONCE = {"dev": "", "prec.": "", "options": "options", "runs A/B": "runs A/B"}
+_SAID_ONCE = {"dev": "", "prec.": "", "options": "options", "runs A/B": "runs A/B",
+              "torch": "torch"}
 
 
 def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
@@ -347,7 +352,11 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
         filled = [k for k in cells[0] if any(c[k] != "—" for c in cells)]
         names, rows = only_where_apart(filled, [[c[k] for k in filled] for c in cells],
                                        {"epochs": "epochs", "BN": "norm"}, differ[name])
-        names, rows, same = said_once(names, rows, _SAID_ONCE, unsaid=SAID_BY_WORKLOAD)
+        # a row one side lacks has none of these: it does not keep them in the table
+        compared = [c["verdict"] not in ("only in A", "only in B", "not ok in both")
+                    for c in cells]
+        names, rows, same = said_once(names, rows, _SAID_ONCE, compared,
+                                      unsaid=SAID_BY_WORKLOAD)
         # as the report's: what all rows share after the workload, broken between its parts
         # (a new machine's 'A → B' is long)
         out += ([""] if out else []) + block_heading(name, same, width)

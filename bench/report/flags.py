@@ -37,7 +37,7 @@ def mixed_torch(ok) -> list[tuple[str, int]]:
     (else []): a row's runs are repeats of one configuration, and a folder that holds a
     sweep run again after an upgrade averaged both torches' runs into one row, unsaid. Two
     torches are two sides of `bench compare`."""
-    counts = ok["torch"].value_counts(sort=False)
+    counts = ok["torch"][ok["torch"] != "?"].value_counts(sort=False)  # '?': not said
     return sorted((str(v), int(n)) for v, n in counts.items()) if len(counts) > 1 else []
 
 

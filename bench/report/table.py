@@ -264,6 +264,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
             other_start=[(i, started[i]) for i in ok["run_id"] if i in started],
             torches=mixed_torch(ok),
+            torch=" + ".join(sorted(set(use["torch"]) - {"?"})) or None,  # bench compare's
             clock_share=median_of(list(ok["clock_share"])),
             gpu_util=median_of(list(ok["gpu_util"])),
             images_per_joule=median_of(list(ok["images_per_joule"])),
