@@ -387,6 +387,32 @@ def test_compare_says_which_torch_each_side_ran(tmp_path):
     assert same.endswith(", runs A/B 3/3, torch 2.14.1+cu130"), same
 
 
+def test_an_accuracy_block_is_compared_on_top1_alone(tmp_path):
+    """The report shows no speed for a block whose ranks oversubscribe the cores (8 ranks on
+    2 cores time the crowding), yet compare gated its img/s: a busier machine on B's day
+    read 'REGRESSED', and every row said 'B's row is flagged: CPU oversubscribed'. Such a
+    block on both sides is compared on top-1 alone, and a top-1 loss is still caught
+    (crowded on B's side alone, it is gated and flagged: the test above)."""
+    def crowded(recs, prefix, final=50):
+        return [{**repeat(f"{prefix}{i}", "ddp", 4, final + i % 2, 10.0 + i),
+                 "oversubscribed": {"processes": 4, "cores": 2}} for i, _ in enumerate(recs)]
+
+    a = write_runs(tmp_path / "a", crowded(range(3), "a"))
+    b = write_runs(tmp_path / "b", [_slower(r, 3.0) for r in crowded(range(3), "b")])
+    proc = run_bench("compare", str(a), str(b))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "ranks oversubscribe the cores: speed not compared, top-1 only" in " ".join(
+        lines[:2]), proc.stdout
+    assert "img/s" not in proc.stdout and "oversubscribed" not in proc.stdout.split("cores:")[
+        -1], proc.stdout
+    (row,) = json.loads(run_bench("compare", str(a), str(b), "--format", "json").stdout)
+    assert row["verdict"] == "ok" and row["speed_ratio"] is None, row
+    worse = write_runs(tmp_path / "worse", crowded(range(3), "w", final=40))
+    (row,) = json.loads(run_bench("compare", str(a), str(worse), "--format", "json").stdout)
+    assert row["verdict"].startswith("REGRESSED: top-1 -10.00"), row
+
+
 def test_rows_that_read_alike_say_what_sets_them_apart(tmp_path):
     """A CPU sweep of dp at --gpus 1,2 records one replica twice; compare showed two 'dp 1
     fp32' rows, and two 'ddp 2 fp32' rows where the runs differed only in epochs. The N cell

@@ -16,9 +16,9 @@ from typing import Any
 from bench.records.describe import short_options
 from bench.records.files import load_source
 from bench.report import GROUP_KEYS, report_order, summary_table
-from bench.report.flags import clock_gap_matters
+from bench.report.flags import ABOUT_TOP1, clock_gap_matters
 from bench.report.table import apart_by
-from bench.report.verdict import ONE_RUN_NOISE, device_noise
+from bench.report.verdict import ONE_RUN_NOISE, accuracy_workloads, device_noise
 from bench.report.views import SAID_BY_WORKLOAD, block_heading, only_where_apart, said_once
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
@@ -33,7 +33,7 @@ COLUMNS = ["workload", "strategy", "device", "world_size", "gpus_requested", "pr
            "images_per_s_b", "images_per_s_range_a", "images_per_s_range_b", "speed_ratio",
            "time_to_target_s_a", "time_to_target_s_b", "time_to_target_a", "time_to_target_b",
            "time_to_target_ratio", "top1_a", "top1_b", "top1_ci_a", "top1_ci_b", "delta_top1",
-           "p_value", "torch_a", "torch_b", "verdict"]
+           "p_value", "torch_a", "torch_b", "top1_only", "verdict"]
 
 # The markdown view: a person's column names, each figure with its range or CI.
 MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
@@ -126,6 +126,11 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
     out = []
     table_a, table_b = summary_table(a), summary_table(b)
     both = table_a.to_dict("records") + table_b.to_dict("records")
+    # where both sides' ranks oversubscribed the cores (`make parity`), both timed the
+    # crowding: top-1 alone is compared, as the report shows top-1 alone (an accuracy
+    # block); where only B's did, its slow-down is gated, flagged with why
+    crowded_a = accuracy_workloads(table_a.to_dict("records"))
+    crowded_b = accuracy_workloads(table_b.to_dict("records"))
     for key, ra, rb in _pairs(table_a, table_b):
         row = dict(zip(GROUP_KEYS, key))
         if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):
@@ -137,8 +142,10 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
             row["verdict"] = f"REGRESSED: B {rb['status']}" if rb["status"] != "ok" else "fixed"
             out.append(row)
             continue
-        speed = rb["images_per_s"] / ra["images_per_s"]
-        tta, ttb = ra.get("time_to_target_s", math.nan), rb.get("time_to_target_s", math.nan)
+        timed = not (ra["workload"] in crowded_a and rb["workload"] in crowded_b)
+        speed = rb["images_per_s"] / ra["images_per_s"] if timed else math.nan
+        tta, ttb = ((ra.get("time_to_target_s", math.nan), rb.get("time_to_target_s", math.nan))
+                    if timed else (math.nan, math.nan))
         tt_ratio = ttb / tta if tta and not math.isnan(tta) and not math.isnan(ttb) else math.nan
         delta, p = welch(rb["finals"], ra["finals"])
         reasons, unsure, flagged = [], [], []
@@ -163,24 +170,27 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
                 (reasons or unsure).append(note)
                 said.append(flag)
         flags = [f for f in str(rb.get("flags") or "").split(", ")
-                 if f and not any(f.startswith(s) for s in said)]
+                 if f and not any(f.startswith(s) for s in said)
+                 and (timed or f in ABOUT_TOP1)]  # the others are about times
         if flags:  # B's plausibility flags, beside its verdict
             (reasons or unsure or flagged).append(f"B's row is flagged: {', '.join(flags)}")
         row.update(
             runs=f"{ra['runs']}/{rb['runs']}",
-            images_per_s_a=_or_none(ra["images_per_s"], 1),
-            images_per_s_b=_or_none(rb["images_per_s"], 1),
-            images_per_s_range_a=_range(ra["run_images_per_s"]),
-            images_per_s_range_b=_range(rb["run_images_per_s"]),
+            images_per_s_a=_or_none(ra["images_per_s"] if timed else None, 1),
+            images_per_s_b=_or_none(rb["images_per_s"] if timed else None, 1),
+            images_per_s_range_a=_range(ra["run_images_per_s"]) if timed else None,
+            images_per_s_range_b=_range(rb["run_images_per_s"]) if timed else None,
             speed_ratio=_or_none(speed, 4),
             time_to_target_s_a=_seconds(tta, ra), time_to_target_s_b=_seconds(ttb, rb),
-            time_to_target_a=_scored(ra), time_to_target_b=_scored(rb),
+            time_to_target_a=_scored(ra) if timed else None,
+            time_to_target_b=_scored(rb) if timed else None,
             time_to_target_ratio=_or_none(tt_ratio, 4),
             top1_a=_or_none(ra["final_top1"], 4), top1_b=_or_none(rb["final_top1"], 4),
             top1_ci_a=_or_none(ra.get("final_top1_ci"), 4),
             top1_ci_b=_or_none(rb.get("final_top1_ci"), 4),
             delta_top1=_or_none(delta, 4), p_value=_or_none(p, 6),
             torch_a=ra.get("torch"), torch_b=rb.get("torch"),
+            top1_only=not timed,
             verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
                 ("not gated: " + ", ".join(unsure)) if unsure else (
                     "ok: " + ", ".join(flagged) if flagged else "ok")),
@@ -339,6 +349,7 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
     the lines below its row."""
     blocks: dict[str, list[dict[str, str]]] = {}
     differ: dict[str, list[tuple[str, ...]]] = {}  # each block's rows' apart_by (A's and B's)
+    top1_only = {str(row["workload"]) for row in rows if row.get("top1_only")}
     for row, keys in zip(rows, apart_by(rows)):
         blocks.setdefault(str(row["workload"]), []).append(_text_row(row))
         differ.setdefault(str(row["workload"]), []).append(keys)
@@ -357,6 +368,8 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
                     for c in cells]
         names, rows, same = said_once(names, rows, _SAID_ONCE, compared,
                                       unsaid=SAID_BY_WORKLOAD)
+        if name in top1_only:  # as the report's accuracy block says it
+            same.append("ranks oversubscribe the cores: speed not compared, top-1 only")
         # as the report's: what all rows share after the workload, broken between its parts
         # (a new machine's 'A → B' is long)
         out += ([""] if out else []) + block_heading(name, same, width)
