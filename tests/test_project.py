@@ -224,6 +224,21 @@ def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
                 and "AMD EPYC" in block)
     assert "mem/rank" not in epyc, headers
     assert any("mem/rank" in h for h in headers.values()), headers
+    # the accuracy block (8 ranks on 2 cores: its times are the crowding, and the report
+    # shows its top-1 alone) was projected to 78,079 img/s at 64 GPUs from them
+    assert "8192 img 16px" not in proc.stdout, proc.stdout
+    assert ("synthetic d=0.25 8192 img 16px, batch 128, resnet18 x0.125 on Intel Xeon (2 cores) "
+            "is not projected: some of its runs' ranks oversubscribed the cores") in said, said
+    # nor in the report's columns (the page's projection table, summary.md): 16 rows of it
+    from bench.records.files import load_records
+    from bench.records.probes import load_probes
+    from bench.report import summary_table
+
+    table = summary_table(load_records(ROOT / "results")[0],
+                          probes=load_probes(ROOT / "results"))
+    crowded = table[table["workload"].str.contains("8192 img 16px")]
+    assert len(crowded) == 16 and not crowded["projected_efficiency"].notna().any(), crowded
+    assert table["projected_efficiency"].notna().sum() >= 10  # the other CPU blocks' rows
 
 
 def test_a_run_measured_at_its_input_pipelines_pace_projects_an_input_bottleneck(tmp_path):

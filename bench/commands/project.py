@@ -32,7 +32,7 @@ from bench.project.scaling import (
     project,
 )
 from bench.project.validation import calibration_lines, validate_records
-from bench.records.describe import median_step_s
+from bench.records.describe import median_step_s, oversubscribed, workload
 from bench.records.files import load_source
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
@@ -111,7 +111,14 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     # figures given on the command line, any.
     device = (probes[-1]["device"] if network == "probe" and intra is None
               else None if intra is not None else "cuda")
-    newest = _newest_per_strategy(records)
+    crowded = sorted({workload(r) for r in records
+                      if r.get("status") == "ok" and oversubscribed(r)})
+    for name in crowded:
+        print(terminal.fill(f"bench project: {name} is not projected: some of its runs' ranks "
+                            "oversubscribed the cores, so its times measure the crowding (the "
+                            "report shows its top-1 alone)", subsequent_indent="    "),
+              file=sys.stderr)
+    newest = _newest_per_strategy([r for r in records if workload(r) not in crowded])
     measured = [(rec, work) for rec, work in newest
                 if device is None or rec.get("device") == device]
     other = [rec for rec, _ in newest if rec.get("device") != device]
@@ -169,7 +176,6 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
     """The runs a projection starts from whose compute-only step ran slower than their real
     step (exposed communication below zero, beyond the report's noise: the probe was slowed,
     and the report flags the row): what each projects from is not a figure to trust."""
-    from bench.records.describe import workload
     from bench.report.flags import EXPOSED_COMM_NOISE
 
     lines = []
@@ -199,8 +205,6 @@ def _bottleneck(rec: dict[str, Any], p: Projection) -> str:
 def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
-    from bench.records.describe import workload
-
     return {"workload": workload(rec),
             "strategy": p.strategy, "precision": rec.get("precision"),
             "options": run_options(rec, work), "gpus": p.gpus,

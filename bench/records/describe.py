@@ -120,6 +120,13 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     return f"{name} ({cores} cores)" if isinstance(cores, int) else name
 
 
+def oversubscribed(rec: dict[str, Any]) -> bool:
+    """Whether the run's ranks outnumbered the cores (`make parity`'s 8 ranks on 2 cores):
+    its times measure the crowding, so its workload's speed is not compared (the report's
+    accuracy blocks) nor projected."""
+    return isinstance(rec.get("oversubscribed"), dict)
+
+
 def machine(rec: dict[str, Any]) -> str:
     """What a run's speed is a figure of: its GPU model on CUDA, its CPU model elsewhere."""
     return gpu_model(rec) or cpu_model(rec) or "?"

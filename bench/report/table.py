@@ -16,6 +16,7 @@ from bench.records.describe import (
     median_of,
     median_step_s,
     network,
+    oversubscribed,
     speed_options,
     summarise_epochs,
     workload,
@@ -31,7 +32,7 @@ from bench.report.flags import (
     row_flags,
     slow_runs,
 )
-from bench.report.verdict import add_verdict_fields
+from bench.report.verdict import accuracy_workloads, add_verdict_fields
 from bench.tools.stats import mean_ci
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
@@ -195,7 +196,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "gradient_bytes": allreduced_bytes(rec),
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
-                "oversubscribed": isinstance(rec.get("oversubscribed"), dict),
+                "oversubscribed": oversubscribed(rec),
                 "clock_share": as_number(figures.get("gpu_clock_share")),
                 "gpu_util": as_number(figures.get("gpu_util_median")),
                 "images_per_joule": as_number(figures.get("images_per_joule")),
@@ -283,6 +284,13 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         )
         out.append(row)
     table = pd.DataFrame(out)
+    # an accuracy block's times are the crowding: nothing is projected from them (bench
+    # project leaves such a workload out alike)
+    crowded = accuracy_workloads(out)
+    for column in ("comm_ceiling", "projected_efficiency"):
+        table[column] = [None if w in crowded else v
+                         for w, v in zip(table["workload"], table[column])]
+
     def family(r) -> tuple:
         # a row over a network is scaled against one process of the same work (no network)
         return (r.workload_here, r.strategy, r.device, r.precision, r.options, r.grad_accum)
