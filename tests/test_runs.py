@@ -53,6 +53,15 @@ def test_two_epochs_write_a_complete_record(strategy, gpus, launcher, processes,
     missing = [f for f in RECORD_FIELDS if f not in rec]
     assert not missing, missing
     assert not [f for f in ENV_FIELDS if f not in rec["env"]]
+    # docs/records.md gives the record 'field by field': each field of it is named there
+    # (nine were not: base_lr, steps_per_epoch, command, config, syncbn_requested, ...)
+    doc = (ROOT / "docs" / "records.md").read_text()
+    fields = [*rec, *(f"{group}.{key}" for group in ("env", "model", "optimizer", "ddp_options",
+                                                     "summary") for key in rec.get(group) or {}),
+              *(f"per_epoch.{key}" for key in rec["per_epoch"][0])]
+    unnamed = [f for f in fields
+               if not re.search(rf"(?<![\w.]){re.escape(f.rpartition('.')[2])}(?!\w)", doc)]
+    assert not unnamed, unnamed
     # the CPU's generation, as lscpu (util-linux, its own reader) tells it
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout if shutil.which(
         "lscpu") else ""
