@@ -169,10 +169,9 @@ def accuracy_verdict(rows: list[dict], verdict: WorkloadVerdict,
     `bench report --reference` names it) can say."""
     finished = [r for r in rows if r["status"] == "ok"]
     verdict.reference_ci = _reference_ci(finished)
-    label_of = labeller(finished)
-    several_n = len({r["world_size"] for r in finished}) > 1
+    name_of = _names_with_n(finished)
     for r in finished:
-        label = label_of(r) + (f" N={r['world_size']}" if several_n else "")
+        label = name_of(r)
         if r.get("is_reference"):
             verdict.reference = label
         elif r.get("other_epochs"):
@@ -205,8 +204,7 @@ def missed_target(rows: list[dict]) -> list[tuple[str, float, int, int, float]]:
     says that their speed did not buy the model the others trained (PowerSGD at rank 1
     trained twice as fast as a failed model: 11.72 % where the others reached 99 %)."""
     finished = [r for r in rows if r["status"] == "ok"]
-    label_of = labeller(finished)
-    several_n = len({r["world_size"] for r in finished}) > 1
+    name_of = _names_with_n(finished)
     out = []
     for r in finished:
         target = r.get("target_top1")
@@ -214,9 +212,17 @@ def missed_target(rows: list[dict]) -> list[tuple[str, float, int, int, float]]:
                 or not math.isinf(r.get("time_to_target_s", math.nan))):
             continue
         times = r.get("run_times_to_target") or []
-        out.append((label_of(r) + (f" N={r['world_size']}" if several_n else ""), float(target),
-                    sum(math.isinf(t) for t in times), len(times), r["final_top1"]))
+        out.append((name_of(r), float(target), sum(math.isinf(t) for t in times), len(times),
+                    r["final_top1"]))
     return out
+
+
+def _names_with_n(rows: list[dict]) -> Callable[[dict], str]:
+    """Names for the rows of one block's sentences about top-1 (labeller), with their N
+    where the block holds more than one."""
+    label_of = labeller(rows)
+    several_n = len({r["world_size"] for r in rows}) > 1
+    return lambda r: label_of(r) + (f" N={r['world_size']}" if several_n else "")
 
 
 def _reference_ci(rows: list[dict]) -> float:
