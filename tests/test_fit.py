@@ -125,9 +125,9 @@ def test_a_search_that_did_not_close_in_says_what_it_knows():
         return lo, tries, unclosed(lo, tries), _answer(lo, tries)
 
     lo, tries, why, cell = run(3)  # 8, 16, 32: all fitted
-    assert (lo, cell) == (32, "≥ 32") and why.startswith("at least 32: every try fitted"), why
+    assert (lo, cell) == (32, "≥ 32") and why.startswith("at least 32 (every try fitted"), why
     lo, tries, why, cell = run(5)  # ..., 64 fitted, 128 did not
-    assert (lo, cell) == (64, "64–127") and why.startswith("64 to 127: 128 ran out"), why
+    assert (lo, cell) == (64, "64–127") and why.startswith("64 to 127 (128 ran out"), why
     lo, tries, why, cell = run(50)  # closed in: the failing batch within 5 % of lo
     assert why is None and cell == str(lo) and 96 <= lo <= 100, tries
 
@@ -138,8 +138,8 @@ def test_a_search_that_did_not_close_in_says_what_it_knows():
 
     lo, tries, why, cell = run(50, timing_out)
     assert (lo, cell) == (32, "≥ 32"), tries
-    assert why == ("batch 64 failed: timeout after 60 s; 32 is the largest that trained, and "
-                   "whether more fits is not known"), why
+    assert why == ("32, the largest that trained (batch 64 failed: timeout after 60 s; whether "
+                   "more fits is not known)"), why
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
@@ -152,8 +152,9 @@ def test_bench_fit_says_when_its_answer_is_a_lower_bound():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].split()[:4] == ["ddp", "1", "≥", "8"], proc.stdout
     said = " ".join(proc.stderr.split())
-    assert ("bench fit: the search did not close in: at least 8: every try fitted before the "
-            "search's budget ran out; raise --max-tries or --max-minutes, or --start 16") in said
+    assert ("bench fit: the search did not close in on the largest batch per replica: at least "
+            "8 (every try fitted before the search's budget ran out); raise --max-tries or "
+            "--max-minutes, or --start 16") in said
     found = json.loads(run_bench("fit", *small, "--json", timeout=300).stdout)
     assert found["largest_batch_per_replica"] == 8, found
     assert found["smallest_out_of_memory_per_replica"] is None

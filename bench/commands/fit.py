@@ -221,14 +221,14 @@ def unclosed(lo: int | None, tries: list[Try]) -> str | None:
     other = next((t for t in tries if t.failed_otherwise), None)
     hi = smallest_out_of_memory(lo, tries)
     if other is not None:
-        return (f"batch {other.batch} {other.cause}; {lo} is the largest that trained, and "
-                "whether more fits is not known")
+        return (f"{lo}, the largest that trained (batch {other.batch} {other.cause}; whether "
+                "more fits is not known)")
     if hi is None:
-        return (f"at least {lo}: every try fitted before the search's budget ran out; raise "
+        return (f"at least {lo} (every try fitted before the search's budget ran out); raise "
                 f"--max-tries or --max-minutes, or --start {2 * lo}")
     if hi - lo > max(1, math.floor(WITHIN * lo)):
-        return (f"{lo} to {hi - 1}: {hi} ran out of memory, and the search's budget ran out "
-                f"before it closed within {100 * WITHIN:g} %; raise --max-tries or "
+        return (f"{lo} to {hi - 1} ({hi} ran out of memory, and the search's budget ran out "
+                f"before it closed within {100 * WITHIN:g} %); raise --max-tries or "
                 "--max-minutes")
     return None
 
@@ -372,6 +372,7 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
         return EXIT_FAILED
     why = unclosed(lo, tries)
     if why:
-        print(terminal.fill(f"bench fit: the search did not close in: {why}",
+        print(terminal.fill(f"bench fit: the search did not close in on the largest batch "
+                            f"per replica: {why}",
                             subsequent_indent="    "), file=sys.stderr)
     return EXIT_OK if lo is not None else EXIT_FAILED
