@@ -117,6 +117,30 @@ def test_a_combination_named_twice_runs_once(tmp_path):
     assert len(records(tmp_path)) == 1
 
 
+def test_a_sweep_run_again_under_another_torch_says_what_it_skipped(tmp_path):
+    """The sweep's key is the recipe: run again after a torch upgrade, it skipped every
+    combination as done, and said 'ok record exists' as if today's torch had run it. It
+    names the torch the record ran under, and how to run it again."""
+    import torch
+
+    sweep = ["sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--epochs", "1", "--data",
+             "synthetic", "--train-limit", "64", "--test-limit", "8", "--width", "0.125",
+             "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0",
+             "--output", str(tmp_path)]
+    assert run_bench(*sweep).returncode == 0
+    again = run_bench(*sweep)
+    assert "ok record exists, skipped\n" in again.stdout, again.stdout  # same torch: no more
+    (path,) = (tmp_path / "runs").glob("*.json")
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "env": {**rec["env"], "torch": "2.0.0+cu118"}}))
+    again = run_bench(*sweep)
+    assert again.returncode == 0, again.stdout + again.stderr
+    said = " ".join(again.stdout.split())
+    assert (f"ok record exists, skipped (it ran under torch 2.0.0+cu118, this is "
+            f"{torch.__version__}: --force runs it again") in said, said
+    assert len(records(tmp_path)) == 1
+
+
 @pytest.mark.parametrize("args, says", [
     (["--strategies", "ddp,nope"], "choose one of"),
     # the data, read once before any run (each run failed in turn on it, exit 1, after the

@@ -200,8 +200,17 @@ def _run_combo(combo: Combo, prefix: str, base: RunConfig, run_args: list[str], 
                run_timeout: float | None, largest: LargestBatch | None = None) -> str:
     """One combination in its own ``bench run``, unless an ok record of it exists."""
     existing = records_by_tag(base.output).get(combo.tag, [])
-    if not force and any(current_status(r)[0] == "ok" for _, r in existing):
-        print(f"{prefix}: ok record exists, skipped", flush=True)
+    done = [r for _, r in existing if current_status(r)[0] == "ok"]
+    if not force and done:
+        import torch
+
+        # what the key leaves out: a sweep run again after a torch upgrade is not redone
+        other = sorted({str((r.get("env") or {}).get("torch")) for r in done}
+                       - {torch.__version__, "None"})
+        print(terminal.fill(f"{prefix}: ok record exists, skipped" + (
+            f" (it ran under torch {' and '.join(other)}, this is {torch.__version__}: "
+            "--force runs it again, or --output another folder to compare the two)"
+            if other else ""), subsequent_indent="    "), flush=True)
         return "ok (skipped)"
     # Failed, interrupted and stale `running` records (owner gone) move aside, kept.
     _supersede([p for p, r in existing if current_status(r)[0] != "ok" or force])
