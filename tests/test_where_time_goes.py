@@ -335,3 +335,39 @@ def test_top_kernels_ranks_a_real_h100_traces_kernels(tmp_path):
     empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "top_kernels.py"),
                             str(tmp_path / "nothing")], capture_output=True, text=True)
     assert empty.returncode == 2 and len(empty.stderr.strip().splitlines()) == 1
+
+
+def test_a_row_takes_the_probe_of_its_own_machine(tmp_path):
+    """gloo over one machine's loopback measures that machine. A folder holding two CPU
+    machines' runs and a probe of each gave every row the newest probe, the other
+    machine's for half of them: its ideal all-reduce read 10x off here."""
+    def on(cpu, thing):
+        return {**thing, "env": {**(thing.get("env") or {}), "cpu": cpu, "cpu_count": 2}}
+
+    rec = {**record("a", "ddp", 2, [2.0, 1.0], [0.1, 0.2]), "compute_step_s": 0.03,
+           "backend": "gloo", "model": {"width": 1.0, "parameters": 1_000_000}}
+    for epoch in rec["per_epoch"]:
+        epoch.update(step_time_p50_s=0.04)
+    probe = {"kind": "allreduce-probe", "device": "cpu", "backend": "gloo", "world_size": 2,
+             "gradient_bytes": 4_000_000,
+             "results": [{"bytes": 1_000_000, "time_s": 0.001},
+                         {"bytes": 16_000_000, "time_s": 0.016}]}
+    tenfold = {**probe, "results": [{"bytes": 1_000_000, "time_s": 0.0001},
+                                    {"bytes": 16_000_000, "time_s": 0.0016}]}
+    mine, theirs = on("AMD EPYC 7B13", probe), on("Intel Xeon Gold 6338", tenfold)
+    row = summary_table([on("AMD EPYC 7B13", rec)], probes=[mine, theirs]).iloc[0]
+    # 4 MB at 1 ms a MB (log-log between its two sizes): 4 ms, as its own probe says
+    assert row["comm_ceiling"] == "4.0 / 40.0", row["comm_ceiling"]
+    # no probe of its machine: the newest of its device, as before
+    row = summary_table([on("AMD EPYC 9B14", rec)], probes=[mine, theirs]).iloc[0]
+    assert row["comm_ceiling"] == "0.4 / 40.0", row["comm_ceiling"]
+    # the projection column alike: the committed AMD EPYC rows were projected over the
+    # Intel Xeon's testbed probe, the newest (58 % at 64 GPUs; over their own, 94 %)
+    def projected(*probes):
+        return summary_table([on("AMD EPYC 7B13", rec)], probes=list(probes)).iloc[0][
+            "projected_efficiency"]
+
+    assert projected(mine) != projected(theirs)
+    assert projected(mine, theirs) == projected(mine) == projected(theirs, mine)
+    tagged = {**on("AMD EPYC 7B13", tenfold), "tag": "testbed-100mbit"}
+    assert projected(mine, tagged) == projected(mine)  # an untagged run: no network named

@@ -91,10 +91,16 @@ def series_key(rec: dict[str, Any], work: Workload) -> tuple:
 def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest probe of the run's device, backend, ranks and nodes, and of its network: a
     probe's ``--tag`` names the network it measured (``testbed-1000mbit``), and a run with the
-    same tag crossed it; any other run takes the newest untagged probe."""
+    same tag crossed it; any other run takes the newest untagged probe. Of the run's own
+    machine (``machine``, else its env's) where the folder holds one: gloo over one CPU
+    machine's loopback is that machine's memory, and a folder of two machines' runs gave
+    each row the newest probe of either."""
+    from bench.records.describe import machine
     from bench.records.probes import probe_kind
 
     same = [p for p in probes if probe_kind(p) == probe_kind(rec)]
+    here = rec.get("machine") or machine(rec)
+    same = [p for p in same if machine(p) == here] or same
     named = [p for p in same if rec.get("tag") and p.get("tag") == rec.get("tag")]
     untagged = [p for p in same if not p.get("tag")]
     return (named or untagged or [None])[-1]

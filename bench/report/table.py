@@ -324,7 +324,7 @@ def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> s
 
     probe = matching_probe({"device": run["device"], "backend": run["backend"],
                             "world_size": run["world_size"], "nodes": run["nodes"],
-                            "tag": tag}, probes)
+                            "tag": tag, "machine": run["machine"]}, probes)
     if probe is None or not run["gradient_bytes"] or run["world_size"] < 2:
         return None
     ideal = ideal_allreduce_s(probe, run["gradient_bytes"])
@@ -367,12 +367,18 @@ PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe
 def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | None
                          ) -> str | None:
     """bench project's efficiency for this row's newest ok run at 64 and 512 GPUs (8 per
-    node) over the network measured by the newest ``bench probe`` of its device; marked as
-    a projection. None without such a probe, or a run the model cannot take."""
+    node) over the network measured by the newest ``bench probe`` of its device (of its
+    machine and of the network it crossed, its ``--tag``, where one is here: the AMD EPYC
+    rows were projected over the Intel Xeon's 1 Gbit/s testbed link, 58 % at 64 GPUs where
+    their own loopback gives 94 %); marked as a projection. None without such a probe, or a
+    run the model cannot take."""
     from bench.project.from_records import workload_of
     from bench.project.scaling import network_from_probe, project
 
     match = [p for p in probes if rec is not None and p.get("device") == rec.get("device")]
+    match = [p for p in match if machine(p) == machine(rec)] or match  # its own machine's,
+    match = ([p for p in match if rec.get("tag") and p.get("tag") == rec["tag"]]  # its network
+             or [p for p in match if not p.get("tag")] or match)
     work = workload_of(rec) if match and rec.get("strategy") != "dp" else None
     if work is None:
         return None
