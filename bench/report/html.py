@@ -93,7 +93,8 @@ def _projection(table) -> str:
     cells = [[str(r["workload"]), str(r["strategy"]), str(r["world_size"]), str(r["precision"]),
               str(r.get("comm_ceiling") or "—"), str(r.get("projected_efficiency") or "—")]
              for r in rows]
-    return ("<h2>Projection</h2><p>From the newest <code>bench probe</code> of each device: "
+    return ("<h2>Projection</h2><p>From the newest <code>bench probe</code> of each row's "
+            "machine and network (else of its device): "
             "the ideal all-reduce of a step's gradient against the measured step, and the "
             "efficiency <code>bench project</code> gives at 64 and 512 GPUs (8 per node) on "
             "that network. A projection, not a measurement.</p>"
