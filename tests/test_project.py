@@ -214,7 +214,8 @@ def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
     assert "H100" not in proc.stdout and "H200" not in proc.stdout, proc.stdout
     assert "AMD EPYC" in proc.stdout and "Intel Xeon" in proc.stdout
     said = " ".join(proc.stderr.split())
-    assert "bench project: 16 series of cuda runs not projected over a cpu probe" in said, said
+    assert ("bench project: 16 series not projected: no `bench probe` here measured their "
+            "machine (H100 80GB HBM3, H200)") in said, said
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) <= 120, proc.stdout
     # mem/rank only where the block's runs measured their memory parts (the testbed's, not
@@ -229,6 +230,11 @@ def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
     assert "8192 img 16px" not in proc.stdout, proc.stdout
     assert ("synthetic d=0.25 8192 img 16px, batch 128, resnet18 x0.125 on Intel Xeon (2 cores) "
             "is not projected: some of its runs' ranks oversubscribed the cores") in said, said
+    # each machine over its own probe: the AMD EPYC's loopback (1.78 GB/s), not the Intel
+    # Xeon's 1 Gbit/s testbed link, the newest probe, which took its ddp to 63 % at 8 GPUs
+    said_networks = [line for line in lines if line.startswith("network: probe")]
+    assert [line.split()[2] for line in said_networks] == [
+        "20261124T065755Z-allreduce-2cpu-1aa16e", "20261127T021632Z-allreduce-2cpu-66bc42"], lines
     # nor in the report's columns (the page's projection table, summary.md): 16 rows of it
     from bench.records.files import load_records
     from bench.records.probes import load_probes
@@ -580,3 +586,21 @@ def test_memory_per_rank_at_scale_divides_what_each_strategy_shards(tmp_path):
     assert "0.41 GiB a GPU: ddp-zero tf32 (—) fits from N=16 on" in flat
     assert "0.41 GiB a GPU: fsdp tf32 (—) fits from N=4 on" in flat
     assert "mem/rank" in text.stdout
+
+
+def test_a_probe_of_no_runs_machine_is_one_line(tmp_path):
+    """The committed H100 ddp run and the AMD EPYC's loopback probe: nothing to project over
+    it. One line names the machine and the fix, exit 2, as bad input is told."""
+    import shutil
+
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
+    (probe,) = (ROOT / "results" / "probes").glob("20261124T065755Z-*.json")
+    for folder, path in (("runs", source), ("probes", probe)):
+        (tmp_path / folder).mkdir()
+        shutil.copy(path, tmp_path / folder / path.name)
+    proc = run_bench("project", str(tmp_path), "--network", "probe")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"bench: error: --network probe: no probe in {tmp_path} measured the machine of its "
+        "runs (H100 80GB HBM3); run `bench probe` there, or name a --network"], proc.stderr
+    assert proc.stdout == ""

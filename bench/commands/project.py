@@ -16,6 +16,7 @@ from bench.project.from_records import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
     comm_hook,
+    probe_for,
     run_options,
     series_key,
     workload_of,
@@ -32,7 +33,7 @@ from bench.project.scaling import (
     project,
 )
 from bench.project.validation import calibration_lines, validate_records
-from bench.records.describe import median_step_s, oversubscribed, workload
+from bench.records.describe import machine, median_step_s, oversubscribed, workload
 from bench.records.files import load_source
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
@@ -106,11 +107,11 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     if validate:
         return validate_records(records, probes, root)
     net = resolve_network(network, intra, inter, probes)
-    # A GPU network preset projects GPU runs; a probe the runs of the device it measured
-    # (gloo between CPU processes says nothing of NCCL between GPUs, nor the reverse);
-    # figures given on the command line, any.
-    device = (probes[-1]["device"] if network == "probe" and intra is None
-              else None if intra is not None else "cuda")
+    by_probe = network == "probe" and intra is None
+    # A GPU network preset projects GPU runs; probes the runs of the machines they measured
+    # (gloo between CPU processes says nothing of NCCL between GPUs, nor one machine's
+    # loopback of another's); figures given on the command line, any.
+    device = None if intra is not None or by_probe else "cuda"
     crowded = sorted({workload(r) for r in records
                       if r.get("status") == "ok" and oversubscribed(r)})
     for name in crowded:
@@ -119,23 +120,33 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                             "report shows its top-1 alone)", subsequent_indent="    "),
               file=sys.stderr)
     newest = _newest_per_strategy([r for r in records if workload(r) not in crowded])
+    probe_of = {id(rec): probe_for(rec, probes, other_machines=False) if by_probe else None
+                for rec, _ in newest}
     measured = [(rec, work) for rec, work in newest
-                if device is None or rec.get("device") == device]
-    other = [rec for rec, _ in newest if rec.get("device") != device]
-    if network == "probe" and intra is None and other:
-        kinds = "/".join(sorted({str(rec.get("device")) for rec in other}))
+                if (probe_of[id(rec)] is not None if by_probe
+                    else device is None or rec.get("device") == device)]
+    other = [rec for rec, _ in newest if by_probe and probe_of[id(rec)] is None]
+    if other and not measured:
+        machines = ", ".join(sorted({machine(rec) for rec in other}))
+        raise ConfigError(f"--network probe: no probe in {source} measured the machine of its "
+                          f"runs ({machines}); run `bench probe` there, or name a --network")
+    if other:
+        machines = ", ".join(sorted({machine(rec) for rec in other}))
         print(terminal.fill(
-            f"bench project: {terminal.count(len(other), 'series', 'series')} of {kinds} runs "
-            f"not projected over a {device} probe, which measured another network than "
-            "theirs: `bench probe` on their devices, or --network NAME (GPUs)",
+            f"bench project: {terminal.count(len(other), 'series', 'series')} not projected: "
+            f"no `bench probe` here measured their machine ({machines}), and another's "
+            "network is not theirs: `bench probe` on it, or --network NAME (GPUs)",
             subsequent_indent="    "), file=sys.stderr)
+    nets = {id(rec): network_from_probe(probe_of[id(rec)]) if by_probe else net
+            for rec, _ in measured}
     for line in suspect_sources(measured):
         print(terminal.fill(f"bench project: {line}", subsequent_indent="    "), file=sys.stderr)
-    rows = [(rec, work, project(work, n, gpus_per_node, net)) for rec, work in measured
+    rows = [(rec, work, project(work, n, gpus_per_node, nets[id(rec)])) for rec, work in measured
             for n in gpus]
     if not rows:
-        raise ConfigError(f"no ok {device or ''} run in {source} has what a projection needs "
-                          "(a multi-rank run's compute_step_s, or a 1-rank run's step time)"
+        raise ConfigError(f"no ok {device + ' ' if device else ''}run in {source} has what a "
+                          "projection needs (a multi-rank run's compute_step_s, or a 1-rank "
+                          "run's step time)"
                           + ("; CPU runs project with --network probe" if device else ""))
     table = [_row(rec, work, p) for rec, work, p in rows]
     left_out = LEFT_OUT + (  # a 1-rank run's step, its compute here, ran the hook too
@@ -146,10 +157,13 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     if plot is not None:
         from bench.project.plot import write_projection_plot
 
-        write_projection_plot(Path(plot), measured, records, gpus, gpus_per_node, net)
+        write_projection_plot(Path(plot), measured, records, gpus, gpus_per_node,
+                              lambda rec: nets[id(rec)])
         print(f"bench project: plot -> {plot}", file=sys.stderr)
+    used = list({n.name: n for n in nets.values()}.values())  # each network once, in order
     if fmt == "json":
-        print(json.dumps({"network": net.name, "source": net.source, "left_out": left_out,
+        print(json.dumps({"network": used[0].name if len(used) == 1 else "probe",
+                          "source": "; ".join(n.source for n in used), "left_out": left_out,
                           "rows": table}, indent=1, allow_nan=False, default=str))
         return 0
     if fmt == "csv":
@@ -166,7 +180,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                         f"{rec.get('precision')} ({run_options(rec, work)}) "
                         + (said or "— its record has no memory_parts (a run before them)"))
     datasheet = [f"network {net.name} is {DATASHEET_CAVEAT}"] if net.name in NETWORKS else []
-    for line in (*fits, f"network: {net.name} — {net.source}",
+    for line in (*fits, *(f"network: {n.name} — {n.source}" for n in used),
                  f"projection leaves out: {left_out}", *calibration_lines(root), *datasheet):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
@@ -277,7 +291,8 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     proj.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
     proj.add_argument("--network", default="h100-nvlink-ndr",
                       help="h100-nvlink-ndr (default), a100-nvlink-hdr, pcie-ethernet-100g, "
-                           "or probe (the newest `bench probe` in the results)")
+                           "or probe (each series over the newest `bench probe` of its own "
+                           "machine in the results)")
     proj.add_argument("--intra-busbw", type=float, default=None, metavar="GB/s",
                       help="all-reduce busbw inside a node (with --inter-busbw)")
     proj.add_argument("--inter-busbw", type=float, default=None, metavar="GB/s",

@@ -88,6 +88,25 @@ def series_key(rec: dict[str, Any], work: Workload) -> tuple:
             run_options(rec, work))
 
 
+def probe_for(rec: dict[str, Any], probes: list[dict[str, Any]],
+              other_machines: bool = True) -> dict[str, Any] | None:
+    """The probe a run's projection to scale takes: the newest of its device and machine
+    that measured the network its runs crossed (its ``--tag``), else the newest untagged
+    one of its machine, else of its machine; then, where ``other_machines``, the same
+    among its device's. Any rank count: the probe's network, not its ranks, is projected."""
+    from bench.records.describe import machine
+
+    device = [p for p in probes if p.get("device") == rec.get("device")]
+    here = rec.get("machine") or machine(rec)
+    pools = [[p for p in device if machine(p) == here]] + [device] * other_machines
+    for pool in pools:
+        found = ([p for p in pool if rec.get("tag") and p.get("tag") == rec["tag"]]
+                 or [p for p in pool if not p.get("tag")] or pool)
+        if found:
+            return found[-1]
+    return None
+
+
 def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest probe of the run's device, backend, ranks and nodes, and of its network: a
     probe's ``--tag`` names the network it measured (``testbed-1000mbit``), and a run with the

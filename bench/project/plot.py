@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench.project.from_records import run_options, series_key, workload_of
 from bench.project.scaling import Network, Workload, project
@@ -31,7 +31,10 @@ def measured_efficiency(rec: dict[str, Any]) -> float | None:
 
 def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
                           records: list[dict[str, Any]], asked: list[int], gpus_per_node: int,
-                          net: Network) -> None:
+                          net: Network | Callable[[dict[str, Any]], Network]) -> None:
+    """Efficiency against GPUs, a panel per workload: the projection of each series as a
+    line (over ``net``, or the network ``net(record)`` gives its run: a panel is one
+    machine's), the measured runs of the same series as points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,6 +56,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
             measured.setdefault(series_key(r, w), []).append((r["world_size"], efficiency))
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
     xs = curve_gpus(asked)
+    net_of = net if callable(net) else (lambda rec: net)
     for ax, (name, runs) in zip(axes[:, 0], panels.items()):
         lowest = 100.0
         points = False
@@ -62,7 +66,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
             options = run_options(rec, work)
             label = " ".join([work.strategy, str(rec.get("precision")),
                               *([] if options == "—" else [options])])
-            ys = [100 * project(work, n, gpus_per_node, net).efficiency for n in xs]
+            ys = [100 * project(work, n, gpus_per_node, net_of(rec)).efficiency for n in xs]
             lowest = min(lowest, *ys)
             ax.plot(xs, ys, color=color, linestyle=look["linestyle"],
                     label=f"{label}: projected")
@@ -79,7 +83,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
         ax.set_ylim(max(0.0, 10 * math.floor(lowest / 10) - 10), 102)
         ax.set_xlabel(f"GPUs ({gpus_per_node} per node)")
         ax.set_ylabel("efficiency: compute step / step (%)")
-        ax.set_title(f"{name}\nprojected on {net.name} (lines)"
+        ax.set_title(f"{name}\nprojected on {net_of(runs[0][0]).name} (lines)"
                      + (", measured (points)" if points else "; no measured efficiency to draw"),
                      fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))

@@ -372,17 +372,14 @@ def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | Non
     rows were projected over the Intel Xeon's 1 Gbit/s testbed link, 58 % at 64 GPUs where
     their own loopback gives 94 %); marked as a projection. None without such a probe, or a
     run the model cannot take."""
-    from bench.project.from_records import workload_of
+    from bench.project.from_records import probe_for, workload_of
     from bench.project.scaling import network_from_probe, project
 
-    match = [p for p in probes if rec is not None and p.get("device") == rec.get("device")]
-    match = [p for p in match if machine(p) == machine(rec)] or match  # its own machine's,
-    match = ([p for p in match if rec.get("tag") and p.get("tag") == rec["tag"]]  # its network
-             or [p for p in match if not p.get("tag")] or match)
-    work = workload_of(rec) if match and rec.get("strategy") != "dp" else None
+    probe = probe_for(rec, probes) if rec is not None else None
+    work = workload_of(rec) if probe and rec.get("strategy") != "dp" else None
     if work is None:
         return None
-    net = network_from_probe(match[-1])
+    net = network_from_probe(probe)
     cells = [f"{100 * project(work, n, 8, net).efficiency:.0f}%" for n in PROJECTED_AT]
     return " / ".join(cells) + " (projected)"
 
