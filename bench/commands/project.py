@@ -126,12 +126,11 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                 if (probe_of[id(rec)] is not None if by_probe
                     else device is None or rec.get("device") == device)]
     other = [rec for rec, _ in newest if by_probe and probe_of[id(rec)] is None]
+    machines = ", ".join(sorted({machine(rec) for rec in other}))  # no probe measured them
     if other and not measured:
-        machines = ", ".join(sorted({machine(rec) for rec in other}))
         raise ConfigError(f"--network probe: no probe in {source} measured the machine of its "
                           f"runs ({machines}); run `bench probe` there, or name a --network")
     if other:
-        machines = ", ".join(sorted({machine(rec) for rec in other}))
         print(terminal.fill(
             f"bench project: {terminal.count(len(other), 'series', 'series')} not projected: "
             f"no `bench probe` here measured their machine ({machines}), and another's "
