@@ -125,12 +125,12 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
     """One row per configuration in both A and B (and one per configuration in only one)."""
     out = []
     table_a, table_b = summary_table(a), summary_table(b)
-    both = table_a.to_dict("records") + table_b.to_dict("records")
+    rows_a, rows_b = table_a.to_dict("records"), table_b.to_dict("records")
+    both = rows_a + rows_b
     # where both sides' ranks oversubscribed the cores (`make parity`), both timed the
     # crowding: top-1 alone is compared, as the report shows top-1 alone (an accuracy
     # block); where only B's did, its slow-down is gated, flagged with why
-    crowded_a = accuracy_workloads(table_a.to_dict("records"))
-    crowded_b = accuracy_workloads(table_b.to_dict("records"))
+    crowded_a, crowded_b = accuracy_workloads(rows_a), accuracy_workloads(rows_b)
     for key, ra, rb in _pairs(table_a, table_b):
         row = dict(zip(GROUP_KEYS, key))
         if ra is None or rb is None or "ok" not in (ra["status"], rb["status"]):

@@ -11,7 +11,7 @@ from bench.project.scaling import (
     RESNET18_BN_LAYERS,
     Workload,
 )
-from bench.records.describe import median_step_s
+from bench.records.describe import machine, median_step_s
 from bench.records.gradient_timeline import GradientTimeline
 
 SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
@@ -88,40 +88,42 @@ def series_key(rec: dict[str, Any], work: Workload) -> tuple:
             run_options(rec, work))
 
 
+def _of_its_machine(rec: dict[str, Any], probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probes of the run's own machine (its row's ``machine``, else its env's): gloo over
+    one CPU machine's loopback is that machine's memory, and a folder of two machines' runs
+    gave each row the newest probe of either."""
+    here = rec.get("machine") or machine(rec)
+    return [p for p in probes if machine(p) == here]
+
+
+def _of_its_network(rec: dict[str, Any], probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probes of the network the run crossed: a probe's ``--tag`` names the network it
+    measured (``testbed-1000mbit``), and a run with the same tag crossed it; any other run,
+    the untagged probes."""
+    return ([p for p in probes if rec.get("tag") and p.get("tag") == rec["tag"]]
+            or [p for p in probes if not p.get("tag")])
+
+
 def probe_for(rec: dict[str, Any], probes: list[dict[str, Any]],
               other_machines: bool = True) -> dict[str, Any] | None:
     """The probe a run's projection to scale takes: the newest of its device and machine
-    that measured the network its runs crossed (its ``--tag``), else the newest untagged
-    one of its machine, else of its machine; then, where ``other_machines``, the same
-    among its device's. Any rank count: the probe's network, not its ranks, is projected."""
-    from bench.records.describe import machine
-
+    that measured the network its runs crossed, else of its machine; then, where
+    ``other_machines``, the same among its device's. Any rank count: the probe's network,
+    not its ranks, is projected."""
     device = [p for p in probes if p.get("device") == rec.get("device")]
-    here = rec.get("machine") or machine(rec)
-    pools = [[p for p in device if machine(p) == here]] + [device] * other_machines
-    for pool in pools:
-        found = ([p for p in pool if rec.get("tag") and p.get("tag") == rec["tag"]]
-                 or [p for p in pool if not p.get("tag")] or pool)
+    for pool in [_of_its_machine(rec, device)] + [device] * other_machines:
+        found = _of_its_network(rec, pool) or pool
         if found:
             return found[-1]
     return None
 
 
 def matching_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest probe of the run's device, backend, ranks and nodes, and of its network: a
-    probe's ``--tag`` names the network it measured (``testbed-1000mbit``), and a run with the
-    same tag crossed it; any other run takes the newest untagged probe. Of the run's own
-    machine (``machine``, else its env's) where the folder holds one: gloo over one CPU
-    machine's loopback is that machine's memory, and a folder of two machines' runs gave
-    each row the newest probe of either."""
-    from bench.records.describe import machine
+    """The newest probe of the run's device, backend, ranks and nodes, of its network and,
+    where the folder holds one, of its machine."""
     from bench.records.probes import probe_kind
 
     same = [p for p in probes if probe_kind(p) == probe_kind(rec)]
-    here = rec.get("machine") or machine(rec)
-    same = [p for p in same if machine(p) == here] or same
-    named = [p for p in same if rec.get("tag") and p.get("tag") == rec.get("tag")]
-    untagged = [p for p in same if not p.get("tag")]
-    return (named or untagged or [None])[-1]
+    return (_of_its_network(rec, _of_its_machine(rec, same) or same) or [None])[-1]
 
 

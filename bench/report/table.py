@@ -221,10 +221,14 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         return pd.DataFrame(columns=[c for c, _ in COLUMNS] + ["error"])
     out = []
     differ, started = other_batches(runs), other_start(runs)
+    # an accuracy block's times are the crowding: nothing is projected from them (bench
+    # project leaves such a workload out alike); its runs say so as its rows will
+    crowded = accuracy_workloads(runs[["workload", "status", "oversubscribed"]].to_dict("records"))
     for key, group in runs.groupby(GROUP_KEYS, dropna=False, sort=True):
         ok = group[group["status"] == "ok"]
         use = ok if len(ok) else group
         row = dict(zip(GROUP_KEYS, key))
+        timed = row["workload"] not in crowded
         times = [t for t in ok["epoch_time_s"] if not math.isnan(t)]
         final_top1, final_top1_ci = mean_ci(list(ok["final_top1"]))
         row.update(
@@ -257,9 +261,10 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             mfu=median_of(list(ok["mfu"])),
             step_time_s=median_of(list(ok["step_time_s"])),
             comm_ceiling=comm_ceiling(probes or [], use.iloc[-1],
-                                      (by_id.get(use["run_id"].iloc[-1]) or {}).get("tag")),
+                                      (by_id.get(use["run_id"].iloc[-1]) or {}).get("tag"))
+            if timed else None,
             projected_efficiency=projected_efficiency(
-                probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) else None),
+                probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) and timed else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
             slow_runs=slow_runs(ok),
             other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
@@ -284,12 +289,6 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         )
         out.append(row)
     table = pd.DataFrame(out)
-    # an accuracy block's times are the crowding: nothing is projected from them (bench
-    # project leaves such a workload out alike)
-    crowded = accuracy_workloads(out)
-    for column in ("comm_ceiling", "projected_efficiency"):
-        table[column] = [None if w in crowded else v
-                         for w, v in zip(table["workload"], table[column])]
 
     def family(r) -> tuple:
         # a row over a network is scaled against one process of the same work (no network)
