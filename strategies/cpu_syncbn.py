@@ -51,15 +51,18 @@ def exchange(mine: torch.Tensor, group: Any = None) -> torch.Tensor:
     return stacked
 
 
-def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, torch.Tensor,
-                                                                    float]:
-    """The mean and biased variance per channel of the batch all ranks of ``group`` hold
-    together, and its element count per channel; accumulated in float64."""
+def local_statistics(x: torch.Tensor) -> torch.Tensor:
+    """This rank's share of the statistics: per-channel mean and biased variance, then its
+    element count per channel, in one float64 vector (what ``exchange`` stacks)."""
     reduce = [0, *range(2, x.dim())]
     var, mean = torch.var_mean(x.detach().double(), dim=reduce, unbiased=False)
-    count = torch.tensor([x.numel() / x.size(1)], dtype=torch.float64)
-    stats = exchange(torch.cat([mean, var, count]), group)
-    channels = x.size(1)
+    return torch.cat([mean, var, torch.tensor([x.numel() / x.size(1)], dtype=torch.float64)])
+
+
+def merge_statistics(stats: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                  float]:
+    """Every rank's ``local_statistics`` (stacked in rank order) merged: the global mean,
+    biased variance and element count (Chan's parallel variance)."""
     counts = stats[:, -1:]
     total = counts.sum()
     means, variances = stats[:, :channels], stats[:, channels:2 * channels]
@@ -68,41 +71,77 @@ def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor,
     return merged_mean, merged_var, float(total)
 
 
+def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                                    float]:
+    """The mean and biased variance per channel of the batch all ranks of ``group`` hold
+    together, and its element count per channel; accumulated in float64."""
+    return merge_statistics(exchange(local_statistics(x), group), x.size(1))
+
+
+def normalise(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+              mean: torch.Tensor, invstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x - mean) * invstd * weight + bias in x's dtype, and x - mean (what the backward
+    keeps). A low-precision x (bf16 or fp16: autocast hands BatchNorm a convolution's
+    output) is normalised in float32 and rounded once, as torch's BatchNorm and its CUDA
+    SyncBatchNorm do; the statistics rounded to bf16 first moved outputs by up to 2^-9 of
+    the mean."""
+    dims = x.dim()
+    work = torch.promote_types(x.dtype, torch.float32)
+    m, s = _channel_view(mean.to(work), dims), _channel_view(invstd.to(work), dims)
+    centred = x.to(work) - m
+    scale = s if weight is None else s * _channel_view(weight.to(work), dims)
+    out = centred * scale
+    if bias is not None:
+        out = out + _channel_view(bias.to(work), dims)
+    return out.to(x.dtype), centred
+
+
+def local_gradient_sums(grad_out: torch.Tensor, centred: torch.Tensor) -> torch.Tensor:
+    """This rank's per-channel sums of dy and dy * (x - mean), in one float64 vector (what
+    the backward exchanges)."""
+    reduce = [0, *range(2, centred.dim())]
+    grad_out = grad_out.to(centred.dtype)
+    return torch.cat([grad_out.sum(reduce).double(), (grad_out * centred).sum(reduce).double()])
+
+
+def normalise_backward(grad_out: torch.Tensor, centred: torch.Tensor, mine: torch.Tensor,
+                       both: torch.Tensor, total: float, weight: torch.Tensor | None,
+                       invstd: torch.Tensor, dtype: torch.dtype):
+    """The input gradient (in ``dtype``, the input's), from this rank's gradient sums
+    ``mine`` and every rank's summed (``both``); the weight and bias gradients of this
+    rank's share, left for DDP to average like every other parameter's."""
+    dims, work = centred.dim(), centred.dtype
+    channels = mine.numel() // 2
+    sum_dy, sum_dy_xmu = mine[:channels], mine[channels:]
+    grad_weight = (sum_dy_xmu * invstd).to(weight.dtype) if weight is not None else None
+    grad_bias = sum_dy.to(weight.dtype if weight is not None else work)
+    mean_dy = both[:channels] / total
+    mean_dy_xmu = both[channels:] / total
+    scale = invstd if weight is None else invstd * weight.double()
+    grad_x = (grad_out.to(work) - _channel_view(mean_dy.to(work), dims)
+              - centred * _channel_view((invstd ** 2 * mean_dy_xmu).to(work), dims)
+              ) * _channel_view(scale.to(work), dims)
+    return grad_x.to(dtype), grad_weight, grad_bias
+
+
 class _Normalise(torch.autograd.Function):
-    """(x - mean) * invstd * weight + bias with the global mean and invstd; the backward
-    pass all-reduces the two per-channel sums the input gradient needs."""
+    """``normalise`` with the global mean and invstd; the backward pass exchanges the two
+    per-channel sums the input gradient needs."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, mean, invstd, total, group):
-        dims = x.dim()
-        m, s = _channel_view(mean.to(x.dtype), dims), _channel_view(invstd.to(x.dtype), dims)
-        centred = x - m
-        scale = s if weight is None else s * _channel_view(weight, dims)
-        out = centred * scale
-        if bias is not None:
-            out = out + _channel_view(bias, dims)
+        out, centred = normalise(x, weight, bias, mean, invstd)
         ctx.save_for_backward(centred, weight, invstd)
-        ctx.total, ctx.group = total, group
+        ctx.total, ctx.group, ctx.dtype = total, group, x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         centred, weight, invstd = ctx.saved_tensors
-        dims = centred.dim()
-        reduce = [0, *range(2, dims)]
-        sum_dy = grad_out.sum(reduce).double()
-        sum_dy_xmu = (grad_out * centred).sum(reduce).double()
-        grad_weight = (sum_dy_xmu * invstd).to(grad_out.dtype) if weight is not None else None
-        grad_bias = sum_dy.to(grad_out.dtype)
-        both = exchange(torch.cat([sum_dy, sum_dy_xmu]), ctx.group).sum(0)
-        channels = sum_dy.numel()
-        mean_dy = both[:channels] / ctx.total
-        mean_dy_xmu = both[channels:] / ctx.total
-        scale = invstd if weight is None else invstd * weight.double()
-        grad_x = (grad_out - _channel_view(mean_dy.to(grad_out.dtype), dims)
-                  - centred * _channel_view((invstd ** 2 * mean_dy_xmu).to(grad_out.dtype),
-                                            dims)) * _channel_view(scale.to(grad_out.dtype),
-                                                                   dims)
+        mine = local_gradient_sums(grad_out, centred)
+        both = exchange(mine, ctx.group).sum(0)
+        grad_x, grad_weight, grad_bias = normalise_backward(
+            grad_out, centred, mine, both, ctx.total, weight, invstd, ctx.dtype)
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 

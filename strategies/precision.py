@@ -25,10 +25,13 @@ class Precision:
         self.scaler = torch.amp.GradScaler("cuda") if name == "fp16" else None
         self.skipped_steps: torch.Tensor | None = None  # kept on the device: no sync per step
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager:
+        """Autocast to this precision (``cache``: autocast's cache of low-precision weight
+        copies, on as torch has it; bench verify's rank-chunked reference turns it off)."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype,
+                              cache_enabled=cache)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward pass, through the scaler when there is one (gradients accumulate)."""

@@ -4,9 +4,16 @@ ranks, torch's ``nn.SyncBatchNorm``; with ``--cpu``, bench's own for CPU ranks
 (strategies/cpu_syncbn.py), over two training steps (the running statistics' momentum).
 
 Run by tests/test_gpu.py and tests/test_cpu_syncbn.py as its own process: ``python
-tests/syncbn_shared_check.py PORT [--cpu] [--per-replica]``. Prints the largest difference
-of each and exits 1 when one exceeds 1e-5 (``--per-replica``: plain BatchNorm in each rank,
-the control the check must fail)."""
+tests/syncbn_shared_check.py PORT [--cpu] [--per-replica] [--bf16]``. Prints the largest
+difference of each and exits 1 when one exceeds 1e-5 (``--per-replica``: plain BatchNorm in
+each rank, the control the check must fail).
+
+``--bf16``: the input in bf16 with float32 parameters, as autocast hands BatchNorm a
+convolution's output. The output must be in bf16 and each element the exact normalisation
+(float64, from the same bf16 input) correctly rounded: within half a bf16 unit in the last
+place (plus 1e-6 of it, float32's own rounding), a bound torch's BatchNorm over the whole
+batch meets (checked here too, as the control); the parameter gradients within 1e-5
+(relative) of the exact ones."""
 
 from __future__ import annotations
 
@@ -41,7 +48,8 @@ def bn(cls, device: str) -> nn.Module:
     return layer
 
 
-def rank_body(rank: int, port: int, device: str, per_replica: bool, results) -> None:
+def rank_body(rank: int, port: int, device: str, per_replica: bool, results,
+              bf16: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
         torch.cuda.set_device(0)  # both ranks on one GPU
@@ -50,8 +58,10 @@ def rank_body(rank: int, port: int, device: str, per_replica: bool, results) -> 
     half = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
     sync = nn.SyncBatchNorm if device == "cuda" else CpuSyncBatchNorm
     layer = bn(nn.BatchNorm2d if per_replica else sync, device).train()
+    if bf16:
+        layer = layer.float()
     for _ in range(STEPS):  # the same batch again: the running statistics move twice
-        mine = x[half].to(device).requires_grad_()
+        mine = x[half].to(device, torch.bfloat16 if bf16 else x.dtype).requires_grad_()
         out = layer(mine)
         (out * weights[half].to(device)).sum().backward()
     grads = torch.cat([layer.weight.grad, layer.bias.grad])
@@ -63,14 +73,56 @@ def rank_body(rank: int, port: int, device: str, per_replica: bool, results) -> 
     dist.destroy_process_group()
 
 
+def exact(x: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """BatchNorm of ``x`` over the whole batch in float64 with the check's parameters:
+    the output and the weight and bias gradients of sum(out * weights), accumulated over
+    the check's steps as the ranks accumulate them."""
+    layer = bn(nn.BatchNorm2d, "cpu").train()
+    for _ in range(STEPS):
+        out = layer(x.double())
+        (out * weights.double()).sum().backward()
+    return {"out": out.detach(), "param_grad": torch.cat([layer.weight.grad,
+                                                          layer.bias.grad])}
+
+
+def half_ulp_misses(out: torch.Tensor, want: torch.Tensor) -> int:
+    """Elements of bf16 ``out`` farther from the exact ``want`` than half a bf16 unit in
+    the last place of ``want`` (plus 1e-6 of that unit)."""
+    exponent = torch.floor(torch.log2(want.abs().clamp_min(2.0 ** -126)))
+    half_ulp = 2.0 ** (exponent - 8)  # bf16: 7 stored bits, the unit is 2^(e-7)
+    return int(((out.double() - want).abs() > half_ulp * (1 + 1e-6)).sum())
+
+
+def main_bf16(got: dict) -> int:
+    x, weights = batch()
+    want = exact(x.bfloat16(), weights.bfloat16())
+    layer = bn(nn.BatchNorm2d, "cpu").float().train()  # the control: torch's own
+    torch_out = layer(x.bfloat16())
+    worst = 0
+    for name, out in (("syncbn(2 ranks, cpu, bf16)", torch.cat([got[r]["out"]
+                                                                  for r in range(WORLD)])),
+                      ("torch BatchNorm (whole batch, bf16)", torch_out.detach())):
+        misses = half_ulp_misses(out, want["out"]) if out.dtype == torch.bfloat16 else -1
+        print(f"{name}: output {out.dtype}, {misses} of {out.numel()} elements not "
+              "correctly rounded" if misses >= 0 else f"{name}: output {out.dtype}, not bf16")
+        worst = max(worst, abs(misses) if misses else 0)
+    grads = got[0]["param_grad"].double()
+    diff = ((grads - want["param_grad"]).abs() / want["param_grad"].abs()).max().item()
+    print(f"param_grad: max relative |syncbn(2 ranks, cpu, bf16) - exact| = {diff:.3g}")
+    return 0 if worst == 0 and diff <= TOL else 1
+
+
 def main() -> int:
     port = int(sys.argv[1])
     device = "cpu" if "--cpu" in sys.argv[2:] else "cuda"
+    bf16 = "--bf16" in sys.argv[2:]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(rank_body, args=(port, device, "--per-replica" in sys.argv[2:], results),
-                 nprocs=WORLD)
+        mp.spawn(rank_body, args=(port, device, "--per-replica" in sys.argv[2:], results,
+                                  bf16), nprocs=WORLD)
         got = {r: dict(results[r]) for r in range(WORLD)}
+    if bf16:
+        return main_bf16(got)
     x, weights = batch()
     layer = bn(nn.BatchNorm2d, device).train()
     for _ in range(STEPS):  # a copy each step: x.to('cpu') is x, whose grad would add up

@@ -152,10 +152,14 @@ class Checker:
         if key not in self.references:
             # apex O1 patches ops to fp16 with a dynamic loss scale: torch.amp's fp16 twin.
             mixed = "fp16" if meta["precision"].startswith("apex") else plan.cfg.precision
-            self.references[key] = reference(
-                self.base, self.steps, layout, precision=mixed, float64=fp32,
-                device="cuda" if plan.device_type == "cuda" else "cpu",
-            )
+            cpu = plan.device_type != "cuda"
+            # CPU: each rank's thread count, on which oneDNN's cut of a reduction depends
+            # (under bf16 a different cut flips a rounding now and then)
+            with _threads(plan.threads_per_process() if cpu else None):
+                self.references[key] = reference(
+                    self.base, self.steps, layout, precision=mixed, float64=fp32,
+                    device="cpu" if cpu else "cuda",
+                )
         ref_losses, ref_params, ref_skipped = self.references[key]
         loss_diff, param_diff = compare(meta["losses"], params, ref_losses, ref_params)
         tol = tolerance_of(name, meta["precision"], plan.cfg.ddp_comm_hook, self.steps)
@@ -168,6 +172,20 @@ class Checker:
             ok = ok and skipped == ref_skipped
         return Outcome(name, "pass" if ok else "FAIL", meta["precision"], meta["norm"],
                        loss_diff, param_diff, tol, detail=detail)
+
+
+@contextlib.contextmanager
+def _threads(count: int | None):
+    """torch's intra-op threads set to ``count`` (None: left alone) for the block."""
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

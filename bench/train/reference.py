@@ -23,6 +23,7 @@ from torch import nn
 
 from bench.config.run_config import RunConfig
 from bench.data.datasets import dataset, model_spec
+from bench.train.rank_chunks import as_rank_chunks
 from bench.train.schedule import lr_at
 from strategies.base import epoch_sampler
 from strategies.precision import Precision
@@ -73,9 +74,13 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
         sampler.set_epoch(0)
         orders.append(list(sampler))
     model.train()
+    # bf16 on CPU ranks under SyncBN: the ranks' cut, or rounding noise hides defects
+    by_rank = layout.sync and mixed.dtype is not None and device == "cpu"
+    if by_rank:
+        model = as_rank_chunks(model, layout.processes)
     with _compressed_like(cfg, model) as net:
         losses = _reference_steps(cfg, steps, layout, net, optimizer, mixed, data, orders,
-                                  device, dtype)
+                                  device, dtype, cache=not by_rank)
     params = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
     return losses, params, mixed.scaler_state()["scaler_skipped_steps"]
 
@@ -120,7 +125,7 @@ _RETIRED_GROUPS: list = []  # one idle 1-rank gloo group per hooked reference (s
 
 def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Module, optimizer,
                      mixed: Precision, data, orders: list[list[int]], device: str,
-                     dtype: torch.dtype) -> list[float]:
+                     dtype: torch.dtype, cache: bool = True) -> list[float]:
     """The reference's optimizer steps; returns each step's loss. A DDP-wrapped reference
     (a comm hook) communicates once per step, after the last BatchNorm group's backward."""
     per_process = cfg.batch_size // layout.processes
@@ -149,7 +154,7 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
             labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
             hold = last_only() if last_only and k < len(groups) - 1 else contextlib.nullcontext()
             with hold:
-                with mixed.autocast():
+                with mixed.autocast(cache):
                     loss = nn.functional.cross_entropy(model(images), labels) / len(groups)
                 mixed.backward(loss)
             total += loss.item()
