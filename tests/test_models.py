@@ -92,3 +92,19 @@ def test_a_factory_that_returns_no_module_is_one_line(tmp_path):
                      "--output", str(tmp_path), env=USER_MODELS)
     assert proc.returncode == 2 and "not an nn.Module" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_parameter_the_loss_never_uses_names_the_option_that_lets_ddp_train(tmp_path):
+    """Seen: a model with a layer its forward never calls failed at step 2 with torch's
+    eight lines and their traceback, which name ``find_unused_parameters=True``, a keyword
+    no bench user types. The failure is one line naming the parameters (the spare layer's
+    weight and bias: 6 and 7 of the model's 8, counted by hand) and bench's option, which
+    then trains."""
+    proc = run_bench("run", "--strategy", "ddp", "--model", "user_models:spare_layer", *TINY,
+                     "--output", str(tmp_path / "plain"), env=USER_MODELS)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert ("parameters 6, 7 (model.parameters() order) took no part in the loss; run with "
+            "--find-unused-parameters [in train epoch 1 step 2]") in proc.stderr, proc.stderr
+    assert_ok(run_bench("run", "--strategy", "ddp", "--model", "user_models:spare_layer",
+                        *TINY, "--find-unused-parameters", "--output", str(tmp_path / "found"),
+                        env=USER_MODELS))

@@ -103,6 +103,11 @@ def _error_line(exc: BaseException) -> str:
 
 
 _LOADER_TIMEOUT = re.compile(r"DataLoader timed out after (\d+(?:\.\d+)?) seconds")
+# DDP's reducer when a parameter took no part in the loss (torch's message runs 8 lines and
+# names the fix as a keyword argument bench users never type)
+_UNUSED_PARAMETERS = re.compile(r"Expected to have finished reduction in the prior iteration")
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: "
+                             r"([\d ]+)")
 
 
 def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
@@ -119,6 +124,12 @@ def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
     if stuck:
         waited = float(stuck.group(1))
         line = f"its DataLoader workers served no batch for {waited:g} s (--timeout): one is stuck"
+    if isinstance(exc, RuntimeError) and _UNUSED_PARAMETERS.search(str(exc)):
+        indices = _UNUSED_INDICES.search(str(exc))
+        which = (f"the model's parameters {', '.join(indices.group(1).split())} "
+                 "(model.parameters() order)" if indices else "some of the model's parameters")
+        line, explained = (f"DDP: {which} took no part in the loss; run with "
+                           "--find-unused-parameters"), True
     if "timed out" in line.lower() or "timeout" in line.lower():
         line, explained = f"timeout: {line}", True
     return RankError(f"{line} [in {phase}]", explained, traceback.format_exc())

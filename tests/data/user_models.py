@@ -177,3 +177,20 @@ class _CollectorWatch(nn.Module):
 
 def collector_watch(num_classes: int) -> nn.Module:
     return _CollectorWatch(num_classes)
+
+
+class _SpareLayer(nn.Module):
+    """A classifier with a layer its forward pass never calls (left over from an
+    experiment): DDP waits for that layer's gradients, which never come."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.body = tiny_cnn(num_classes)
+        self.spare = nn.Linear(4, 4)
+
+    def forward(self, images):
+        return self.body(images)
+
+
+def spare_layer(num_classes: int) -> nn.Module:
+    return _SpareLayer(num_classes)
