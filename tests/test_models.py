@@ -62,6 +62,12 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
     (["--model", "user_models:takes_a_config"], "--model user_models:takes_a_config: building "
      "it with 100 classes failed (TypeError: 'int' object is not subscriptable)"),
     (["--model", "user_models:ten_logits"], "not logits of shape (1, 100)"),
+    # logits in evaluation, auxiliary outputs in training: passed the check (evaluation
+    # mode only), then failed with a traceback counting its FLOPs; the line alone on stderr
+    # (torchvision's FutureWarning about its initialisation no longer printed)
+    (["--model", "torchvision:googlenet", "--image-size", "64"], "maps a batch of 2 images "
+     "in training to GoogLeNetOutputs, not logits of shape (2, 100); it must return one "
+     "logit per class (auxiliary outputs: build it with aux_logits=False"),
     (["--model", "user_models:no_parameters"], "has no parameters: there is nothing to train"),
     (["--model", "user_models:on_meta"], "makes its parameters on the meta device (shapes "
      "without values); build them on the CPU"),

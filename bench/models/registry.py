@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -114,12 +115,13 @@ def _first_line(exc: Exception) -> str:
 
 def check_model_builds(spec: ModelSpec) -> nn.Module:
     """Build the model once, before anything is written, and pass one image of the run's
-    size through it on the CPU: a factory returning no module, or a model that cannot take
-    the image size or does not give one logit per class, is refused in one line rather than
-    in every rank. (The build makes the weights anyway; one image costs milliseconds to a
-    few tenths of a second, where the meta device would cost a second of torch's
-    decomposition imports in every run.) Returns the model on the meta device (its
-    parameter shapes, for callers that need no weights)."""
+    size through it on the CPU in evaluation mode and two in training mode (under no_grad):
+    a factory returning no module, or a model that cannot take the image size or does not
+    give one logit per class in either mode, is refused in one line rather than in every
+    rank. (The build makes the weights anyway; three images cost milliseconds to a few
+    tenths of a second, where the meta device would cost a second of torch's decomposition
+    imports in every run.) Returns the model on the meta device (its parameter shapes, for
+    callers that need no weights)."""
     import torch
 
     built = False
@@ -128,9 +130,14 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
             model = spec.build().eval()
         built = True
         _check_parameters(spec.name, model)
-        images = torch.zeros(1, 3, spec.image_size, spec.image_size)
-        with torch.no_grad():
-            logits = model(images)
+        outputs = []
+        # training mode: BatchNorm wants two values a channel; some models (torchvision's
+        # googlenet and inception_v3) return auxiliary outputs there and logits only in eval
+        for training, count in ((False, 1), (True, 2)):
+            model.train(training)
+            images = torch.zeros(count, 3, spec.image_size, spec.image_size)
+            with torch.no_grad():
+                outputs.append((training, count, model(images)))
         model = model.to("meta")
     except ConfigError:
         raise
@@ -143,11 +150,18 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
         raise ConfigError(f"--model {spec.name} cannot take {spec.image_size}x"
                           f"{spec.image_size} images ({_first_line(exc)}); choose another "
                           "--image-size") from None
-    shape = tuple(getattr(logits, "shape", ()))
-    if shape != (1, spec.num_classes):
-        raise ConfigError(f"--model {spec.name} maps a batch of 1 image to "
-                          f"{shape or type(logits).__name__}, not logits of shape "
-                          f"(1, {spec.num_classes}); it must return one logit per class")
+    for training, count, logits in outputs:
+        shape = tuple(getattr(logits, "shape", ()))
+        if shape != (count, spec.num_classes):
+            images = "1 image" if count == 1 else f"a batch of {count} images"
+            extra = (" (auxiliary outputs: build it with aux_logits=False in your own "
+                     "factory, package.module:function)") if hasattr(logits, "aux_logits2") \
+                or hasattr(logits, "aux_logits") else ""
+            raise ConfigError(f"--model {spec.name} maps {images}"
+                              f"{' in training' if training else ''} to "
+                              f"{shape or type(logits).__name__}, not logits of shape "
+                              f"({count}, {spec.num_classes}); it must return one logit per "
+                              f"class{extra}")
     return model
 
 
@@ -179,8 +193,13 @@ def build_model(name: str, num_classes: int, width: float = 1.0,
         from torchvision import models
 
         sized = image_size is not None and arch.startswith(_SIZED)
-        return models.get_model(arch, weights=None, num_classes=num_classes,
-                                **({"image_size": image_size} if sized else {}))
+        with warnings.catch_warnings():
+            # googlenet and inception_v3 warn, as each rank builds them, that their
+            # default initialisation will change one day: nothing a user of bench can act on
+            warnings.filterwarnings("ignore", category=FutureWarning,
+                                    message="The default weight initialization")
+            return models.get_model(arch, weights=None, num_classes=num_classes,
+                                    **({"image_size": image_size} if sized else {}))
     from torch import nn
 
     model = _factory(name)(num_classes)
