@@ -83,3 +83,17 @@ def test_missing_data_is_one_line_before_the_table(args, tmp_path):
                      str(tmp_path), "--no-download")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "CIFAR-100 is not in" in proc.stderr and proc.stdout == "", proc.stdout
+
+
+def test_a_model_with_dropout_is_verified_with_its_dropout_off():
+    """Seen: a user's model with one nn.Dropout(0.5) failed bench verify under ddp and dp
+    (9e-3 loss, 1e-4 parameters): each rank drew its own masks, the reference others. Like
+    augmentation, dropout is off on both sides, and the header says so."""
+    from conftest import USER_MODELS
+
+    proc = run_bench("verify", "--strategies", "ddp,dp", "--cpu", "--gpus", "2", "--steps", "3",
+                     "--model", "user_models:with_dropout", env=USER_MODELS, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("user_models:with_dropout, 2 CPU processes, no augmentation, dropout off (1 layer: "
+            "each rank would draw its own masks)") in proc.stdout, proc.stdout
+    assert "2 passed, 0 failed" in proc.stdout, proc.stdout

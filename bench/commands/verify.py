@@ -35,6 +35,7 @@ from bench.config.options import config_from_args, given, parse_list, run_option
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan, check_data
 from bench.launch.run import execute
+from bench.models.registry import DEFAULT_MODEL
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError, Interrupted
 from bench.tools.faults import DEFECT_ENV
@@ -230,9 +231,13 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
     if not plans:
         raise next(iter(refused.values()))
     check_data(list(plans.values()))  # no data: bad input, before the table starts
+    dropping = max(plan.random_layers for plan in plans.values())
+    off = (f", dropout off ({terminal.count(dropping, 'layer')}: each rank would draw its "
+           "own masks)") if dropping else ""
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
-          f"width {base.width}, {_ranks(base)}, "
-          "no augmentation\nreference: one plain process with the strategy's BatchNorm "
+          f"{f'width {base.width}' if base.model == DEFAULT_MODEL else base.model}, "
+          f"{_ranks(base)}, "
+          f"no augmentation{off}\nreference: one plain process with the strategy's BatchNorm "
           "grouping; fp32 strategies run in float64\n" + HEADER, flush=True)
     checker = Checker(base, steps)
     outcomes = [Outcome(name, "skipped", detail=f"refused: {exc}") for name, exc in refused.items()]

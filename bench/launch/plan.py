@@ -28,6 +28,7 @@ from bench.launch.preflight import (
 from bench.launch.slurm import default_rdzv_id, slurm_cpus_per_task, slurm_note, slurm_task
 from bench.measure.flops import cached_train_flops_per_image
 from bench.models.registry import check_model_builds
+from bench.models.stochastic import random_layers
 from bench.records.files import new_run_id
 from bench.records.run_record import RunRecord
 from bench.tools.errors import ConfigError
@@ -86,6 +87,7 @@ class RunPlan:
         defect_from_env()
         self.spec = model_spec(cfg)  # the data's classes and the run's image size
         built = check_model_builds(self.spec)
+        self.random_layers = len(random_layers(built))  # bench verify switches them off
         if cfg.ghost_bn is not None and not batchnorm_layers(built):
             raise ConfigError(f"--ghost-bn groups BatchNorm's statistics; --model {cfg.model} "
                               "has no BatchNorm layer: drop --ghost-bn")

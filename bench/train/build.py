@@ -15,6 +15,7 @@ from bench.data.loaders import batch_to_device, input_memory_format
 from bench.models.ghost_batchnorm import GhostBatchNorm
 from bench.models.parameters import count_parameters
 from bench.models.registry import ModelSpec
+from bench.models.stochastic import switch_off_random_layers
 from strategies.base import OptimizerFactory, Strategy, batchnorm_layers
 from strategies.precision import Precision
 
@@ -145,6 +146,8 @@ def build_model_and_optimizer(cfg: RunConfig, strategy: Strategy) -> ModelParts:
     torch.manual_seed(cfg.seed)
     spec = model_spec(cfg)
     model = spec.build()
+    if cfg.verify_steps is not None:  # as the reference: bench/models/stochastic.py
+        switch_off_random_layers(model)
     if cfg.ghost_bn is not None:  # a model without BatchNorm was refused by the plan
         model = GhostBatchNorm.convert(model, cfg.ghost_bn)
     parameters = count_parameters(model)

@@ -23,6 +23,7 @@ from torch import nn
 
 from bench.config.run_config import RunConfig
 from bench.data.datasets import dataset, model_spec
+from bench.models.stochastic import switch_off_random_layers
 from bench.train.rank_chunks import as_rank_chunks
 from bench.train.schedule import lr_at
 from strategies.base import epoch_sampler
@@ -63,7 +64,9 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     skipped (None without one)."""
     dtype = torch.float64 if float64 else torch.float32
     torch.manual_seed(cfg.seed)
-    model = model_spec(cfg).build().to(device=device, dtype=dtype)
+    model = model_spec(cfg).build()
+    switch_off_random_layers(model)  # as the strategy's ranks do under verify
+    model = model.to(device=device, dtype=dtype)
     mixed = Precision(precision, torch.device(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)

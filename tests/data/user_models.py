@@ -194,3 +194,9 @@ class _SpareLayer(nn.Module):
 
 def spare_layer(num_classes: int) -> nn.Module:
     return _SpareLayer(num_classes)
+
+
+def with_dropout(num_classes: int) -> nn.Module:
+    """tiny_cnn with dropout before its classifier, as many classification heads have."""
+    body = tiny_cnn(num_classes)
+    return nn.Sequential(*body[:-1], nn.Dropout(0.5), body[-1])
