@@ -95,6 +95,6 @@ def as_rank_chunks(model: nn.Module, chunks: int) -> nn.Module:
 
     model = replace_batchnorm(model, chunked, _ChunkedSyncBatchNorm)
     for layer in model.modules():
-        if isinstance(layer, nn.Conv2d | nn.Linear):
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
             layer.forward = functools.partial(_per_chunk, layer.forward, chunks)
     return model

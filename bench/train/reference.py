@@ -83,7 +83,7 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
         model = as_rank_chunks(model, layout.processes)
     with _compressed_like(cfg, model) as net:
         losses = _reference_steps(cfg, steps, layout, net, optimizer, mixed, data, orders,
-                                  device, dtype, cache=not by_rank)
+                                  device, dtype, by_rank=by_rank)
     params = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
     return losses, params, mixed.scaler_state()["scaler_skipped_steps"]
 
@@ -128,9 +128,15 @@ _RETIRED_GROUPS: list = []  # one idle 1-rank gloo group per hooked reference (s
 
 def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Module, optimizer,
                      mixed: Precision, data, orders: list[list[int]], device: str,
-                     dtype: torch.dtype, cache: bool = True) -> list[float]:
+                     dtype: torch.dtype, by_rank: bool = False) -> list[float]:
     """The reference's optimizer steps; returns each step's loss. A DDP-wrapped reference
-    (a comm hook) communicates once per step, after the last BatchNorm group's backward."""
+    (a comm hook) communicates once per step, after the last BatchNorm group's backward.
+
+    Gradients are scaled where the ranks scale them: each rank's loss is the mean over its
+    own micro-batch divided by --grad-accum, and DDP divides the summed gradients by the
+    world size W after the backward. So the reference divides by W at the end, not in
+    every loss: a 1/3 folded into the loss rounded every bf16 activation gradient otherwise
+    than the ranks' did, and at 3 ranks a correct ddp-amp failed (7.7e-5 against 5e-5)."""
     per_process = cfg.batch_size // layout.processes
     micro = per_process // layout.accum
     part = micro // layout.replicas_per_process
@@ -157,13 +163,39 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
             labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
             hold = last_only() if last_only and k < len(groups) - 1 else contextlib.nullcontext()
             with hold:
-                with mixed.autocast(cache):
-                    loss = nn.functional.cross_entropy(model(images), labels) / len(groups)
+                with mixed.autocast(cache=not by_rank):
+                    loss = _group_loss(model(images), labels, layout, by_rank)
                 mixed.backward(loss)
-            total += loss.item()
+            total += loss.item() / _after_backward(layout, by_rank)
+        divisor = _after_backward(layout, by_rank)
+        if divisor > 1:
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.div_(divisor)
         mixed.step(optimizer)
         losses.append(total)
     return losses
+
+
+def _group_loss(logits: torch.Tensor, labels: torch.Tensor, layout: Layout,
+                by_rank: bool) -> torch.Tensor:
+    """One BatchNorm group's loss as the ranks scale it: a replica's mean (DataParallel's
+    replicas share their process's mean), divided by --grad-accum; the whole batch of a
+    SyncBN group (its mean over every rank's images), or, cut by rank, each rank's mean."""
+    if layout.sync and by_rank:
+        rank_means = [nn.functional.cross_entropy(part, lab)
+                      for part, lab in zip(logits.chunk(layout.processes),
+                                           labels.chunk(layout.processes))]
+        return torch.stack(rank_means).sum() / layout.accum
+    loss = nn.functional.cross_entropy(logits, labels)
+    return loss / (layout.accum * (1 if layout.sync else layout.replicas_per_process))
+
+
+def _after_backward(layout: Layout, by_rank: bool) -> int:
+    """What the summed gradients are divided by after the backward, as DDP divides them by
+    the world size: the processes, except for a SyncBN group taken whole (its loss is
+    already the mean over every rank's images)."""
+    return 1 if layout.sync and not by_rank else layout.processes
 
 
 def compare(losses: list[float], params: dict[str, torch.Tensor], ref_losses: list[float],
