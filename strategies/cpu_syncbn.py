@@ -51,14 +51,19 @@ def exchange(mine: torch.Tensor, group: Any = None) -> torch.Tensor:
     return stacked
 
 
+@torch.compiler.disable
 def local_statistics(x: torch.Tensor) -> torch.Tensor:
     """This rank's share of the statistics: per-channel mean and biased variance, then its
-    element count per channel, in one float64 vector (what ``exchange`` stacks)."""
+    element count per channel, in one float64 vector (what ``exchange`` stacks). The
+    statistics are never compiled: Inductor's CPU code for this float64 var_mean of a bf16
+    input fails ("Welford reduction does not support VectorizedN (N>2)", torch 2.14), which
+    ended every ``ddp-amp --cpu-syncbn --compile`` run in its first step."""
     reduce = [0, *range(2, x.dim())]
     var, mean = torch.var_mean(x.detach().double(), dim=reduce, unbiased=False)
     return torch.cat([mean, var, torch.tensor([x.numel() / x.size(1)], dtype=torch.float64)])
 
 
+@torch.compiler.disable
 def merge_statistics(stats: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor,
                                                                   float]:
     """Every rank's ``local_statistics`` (stacked in rank order) merged: the global mean,
@@ -71,6 +76,7 @@ def merge_statistics(stats: torch.Tensor, channels: int) -> tuple[torch.Tensor, 
     return merged_mean, merged_var, float(total)
 
 
+@torch.compiler.disable  # a collective, then a Python float: graph breaks either way
 def global_statistics(x: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, torch.Tensor,
                                                                     float]:
     """The mean and biased variance per channel of the batch all ranks of ``group`` hold

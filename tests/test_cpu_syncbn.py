@@ -57,6 +57,19 @@ def test_bench_verify_holds_bf16_with_cpu_syncbn_to_its_tolerance_and_catches_a_
     assert "2/2 as expected" in proc.stdout, proc.stdout
 
 
+def test_bf16_with_cpu_syncbn_compiles(tmp_path):
+    """Seen: every ddp-amp --cpu-syncbn --compile run failed in its first step, in
+    Inductor's code for the statistics' float64 var_mean of a bf16 input ("Welford
+    reduction does not support VectorizedN (N>2)"). The statistics are left uncompiled."""
+    from conftest import USER_MODELS, assert_ok
+
+    assert_ok(run_bench("run", "--strategy", "ddp-amp", "--cpu", "--gpus", "2", "--cpu-syncbn",
+                        "--compile", "--model", "user_models:shortcut_cnn", "--data",
+                        "synthetic", "--train-limit", "64", "--test-limit", "16",
+                        "--batch-size", "16", "--epochs", "1", "--no-progress",
+                        "--comm-probe-steps", "0", "--output", str(tmp_path), env=USER_MODELS))
+
+
 def test_ddp_with_cpu_syncbn_trains_like_one_process_over_the_global_batch():
     """bench verify's reference is one plain process with the strategy's BatchNorm grouping:
     with --cpu-syncbn the record says syncbn, so the reference normalises over the global

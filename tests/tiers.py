@@ -78,6 +78,8 @@ LONG = {
     # more runs of what make test already trains once
     r"test_device_loader.py::test_speed_flags": "torch.compile on CPU (a minute)",
     r"test_horovod.py::test_horovod_compile_warm_up": "torch.compile under horovod",
+    r"test_verify.py::test_a_compiled_run_is_verified": "torch.compile of ResNet-18 in two "
+                                                         "ranks and the reference",
     r"test_horovod.py::test_horovod_fp16_compression": "a horovod option",
     r"test_sampler.py::test_order_digest_hashes": "the order digest under every loader",
     r"test_sampler.py::test_horovod_serves": "horovod's data order",

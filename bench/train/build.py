@@ -125,14 +125,17 @@ class _DropNoise(logging.Filter):
         return not str(record.msg).startswith(self.start)
 
 
-def compiled(model: nn.Module, mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def compiled(model: nn.Module, mode: str, dynamic: bool | None = None
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``torch.compile`` in the run's mode (torch's own default when "default"), without
-    torch's two notes of no consequence (_COMPILE_NOISE)."""
+    torch's two notes of no consequence (_COMPILE_NOISE); ``dynamic`` as torch.compile's."""
     for name, start in _COMPILE_NOISE.items():
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropNoise) for f in log.filters):
             log.addFilter(_DropNoise(start))
-    return torch.compile(model) if mode == "default" else torch.compile(model, mode=mode)
+    if mode == "default":
+        return torch.compile(model, dynamic=dynamic)
+    return torch.compile(model, mode=mode, dynamic=dynamic)
 
 
 def tf32_label(label: str, allow_tf32: bool) -> str:

@@ -23,7 +23,9 @@ from torch import nn
 
 from bench.config.run_config import RunConfig
 from bench.data.datasets import dataset, model_spec
+from bench.data.loaders import input_memory_format
 from bench.models.stochastic import switch_off_random_layers
+from bench.train.build import compiled
 from bench.train.rank_chunks import as_rank_chunks
 from bench.train.schedule import lr_at
 from strategies.base import epoch_sampler
@@ -67,6 +69,8 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     model = model_spec(cfg).build()
     switch_off_random_layers(model)  # as the strategy's ranks do under verify
     model = model.to(device=device, dtype=dtype)
+    if cfg.channels_last:  # as the ranks' (under bf16 another layout rounds otherwise)
+        model = model.to(memory_format=torch.channels_last)
     mixed = Precision(precision, torch.device(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
@@ -82,6 +86,8 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     if by_rank:
         model = as_rank_chunks(model, layout.processes)
     with _compressed_like(cfg, model) as net:
+        if cfg.compile:  # as the ranks' (under bf16 fused kernels round otherwise)
+            net = compiled(net, cfg.compile_mode, dynamic=False if by_rank else None)
         losses = _reference_steps(cfg, steps, layout, net, optimizer, mixed, data, orders,
                                   device, dtype, by_rank=by_rank)
     params = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
@@ -159,7 +165,8 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
         optimizer.zero_grad()
         total = 0.0
         for k, idx in enumerate(groups):
-            images = torch.stack([data[i][0] for i in idx]).to(device, dtype)
+            images = torch.stack([data[i][0] for i in idx]).to(
+                device, dtype, memory_format=input_memory_format(cfg))
             labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
             hold = last_only() if last_only and k < len(groups) - 1 else contextlib.nullcontext()
             with hold:
