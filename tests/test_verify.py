@@ -145,3 +145,25 @@ def test_compression_on_the_wire_is_verified_against_a_reference_that_compresses
                      timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"^horovod +pass .* \(1e-05\) .* \(2e-05\)", proc.stdout, re.M), proc.stdout
+
+
+@pytest.mark.parametrize("strategy", ["horovod"])
+def test_the_self_test_injects_into_horovod_what_horovod_can_get_wrong(strategy):
+    """Seen under --hvd-compression fp16: sum-gradients and skip-allreduce both ESCAPED and
+    the self-test exited 1. Gradients scaled before Horovod's step were overwritten by the
+    averaged ones it writes in synchronize(); skip-allreduce clears a flag only torch's DDP
+    reads. Now the gradients are scaled after synchronize() (caught), and skip-allreduce is
+    shown as not applying, not as the check's failure."""
+    from strategies.horovod import HorovodStrategy
+
+    missing = HorovodStrategy(strategy).requires("cpu")
+    if missing:
+        pytest.skip(f"horovod unavailable: {missing}")
+    proc = run_bench("verify", "--self-test", "--strategies", strategy, "--hvd-compression",
+                     "fp16", "--defects", "sum-gradients,skip-allreduce", *SMALL, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^sum-gradients +\S+ \(1e-05\) +\S+ \(2e-05\) +caught$", proc.stdout,
+                     re.M), proc.stdout
+    assert re.search(r"^skip-allreduce +— +— +does not apply: it clears torch DDP's "
+                     r"gradient-sync flag, and horovod has none$", proc.stdout, re.M), proc.stdout
+    assert "2/2 as expected (skip-allreduce not injected)" in proc.stdout, proc.stdout

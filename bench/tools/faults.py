@@ -112,13 +112,26 @@ def inject_defect(name: str, parts, sampler, strategy) -> None:
     strategy.notes.append(f"DEFECT INJECTED ({DEFECT_ENV}={name}): {DEFECTS[name]}")
     optimizer_step = parts.optimizer.step
     if name == "sum-gradients":
-        def step(*args, **kwargs):
+        def times_world() -> None:
             for group in parts.optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
                         p.grad.mul_(world)
-            return optimizer_step(*args, **kwargs)
-        parts.optimizer.step = step
+        synchronize = getattr(parts.optimizer, "synchronize", None)
+        if synchronize is not None:
+            # Horovod writes the averaged gradients in synchronize(), inside step(): scaled
+            # before it, they were overwritten (under --hvd-compression fp16 the defect
+            # escaped every check)
+            def synchronized(*args, **kwargs):
+                done = synchronize(*args, **kwargs)
+                times_world()
+                return done
+            parts.optimizer.synchronize = synchronized
+        else:
+            def step(*args, **kwargs):
+                times_world()
+                return optimizer_step(*args, **kwargs)
+            parts.optimizer.step = step
     elif name == "lr-world-size":
         def step(*args, **kwargs):
             for group in parts.optimizer.param_groups:
