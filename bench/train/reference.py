@@ -9,7 +9,13 @@ therefore reproduces the strategy's BatchNorm grouping: it runs the global batch
 forward passes over exactly the images each replica gets (the sampler's rank shards for DDP and
 Horovod, DataParallel's contiguous scatter chunks), averages their losses and takes one step.
 That is mathematically what the strategy must compute; SyncBN strategies are compared with
-W = 1. Augmentation is off (each rank's random crops differ by design).
+W = 1. Augmentation and dropout are off (each rank's random crops and masks differ by design).
+
+Mixed precision. Under bf16 two computations of one function differ wherever one rounds
+where the other does not, so the reference also rounds where the ranks do: it takes their
+thread count (verify sets it), memory layout and compilation, scales each gradient as they
+do (a rank's mean, the sum divided by W after the backward), and under SyncBN on CPU ranks
+cuts each batch as they do (bench/train/rank_chunks.py).
 """
 
 from __future__ import annotations
@@ -163,7 +169,7 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps_per_epoch * cfg.epochs, warmup, cfg.peak_lr)
         optimizer.zero_grad()
-        total = 0.0
+        total, divisor = 0.0, _after_backward(layout, by_rank)
         for k, idx in enumerate(groups):
             images = torch.stack([data[i][0] for i in idx]).to(
                 device, dtype, memory_format=input_memory_format(cfg))
@@ -173,8 +179,7 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
                 with mixed.autocast(cache=not by_rank):
                     loss = _group_loss(model(images), labels, layout, by_rank)
                 mixed.backward(loss)
-            total += loss.item() / _after_backward(layout, by_rank)
-        divisor = _after_backward(layout, by_rank)
+            total += loss.item() / divisor
         if divisor > 1:
             for param in model.parameters():
                 if param.grad is not None:
