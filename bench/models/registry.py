@@ -154,9 +154,9 @@ def check_model_builds(spec: ModelSpec) -> nn.Module:
         shape = tuple(getattr(logits, "shape", ()))
         if shape != (count, spec.num_classes):
             images = "1 image" if count == 1 else f"a batch of {count} images"
+            auxiliary = hasattr(logits, "aux_logits") or hasattr(logits, "aux_logits2")
             extra = (" (auxiliary outputs: build it with aux_logits=False in your own "
-                     "factory, package.module:function)") if hasattr(logits, "aux_logits2") \
-                or hasattr(logits, "aux_logits") else ""
+                     "factory, package.module:function)") if auxiliary else ""
             raise ConfigError(f"--model {spec.name} maps {images}"
                               f"{' in training' if training else ''} to "
                               f"{shape or type(logits).__name__}, not logits of shape "
