@@ -244,13 +244,13 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
         raise next(iter(refused.values()))
     check_data(list(plans.values()))  # no data: bad input, before the table starts
     dropping = max(plan.random_layers for plan in plans.values())
-    off = (f", dropout off ({terminal.count(dropping, 'layer')}: each rank would draw its "
-           "own masks)") if dropping else ""
+    off = (f"dropout: off in the ranks and the reference ({terminal.count(dropping, 'layer')}; "
+           "each rank would draw its own masks)\n") if dropping else ""
     print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
           f"{f'width {base.width}' if base.model == DEFAULT_MODEL else base.model}, "
-          f"{_ranks(base)}, "
-          f"no augmentation{off}\nreference: one plain process with the strategy's BatchNorm "
-          "grouping; fp32 strategies run in float64\n" + HEADER, flush=True)
+          f"{_ranks(base)}, no augmentation\n{off}reference: one plain process with the "
+          "strategy's BatchNorm grouping; fp32 strategies run in float64\n" + HEADER,
+          flush=True)
     checker = Checker(base, steps)
     outcomes = [Outcome(name, "skipped", detail=f"refused: {exc}") for name, exc in refused.items()]
     for line in (o.line() for o in outcomes):
@@ -283,7 +283,7 @@ def defect_does_not_apply(defect: str, strategy) -> str | None:
     clears torch DDP's ``require_backward_grad_sync``, which other wrappers do not read:
     a run of theirs "with" it is the unbroken run, which the check rightly passes."""
     if defect == "skip-allreduce" and "ddp" not in strategy.own_options:
-        return f"it clears torch DDP's gradient-sync flag, and {strategy.name} has none"
+        return f"{strategy.name} has no torch DDP sync flag to clear"
     return None
 
 
