@@ -353,7 +353,8 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                     "so a run's command line can be checked as it is; those of its length "
                     "and output (--epochs, --train-limit, --warmup-epochs, --tf32, --output, "
                     "--tag, --mllog, the probes) have no effect: it trains --steps steps "
-                    "(fp32 in float64, TF32 off) and writes nothing.",
+                    "(fp32 in float64, TF32 off, without augmentation or dropout) and "
+                    "writes nothing.",
     )
     verify.add_argument("--strategies", default=None, help="comma-separated (default: all)")
     verify.add_argument("--gpus", type=int, default=2, help="world size (default 2)")
