@@ -5,6 +5,7 @@ no torch DDP wraps the model."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,18 @@ def test_a_cpu_syncbn_row_is_its_own_row_and_says_so():
               "ddp_options": {"cpu_syncbn": True}}
     table = summary_table([plain, synced])
     assert sorted(zip(table["options"], table["runs"])) == [("cpu syncbn", 1), ("—", 1)]
+
+
+def test_the_bf16_reference_cuts_every_kind_of_convolution_as_the_ranks_do():
+    """Under bf16 with --cpu-syncbn, verify's reference runs each weighted layer once per
+    rank's share (bench/train/rank_chunks.py), so that its weight gradients round as the
+    ranks' do; at 2 ranks nothing is left to round otherwise and the parameters agree to the
+    bit. Seen: a transposed convolution was run over the whole batch (only Conv2d was cut),
+    and a model with one differed by 4.2e-7."""
+    from conftest import USER_MODELS
+
+    proc = run_bench("verify", "--strategies", "ddp-amp", "--cpu", "--gpus", "2", "--cpu-syncbn",
+                     "--model", "user_models:transposed_cnn", env=USER_MODELS, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = re.search(r"^ddp-amp +pass +bf16 +syncbn +\S+ \(\S+\) +(\S+) \(", proc.stdout, re.M)
+    assert row and float(row.group(1)) < 1e-9, proc.stdout

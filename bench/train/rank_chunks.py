@@ -10,10 +10,12 @@ such a reference and ``ddp-amp --cpu-syncbn`` differed by 2-3e-4 (loss) and 7-10
 the parameters by 1.3e-4: the check failed a correct strategy and could not tell a defect.
 Per-replica BatchNorm has no such noise (its reference runs each replica's forward pass).
 
-What. Here every convolution and linear layer runs once per rank chunk (autocast's weight
-cache off, so that each chunk's bf16 weight gradient is rounded alone and summed in
-float32, as DDP sums the ranks'), and BatchNorm is strategies/cpu_syncbn.py's arithmetic
-with the exchange replaced by stacking the chunks' shares in rank order. The float64 check
+What. Here every convolution (any dimension, transposed too) and linear layer runs once
+per rank chunk (autocast's weight cache off, so that each chunk's bf16 weight gradient is
+rounded alone and summed in float32, as DDP sums the ranks'; a weight used through a
+function, as attention's in-projection is, is not cut), and BatchNorm is
+strategies/cpu_syncbn.py's arithmetic with the exchange replaced by stacking the chunks'
+shares in rank order. The float64 check
 of ``ddp --cpu-syncbn`` (BatchNorm over the whole batch, torch's own) and
 tests/syncbn_shared_check.py hold that arithmetic to the math; this reference holds the
 mixed-precision path around it (autocast, DDP's all-reduce, the loop) to the same numbers.
@@ -95,6 +97,6 @@ def as_rank_chunks(model: nn.Module, chunks: int) -> nn.Module:
 
     model = replace_batchnorm(model, chunked, _ChunkedSyncBatchNorm)
     for layer in model.modules():
-        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+        if isinstance(layer, (nn.modules.conv._ConvNd, nn.Linear)):
             layer.forward = functools.partial(_per_chunk, layer.forward, chunks)
     return model

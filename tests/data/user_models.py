@@ -200,3 +200,11 @@ def with_dropout(num_classes: int) -> nn.Module:
     """tiny_cnn with dropout before its classifier, as many classification heads have."""
     body = tiny_cnn(num_classes)
     return nn.Sequential(*body[:-1], nn.Dropout(0.5), body[-1])
+
+
+def transposed_cnn(num_classes: int) -> nn.Module:
+    """A transposed convolution between BatchNorms (a decoder's layer in a classifier)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.ConvTranspose2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))
