@@ -115,12 +115,15 @@ def normalise_backward(grad_out: torch.Tensor, centred: torch.Tensor, mine: torc
                        invstd: torch.Tensor, dtype: torch.dtype):
     """The input gradient (in ``dtype``, the input's), from this rank's gradient sums
     ``mine`` and every rank's summed (``both``); the weight and bias gradients of this
-    rank's share, left for DDP to average like every other parameter's."""
+    rank's share, left for DDP to average like every other parameter's (None without
+    them: ``affine=False``)."""
     dims, work = centred.dim(), centred.dtype
     channels = mine.numel() // 2
     sum_dy, sum_dy_xmu = mine[:channels], mine[channels:]
-    grad_weight = (sum_dy_xmu * invstd).to(weight.dtype) if weight is not None else None
-    grad_bias = sum_dy.to(weight.dtype if weight is not None else work)
+    # BatchNorm's affine flag gives it both a weight and a bias, or neither
+    affine = weight is not None
+    grad_weight = (sum_dy_xmu * invstd).to(weight.dtype) if affine else None
+    grad_bias = sum_dy.to(weight.dtype) if affine else None
     mean_dy = both[:channels] / total
     mean_dy_xmu = both[channels:] / total
     scale = invstd if weight is None else invstd * weight.double()

@@ -121,3 +121,18 @@ def test_the_bf16_reference_cuts_every_kind_of_convolution_as_the_ranks_do():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     row = re.search(r"^ddp-amp +pass +bf16 +syncbn +\S+ \(\S+\) +(\S+) \(", proc.stdout, re.M)
     assert row and float(row.group(1)) < 1e-9, proc.stdout
+
+
+def test_batchnorm_without_weight_and_bias_synchronises():
+    """Seen: --cpu-syncbn on a BatchNorm with affine=False failed at its first backward
+    ("returned a gradient different than None at position 3"): it gave a bias gradient for
+    a bias there is none of. bench verify then holds it to the plain loop, in float64 and
+    under bf16 cut by rank."""
+    from conftest import USER_MODELS
+
+    proc = run_bench("verify", "--strategies", "ddp,ddp-amp", "--cpu", "--gpus", "2",
+                     "--cpu-syncbn", "--steps", "3", "--model", "user_models:plain_batchnorm",
+                     env=USER_MODELS, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^ddp +pass +fp32 +syncbn ", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^ddp-amp +pass +bf16 +syncbn ", proc.stdout, re.M), proc.stdout

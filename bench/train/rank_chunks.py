@@ -64,8 +64,9 @@ class _ChunkedNormalise(torch.autograd.Function):
         shares = [normalise_backward(g, c, m, both, ctx.total, weight, invstd, ctx.dtype)
                   for g, c, m in zip(grads, centred, mine)]
         grad_x = torch.cat([share[0] for share in shares])
-        grad_weight = functools.reduce(torch.add, [share[1] for share in shares]) \
-            if weight is not None else None
+        if weight is None:  # affine=False: no weight, no bias
+            return grad_x, None, None, None, None
+        grad_weight = functools.reduce(torch.add, [share[1] for share in shares])
         grad_bias = functools.reduce(torch.add, [share[2] for share in shares])
         return grad_x, grad_weight, grad_bias, None, None
 

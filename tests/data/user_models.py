@@ -208,3 +208,10 @@ def transposed_cnn(num_classes: int) -> nn.Module:
         nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
         nn.ConvTranspose2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))
+
+
+def plain_batchnorm(num_classes: int) -> nn.Module:
+    """BatchNorm without its weight and bias (affine=False): normalisation alone."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16, affine=False),
+        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, num_classes))
