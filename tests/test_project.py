@@ -364,7 +364,7 @@ def test_a_plot_of_more_than_ten_series_dashes_the_eleventh(tmp_path):
              Workload("ddp", 0.1, 40_000_000, (i + 1) * 2**20)) for i in range(11)]
     for count, dashed in ((10, 1), (11, 3)):
         path = tmp_path / f"{count}.svg"
-        write_projection_plot(path, runs[:count], [], [8, 64], 8, NET)
+        write_projection_plot(path, runs[:count], [], [8, 64], 8, lambda rec: NET)
         assert path.read_text().count("stroke-dasharray") == dashed, count
 
 

@@ -31,10 +31,10 @@ def measured_efficiency(rec: dict[str, Any]) -> float | None:
 
 def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
                           records: list[dict[str, Any]], asked: list[int], gpus_per_node: int,
-                          net: Network | Callable[[dict[str, Any]], Network]) -> None:
+                          net_of: Callable[[dict[str, Any]], Network]) -> None:
     """Efficiency against GPUs, a panel per workload: the projection of each series as a
-    line (over ``net``, or the network ``net(record)`` gives its run: a panel is one
-    machine's), the measured runs of the same series as points."""
+    line (over the network ``net_of(record)`` gives its run: a panel is one machine's), the
+    measured runs of the same series as points."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,7 +56,6 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
             measured.setdefault(series_key(r, w), []).append((r["world_size"], efficiency))
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.2 * len(panels)), squeeze=False)
     xs = curve_gpus(asked)
-    net_of = net if callable(net) else (lambda rec: net)
     for ax, (name, runs) in zip(axes[:, 0], panels.items()):
         lowest = 100.0
         points = False
