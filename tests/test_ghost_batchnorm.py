@@ -112,3 +112,34 @@ def test_on_gpus_ghost_batchnorm_asks_for_per_replica_batchnorm():
     cfg.check_ghost_bn(32, syncs_batchnorm=False)
     assert strategies.get("ddp", StrategyOptions()).syncs_batchnorm
     assert not strategies.get("dp", StrategyOptions()).syncs_batchnorm
+
+
+def test_bench_verify_checks_a_ghost_batchnorm_run_against_passes_of_g_images():
+    """In float64 the reference runs each G images as a forward pass of plain BatchNorm, so
+    the ranks' one-pass ghost layer is checked independently (to rounding: a reference that
+    ignored the groups differs by orders of magnitude more); under bf16 it takes the ranks'
+    layer. The self-test says bn-grouping does not apply where the groups already split
+    each half of a replica's batch apart."""
+    proc = run_bench("verify", "--cpu", "--strategies", "ddp,ddp-amp", "--steps", "4",
+                     "--batch-size", "32", "--ghost-bn", "4", "--no-syncbn")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()
+            if line.startswith(("ddp ", "ddp-amp "))}
+    assert set(rows) == {"ddp", "ddp-amp"}, proc.stdout
+    assert all("pass" in row and "ghost 4" in row for row in rows.values()), proc.stdout
+    param_diff = float(rows["ddp"].split()[6])
+    assert param_diff < 1e-12, proc.stdout  # float64: the same math, not a near miss
+
+
+def test_bn_grouping_does_not_apply_where_ghost_groups_split_the_half_already():
+    from bench.commands.verify import defect_does_not_apply
+    from bench.config.run_config import RunConfig
+    from bench.launch.plan import RunPlan
+
+    def plan(ghost):
+        return RunPlan(RunConfig("ddp", gpus=2, cpu=True, data="synthetic", width=0.125,
+                                 batch_size=32, ghost_bn=ghost), probe_output=False)
+
+    assert "already normalises each half" in defect_does_not_apply("bn-grouping", plan(4))
+    assert defect_does_not_apply("bn-grouping", plan(16)) is None  # 16 does not split 8
+    assert defect_does_not_apply("bn-grouping", plan(None)) is None

@@ -278,12 +278,18 @@ SELF_TEST_DEFECTS = ("sum-gradients", "skip-allreduce", "bn-grouping", "batch-or
                      "lr-world-size")
 
 
-def defect_does_not_apply(defect: str, strategy) -> str | None:
-    """Why ``defect`` cannot be injected into ``strategy`` (None: it can). skip-allreduce
-    clears torch DDP's ``require_backward_grad_sync``, which other wrappers do not read:
-    a run of theirs "with" it is the unbroken run, which the check rightly passes."""
+def defect_does_not_apply(defect: str, plan: RunPlan) -> str | None:
+    """Why ``defect`` cannot be injected into the run ``plan`` (None: it can); a run "with"
+    it would be the unbroken run, which the check rightly passes. skip-allreduce clears
+    torch DDP's ``require_backward_grad_sync``, which other wrappers do not read;
+    bn-grouping normalises each half of a replica's batch apart, which --ghost-bn groups
+    that divide the half already do."""
+    strategy, ghost = plan.strategy, plan.cfg.ghost_bn
     if defect == "skip-allreduce" and "ddp" not in strategy.own_options:
         return f"{strategy.name} has no torch DDP sync flag to clear"
+    half = plan.per_replica_batch // plan.cfg.grad_accum // 2
+    if defect == "bn-grouping" and ghost is not None and half % ghost == 0:
+        return f"--ghost-bn {ghost} already normalises each half of a replica's batch apart"
     return None
 
 
@@ -313,7 +319,7 @@ def run_self_test(base: RunConfig, name: str, steps: int,
     print(f"{'variant':<16}  {'loss diff (tol.)':<16}  {'param diff (tol.)':<17}  result")
     checker = Checker(base, steps)
     escaped = []
-    moot = {d: why for d in defects if (why := defect_does_not_apply(d, plan.strategy))}
+    moot = {d: why for d in defects if (why := defect_does_not_apply(d, plan))}
     defects = [d for d in defects if d not in moot]
     for defect in (None, *defects):
         outcome = checker.check(plan, defect)
@@ -375,9 +381,6 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     for flag, default in defaults:
         if not given(passed_on, flag):
             passed_on = [flag, default, *passed_on]
-    if given(passed_on, "--ghost-bn"):
-        raise ConfigError("bench verify's one-process reference normalises each replica's "
-                          "batch as a whole, not in ghost groups: drop --ghost-bn")
     run = run_options_for("verify", ["--strategy", "ddp", "--gpus", str(args.gpus),
                                      *passed_on])
     names = parse_list(args.strategies, "--strategies") if args.strategies else None

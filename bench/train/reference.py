@@ -9,7 +9,11 @@ therefore reproduces the strategy's BatchNorm grouping: it runs the global batch
 forward passes over exactly the images each replica gets (the sampler's rank shards for DDP and
 Horovod, DataParallel's contiguous scatter chunks), averages their losses and takes one step.
 That is mathematically what the strategy must compute; SyncBN strategies are compared with
-W = 1. Augmentation and dropout are off (each rank's random crops and masks differ by design).
+W = 1. Under ``--ghost-bn G`` each replica's images are cut further, into forward passes of G
+images of plain BatchNorm: what the ranks' ghost layer must compute in one pass (an
+independent check of it; under mixed precision G-image passes round otherwise than one pass,
+so there the reference takes the ranks' ghost layer). Augmentation and dropout are off
+(each rank's random crops and masks differ by design).
 
 Mixed precision. Under bf16 two computations of one function differ wherever one rounds
 where the other does not, so the reference also rounds where the ranks do: it takes their
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -30,6 +34,7 @@ from torch import nn
 from bench.config.run_config import RunConfig
 from bench.data.datasets import dataset, model_spec
 from bench.data.loaders import input_memory_format
+from bench.models.ghost_batchnorm import GhostBatchNorm
 from bench.models.stochastic import switch_off_random_layers
 from bench.train.build import compiled
 from bench.train.rank_chunks import as_rank_chunks
@@ -46,11 +51,12 @@ class Layout:
     replicas_per_process: int = 1  # DataParallel scatters a process batch into this many
     accum: int = 1  # micro-batches per optimizer step
     sync: bool = False  # SyncBatchNorm: one statistic over all replicas' micro-batch
+    ghost: int | None = None  # --ghost-bn: a replica's statistics over each G of its images
 
     def describe(self) -> str:
         replicas = self.processes * self.replicas_per_process
         kind = "sync" if self.sync else f"{replicas} replica{'s' if replicas > 1 else ''}"
-        return f"BN {kind} x {self.accum} micro"
+        return f"BN {kind} x {self.accum} micro{f', ghost {self.ghost}' if self.ghost else ''}"
 
 
 def layout_of(meta: dict) -> Layout:
@@ -59,6 +65,7 @@ def layout_of(meta: dict) -> Layout:
         replicas_per_process=meta["world_size"] // meta["processes"],
         accum=meta.get("grad_accum", 1),
         sync=meta["norm"] == "syncbn",
+        ghost=meta.get("ghost_bn"),
     )
 
 
@@ -74,10 +81,13 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     torch.manual_seed(cfg.seed)
     model = model_spec(cfg).build()
     switch_off_random_layers(model)  # as the strategy's ranks do under verify
+    mixed = Precision(precision, torch.device(device))
+    if layout.ghost is not None and mixed.dtype is not None:  # see the module's docstring
+        model = GhostBatchNorm.convert(model, layout.ghost)
+        layout = replace(layout, ghost=None)
     model = model.to(device=device, dtype=dtype)
     if cfg.channels_last:  # as the ranks' (under bf16 another layout rounds otherwise)
         model = model.to(memory_format=torch.channels_last)
-    mixed = Precision(precision, torch.device(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.peak_lr, momentum=cfg.momentum,
                                 nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)
     data = dataset(cfg, "train", augment=False)
@@ -164,8 +174,10 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
             if layout.sync:
                 groups.append([i for chunk in chunks for i in chunk])
             else:
-                groups += [c[r * part : (r + 1) * part] for c in chunks
-                           for r in range(layout.replicas_per_process)]
+                size = layout.ghost or part  # a ghost BatchNorm group, or the replica's part
+                groups += [c[r * part + g : r * part + g + size] for c in chunks
+                           for r in range(layout.replicas_per_process)
+                           for g in range(0, part, size)]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps_per_epoch * cfg.epochs, warmup, cfg.peak_lr)
         optimizer.zero_grad()
@@ -177,7 +189,7 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
             hold = last_only() if last_only and k < len(groups) - 1 else contextlib.nullcontext()
             with hold:
                 with mixed.autocast(cache=not by_rank):
-                    loss = _group_loss(model(images), labels, layout, by_rank)
+                    loss = _group_loss(model(images), labels, layout, by_rank, part)
                 mixed.backward(loss)
             total += loss.item() / divisor
         if divisor > 1:
@@ -190,17 +202,21 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
 
 
 def _group_loss(logits: torch.Tensor, labels: torch.Tensor, layout: Layout,
-                by_rank: bool) -> torch.Tensor:
+                by_rank: bool, part: int) -> torch.Tensor:
     """One BatchNorm group's loss as the ranks scale it: a replica's mean (DataParallel's
-    replicas share their process's mean), divided by --grad-accum; the whole batch of a
-    SyncBN group (its mean over every rank's images), or, cut by rank, each rank's mean."""
+    replicas share their process's mean; a ghost group is its share of its replica's
+    ``part`` images), divided by --grad-accum; the whole batch of a SyncBN group (its mean
+    over every rank's images), or, cut by rank, each rank's mean."""
     if layout.sync and by_rank:
         rank_means = [nn.functional.cross_entropy(part, lab)
                       for part, lab in zip(logits.chunk(layout.processes),
                                            labels.chunk(layout.processes))]
         return torch.stack(rank_means).sum() / layout.accum
     loss = nn.functional.cross_entropy(logits, labels)
-    return loss / (layout.accum * (1 if layout.sync else layout.replicas_per_process))
+    if layout.sync:
+        return loss / layout.accum
+    share = layout.replicas_per_process * (part // len(labels))  # a ghost group's 1/(part/G)
+    return loss / (layout.accum * share)
 
 
 def _after_backward(layout: Layout, by_rank: bool) -> int:

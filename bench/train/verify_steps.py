@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from bench.measure.across_ranks import full_tensor, global_mean, sync_devices
+from bench.models.ghost_batchnorm import GhostBatchNorm
 from strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ def run_verify(trainer: Trainer) -> None:
     if trainer.record is not None:
         save_verify_outputs(Path(trainer.cfg.verify_dir), losses, state, trainer.strategy,
                             trainer.parts.precision.label, trainer.cfg.grad_accum,
-                            trainer.parts.precision.scaler_state()["scaler_skipped_steps"])
+                            trainer.parts.precision.scaler_state()["scaler_skipped_steps"],
+                            ghost_group(trainer.parts.model))
         trainer.record.finish_verify(trainer.strategy.norm, trainer.strategy.notes)
 
 
@@ -52,9 +54,16 @@ def verify_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: full_tensor(v.detach()).cpu().clone() for k, v in module.named_parameters()}
 
 
+def ghost_group(model: nn.Module) -> int | None:
+    """The images a ghost BatchNorm group holds in the model the ranks trained (None: no
+    ghost layer): read from the layers, as the grouping the reference must reproduce."""
+    return next((m.group for m in model.modules() if isinstance(m, GhostBatchNorm)), None)
+
+
 def save_verify_outputs(out: Path, losses: list[float], state: dict[str, torch.Tensor],
                         strategy: Strategy, precision: str, grad_accum: int,
-                        scaler_skipped_steps: int | None = None) -> None:
+                        scaler_skipped_steps: int | None = None,
+                        ghost_bn: int | None = None) -> None:
     """What ``bench verify`` compares with its reference: per-step losses and parameters,
     and how the strategy cut the batch (its BatchNorm grouping)."""
     torch.save(state, out / "params.pt")
@@ -62,4 +71,5 @@ def save_verify_outputs(out: Path, losses: list[float], state: dict[str, torch.T
         "losses": losses, "precision": precision, "norm": strategy.norm,
         "world_size": strategy.replicas, "processes": strategy.world_size,
         "grad_accum": grad_accum, "scaler_skipped_steps": scaler_skipped_steps,
+        "ghost_bn": ghost_bn,
     }))
