@@ -59,8 +59,6 @@ CASES = {
     "ghost BatchNorm with BatchNorm over the global batch": (
         ["run", "--strategy", "ddp", *BASE, "--gpus", "2", "--ghost-bn", "2", "--cpu-syncbn"],
         "--cpu-syncbn over the global batch: drop one"),
-    "ghost BatchNorm under verify": (["verify", "--ghost-bn", "2", *BASE],
-                                     "bench verify's one-process reference normalises"),
     "train set smaller than a batch": (
         ["run", "--strategy", "dp", *BASE, "--train-limit", "16"], "--train-limit"),
     "fp16 on cpu": (
