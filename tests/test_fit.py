@@ -111,6 +111,23 @@ def test_the_peaks_aim_the_search_at_the_same_batch_in_fewer_tries(cap_gib, fixe
     assert flattened <= bisection + MAX_AIMS, (flattened, bisection)
 
 
+def test_each_try_is_said_within_120_columns():
+    """A try's cause as bench fit gives it under a real limit (the kernel's OOM killer, the
+    rank and the step): 190 columns on one line before."""
+    cause = ("out of memory: the kernel's OOM killer ended a process at the 2.5 GiB limit "
+             "(rank 1 was killed by signal 9 (SIGKILL) [in train epoch 1 step 1])")
+
+    def run_try(batch, replicas, args, limit, gpu_memory, timeout):
+        return Try(batch, batch <= 100, "ok" if batch <= 100 else cause, 7.0)
+
+    lines: list[str] = []
+    search(64, 2, [], 2**31, None, 3, 600, say=lines.append, run_try=run_try)
+    said = "\n".join(lines)
+    assert max(map(len, said.splitlines())) <= 120, said
+    assert "batch 128 per replica (256 global): out of memory" in said
+    assert " ".join(said.split()).count(cause) == 1, said  # whole, wrapped between words
+
+
 def test_a_search_that_did_not_close_in_says_what_it_knows():
     """A search cut short by its budget or by a try that failed for another reason gave
     its largest batch that trained as the answer: 12 doublings from 8 that all fitted read

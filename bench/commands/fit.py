@@ -166,8 +166,10 @@ def search(start: int, replicas: int, args: list[str], limit: int | None,
         t = run_try(b, replicas, args, limit, gpu_memory,
                     timeout=max(60.0, deadline - time.monotonic()))
         tries.append(t)
-        say(f"bench fit: batch {b} per replica ({b * replicas} global): {t.cause} "
-            f"[{t.seconds:.0f} s]")
+        # a cause can be long ('out of memory: the kernel's OOM killer ... (rank 1 was
+        # killed by signal 9 ...)'): wrapped to the terminal's 120 columns, indented
+        say(terminal.fill(f"bench fit: batch {b} per replica ({b * replicas} global): "
+                          f"{t.cause} [{t.seconds:.0f} s]", subsequent_indent="    "))
         return t
 
     def budget() -> bool:
