@@ -305,6 +305,40 @@ def test_report_prints_the_gpu_breakdown_of_a_real_h100_trace(tmp_path):
     assert (tmp_path / "trace_breakdown.csv").read_text().startswith("run_id,")
 
 
+def test_a_trace_cut_short_or_of_another_shape_is_a_note_not_a_traceback(tmp_path):
+    """A gzipped trace cut short (a run killed while it was written) raised gzip's EOFError
+    out of `bench report`; JSON of another shape or with events of other types raised
+    AttributeError or TypeError. Each is now the run's note, within 120 columns, and the
+    report goes on; an event whose figures are not numbers is left out of the breakdown."""
+    import gzip
+
+    from bench.report.trace_breakdown import breakdown
+
+    runs, traces = tmp_path / "runs", tmp_path / "traces"
+    runs.mkdir(), traces.mkdir()
+    whole = gzip.compress(json.dumps({"traceEvents": []}).encode() * 50)
+    contents = {"cut.trace.json.gz": whole[: len(whole) // 2],
+                "list.trace.json": b"[]",
+                "events.trace.json": b'{"traceEvents": {"a": 1}}'}
+    for i, (name, data) in enumerate(contents.items()):
+        (traces / name).write_bytes(data)
+        run_id = f"20261126T05355{i}Z-ddp-1cuda-976d6a"
+        rec = {"run_id": run_id, "status": "ok", "strategy": "ddp", "world_size": 1,
+               "device": "cuda", "precision": "tf32", "profile_steps": 5,
+               "profile_trace": f"/elsewhere/traces/{name}", "per_epoch": [],
+               "started_at": "2026-11-23T03:07:04Z"}
+        (runs / f"{run_id}.json").write_text(json.dumps(rec))
+    proc = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert "unreadable trace: cut.trace.json.gz is cut short" in said, proc.stdout
+    assert said.count("is not a Chrome trace") == 2, proc.stdout
+    assert max(map(len, proc.stdout.splitlines())) <= 120, proc.stdout
+    good = {"ph": "X", "cat": "kernel", "name": "conv", "ts": 0, "dur": 10}
+    assert breakdown([good, "x", {**good, "ts": "soon"}, {**good, "args": [1]}])[0][
+        "compute_s"] == pytest.approx(10e-6)
+
+
 def test_top_kernels_ranks_a_real_h100_traces_kernels(tmp_path):
     """scripts/top_kernels.py (what the GPU lease prints of the fastest path's profile) on
     the H100 trace: kernel time, not operators; the largest first; the shares of the

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.tools import terminal
+
 KINDS = ("compute", "communication", "memory", "idle")
 _GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 
@@ -43,10 +45,15 @@ def breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """Per device: seconds of each kind and the window, from Chrome-trace events (µs)."""
     by_device: dict[int, dict[str, list[tuple[float, float]]]] = {}
     for ev in events:
-        if ev.get("cat") not in _GPU_CATEGORIES or ev.get("ph", "X") != "X":
+        if not isinstance(ev, dict) or ev.get("cat") not in _GPU_CATEGORIES or ev.get(
+                "ph", "X") != "X":
             continue
-        start, dur = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))
-        device = int((ev.get("args") or {}).get("device", 0))
+        try:  # an event whose figures are not numbers (a hand-edited trace) times nothing
+            start, dur = float(ev.get("ts", 0.0)), float(ev.get("dur", 0.0))
+            args = ev.get("args")
+            device = int((args if isinstance(args, dict) else {}).get("device", 0))
+        except (TypeError, ValueError):
+            continue
         kinds = by_device.setdefault(device, {k: [] for k in KINDS[:3]})
         kinds[kind_of(ev)].append((start, start + dur))
     result = {}
@@ -65,9 +72,19 @@ def breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
 
 
 def read_trace(path: Path) -> dict[str, Any]:
+    """The Chrome trace at ``path`` (gzipped where it ends in .gz); ValueError where it is
+    none: a file cut short (a run killed while its trace was written or compressed), or
+    JSON of another shape."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            trace = json.load(f)
+    except EOFError as exc:  # gzip's stream cut short: neither OSError nor ValueError
+        raise ValueError(f"{path.name} is cut short ({exc})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents", []), list):
+        raise ValueError(f"{path.name} is not a Chrome trace (an object with a traceEvents "
+                         "list)")
+    return trace
 
 
 def trace_of(rec: dict[str, Any], results: Path) -> Path | None:
@@ -93,7 +110,8 @@ def trace_rows(records: list[dict[str, Any]], results: Path) -> list[dict[str, A
         except (OSError, ValueError) as exc:
             rows.append({"run_id": rec.get("run_id"), "note": f"unreadable trace: {exc}"})
             continue
-        rank = (trace.get("distributedInfo") or {}).get("rank", 0)
+        info = trace.get("distributedInfo")
+        rank = info.get("rank", 0) if isinstance(info, dict) else 0
         for device, secs in breakdown(trace.get("traceEvents") or []).items():
             window = secs["window_s"] or float("nan")
             rows.append({"run_id": rec.get("run_id"), "strategy": rec.get("strategy"),
@@ -111,7 +129,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
              + "  ".join(f"{k:>{max(len(k), 6)}}" for k in KINDS)]
     for r in rows:
         if "note" in r:
-            lines.append(f"  {r['run_id']:<{run}}  {r['note']}")
+            lines += terminal.wrap(f"  {r['run_id']:<{run}}  {r['note']}",
+                                   subsequent_indent=" " * (run + 4))
             continue
         lines.append(f"  {r['run_id']:<{run}}  {r['strategy']:<10} {r['world_size']:>3} "
                      f"{r['window_ms']:>9.1f}  "
