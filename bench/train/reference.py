@@ -70,13 +70,15 @@ def layout_of(meta: dict) -> Layout:
 
 
 def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
-              precision: str = "fp32", float64: bool = True,
-              device: str = "cpu") -> tuple[list[float], dict[str, torch.Tensor], int | None]:
+              precision: str = "fp32", float64: bool = True, device: str = "cpu",
+              sum_first: bool = False,
+              ) -> tuple[list[float], dict[str, torch.Tensor], int | None]:
     """The plain loop: one process, no wrapper, same recipe and batches, and the strategy's
     BatchNorm grouping: each group is one forward pass; their mean losses are averaged.
     fp32 runs in float64; mixed precision under the same autocast dtype and loss scaler
     (same initial scale); returns the losses, the parameters and the steps the scaler
-    skipped (None without one)."""
+    skipped (None without one). ``sum_first``: a cast on the wire averages as Horovod
+    does (the sum, then 1/W), not as DDP's hook (each share divided by W, then summed)."""
     dtype = torch.float64 if float64 else torch.float32
     torch.manual_seed(cfg.seed)
     model = model_spec(cfg).build()
@@ -101,25 +103,59 @@ def reference(cfg: RunConfig, steps: int, layout: Layout = Layout(), *,
     by_rank = layout.sync and mixed.dtype is not None and device == "cpu"
     if by_rank:
         model = as_rank_chunks(model, layout.processes)
-    with _compressed_like(cfg, model) as net:
+    # a cast on the wire, as each rank makes it, where each rank's gradient is its own
+    wire = (WireCast(CAST_DTYPES[cfg.ddp_comm_hook], sum_first)
+            if cfg.ddp_comm_hook in CAST_DTYPES and not layout.sync else None)
+    with _compressed_like(cfg, model, wire is None) as net:
         if cfg.compile:  # as the ranks' (under bf16 fused kernels round otherwise)
             net = compiled(net, cfg.compile_mode, dynamic=False if by_rank else None)
         losses = _reference_steps(cfg, steps, layout, net, optimizer, mixed, data, orders,
-                                  device, dtype, by_rank=by_rank)
+                                  device, dtype, by_rank=by_rank, wire=wire)
     params = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
     return losses, params, mixed.scaler_state()["scaler_skipped_steps"]
 
 
+CAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # the cast hooks' wire types
+
+
+@dataclass(frozen=True)
+class WireCast:
+    """Each rank's gradient cast to ``dtype`` for the all-reduce and back after it: DDP's
+    fp16 / bf16 hook divides each share by W in that type, then sums; Horovod's fp16
+    compression (``sum_first``) sums, then scales by 1/W (its Average's postscale)."""
+
+    dtype: torch.dtype
+    sum_first: bool = False
+
+    def average(self, shares: list[torch.Tensor]) -> torch.Tensor:
+        """The all-reduced gradient from each rank's own, rounded where the wire rounds:
+        each cast, each sum of two in the low type (gloo and NCCL add pairwise), the 1/W
+        in it too. At 2 ranks that is the ranks' result to the bit; beyond, the
+        collective's order of addition may round otherwise."""
+        world = len(shares)
+        low = [share.to(self.dtype) for share in shares]
+        if not self.sum_first:
+            low = [x.div_(world) for x in low]
+        total = low[0]
+        for x in low[1:]:
+            total = total + x
+        if self.sum_first:
+            total = total.mul_(1.0 / world)
+        return total.to(shares[0].dtype)
+
+
 @contextlib.contextmanager
-def _compressed_like(cfg: RunConfig, model: nn.Module):
+def _compressed_like(cfg: RunConfig, model: nn.Module, wrap: bool = True):
     """The reference model, or — under ``--ddp-comm-hook`` — the same model in a one-process
     DDP with the same hook, so that the reference compresses its gradient as the strategy
     does. PowerSGD is linear in the gradient given its (all-reduced, hence shared) factors
     and error-feedback memory, so W ranks compressing their own gradients and averaging the
     factors compute what one process compressing the averaged gradient computes: the check
-    stays exact (float64). fp16 / bf16 casts differ by where the rounding falls (before or
-    after the sum): a tolerance set from measurement (docs/verify.md)."""
-    if cfg.ddp_comm_hook == "none":
+    stays exact (float64). fp16 / bf16 casts round each rank's share before the sum: where
+    each rank's gradient is its own (not under SyncBN) the reference casts them so itself
+    (``wrap`` False: WireCast); under SyncBN one process casts the sum, a tolerance set
+    from measurement (docs/verify.md)."""
+    if cfg.ddp_comm_hook == "none" or not wrap:
         yield model
         return
     import torch.distributed as dist
@@ -150,7 +186,8 @@ _RETIRED_GROUPS: list = []  # one idle 1-rank gloo group per hooked reference (s
 
 def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Module, optimizer,
                      mixed: Precision, data, orders: list[list[int]], device: str,
-                     dtype: torch.dtype, by_rank: bool = False) -> list[float]:
+                     dtype: torch.dtype, by_rank: bool = False,
+                     wire: WireCast | None = None) -> list[float]:
     """The reference's optimizer steps; returns each step's loss. A DDP-wrapped reference
     (a comm hook) communicates once per step, after the last BatchNorm group's backward.
 
@@ -158,7 +195,9 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
     own micro-batch divided by --grad-accum, and DDP divides the summed gradients by the
     world size W after the backward. So the reference divides by W at the end, not in
     every loss: a 1/3 folded into the loss rounded every bf16 activation gradient otherwise
-    than the ranks' did, and at 3 ranks a correct ddp-amp failed (7.7e-5 against 5e-5)."""
+    than the ranks' did, and at 3 ranks a correct ddp-amp failed (7.7e-5 against 5e-5).
+    Under a cast on the wire (``wire``) each rank's gradient is made apart, then averaged
+    as the wire rounds it (WireCast.average), which divides by W itself."""
     per_process = cfg.batch_size // layout.processes
     micro = per_process // layout.accum
     part = micro // layout.replicas_per_process
@@ -182,17 +221,35 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
             group["lr"] = lr_at(step, steps_per_epoch * cfg.epochs, warmup, cfg.peak_lr)
         optimizer.zero_grad()
         total, divisor = 0.0, _after_backward(layout, by_rank)
-        for k, idx in enumerate(groups):
-            images = torch.stack([data[i][0] for i in idx]).to(
-                device, dtype, memory_format=input_memory_format(cfg))
-            labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
-            hold = last_only() if last_only and k < len(groups) - 1 else contextlib.nullcontext()
-            with hold:
-                with mixed.autocast(cache=not by_rank):
-                    loss = _group_loss(model(images), labels, layout, by_rank, part)
-                mixed.backward(loss)
-            total += loss.item() / divisor
-        if divisor > 1:
+        # under a cast on the wire, each rank's groups apart (its gradient is its own sum):
+        # a micro-batch's groups are the ranks' in order, each rank's `mine` of them
+        mine = layout.replicas_per_process * (part // (layout.ghost or part))
+        owners = ([[k for k in range(len(groups)) if k // mine % layout.processes == r]
+                   for r in range(layout.processes)] if wire else [list(range(len(groups)))])
+        shares = []
+        for ks in owners:
+            if wire:
+                optimizer.zero_grad()
+            for k in ks:
+                idx = groups[k]
+                images = torch.stack([data[i][0] for i in idx]).to(
+                    device, dtype, memory_format=input_memory_format(cfg))
+                labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
+                hold = (last_only() if last_only and k < len(groups) - 1
+                        else contextlib.nullcontext())
+                with hold:
+                    with mixed.autocast(cache=not by_rank):
+                        loss = _group_loss(model(images), labels, layout, by_rank, part)
+                    mixed.backward(loss)
+                total += loss.item() / divisor
+            if wire:
+                shares.append([p.grad.clone() if p.grad is not None else None
+                               for p in model.parameters()])
+        if wire:
+            for i, param in enumerate(model.parameters()):
+                each = [share[i] for share in shares]
+                param.grad = None if each[0] is None else wire.average(each)
+        elif divisor > 1:
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.div_(divisor)
