@@ -138,6 +138,12 @@ def tolerance_of(strategy: str, precision: str, comm_hook: str = "none",
     return Tolerance(max(plain.loss, cast.loss), max(plain.params, cast.params))
 
 
+def in_float64(plan: RunPlan) -> bool:
+    """Whether the run computes in fp32, which verify checks in float64 (ddp-amp's
+    precision is mixed whatever --precision says)."""
+    return plan.cfg.precision == "fp32" and plan.strategy.precision_label("fp32") == "fp32"
+
+
 def cast_not_checkable(plan: RunPlan) -> str | None:
     """Why a cast on the wire under mixed precision cannot be told from a defect here (None:
     it can). The reference casts each rank's gradient as the ranks do, which at 2 ranks is
@@ -147,7 +153,7 @@ def cast_not_checkable(plan: RunPlan) -> str | None:
     defect (bf16 at 3 ranks: 6.5e-5 of the parameters in 10 steps, 1.4e-4 in 20; the
     smallest defect moves them by 1.3e-4). In fp32 (float64) it stays far below that."""
     hook = cast_on_the_wire(plan.cfg)
-    fp32 = plan.cfg.precision == "fp32" and plan.strategy.precision_label("fp32") == "fp32"
+    fp32 = in_float64(plan)
     if hook not in ("fp16", "bf16") or fp32:
         return None
     label = plan.strategy.precision_label(plan.cfg.precision)
@@ -175,7 +181,7 @@ class Checker:
 
     def check(self, plan: RunPlan, defect: str | None = None) -> Outcome:
         name = plan.cfg.strategy
-        fp32 = plan.cfg.precision == "fp32" and plan.strategy.precision_label("fp32") == "fp32"
+        fp32 = in_float64(plan)
         work = Path(tempfile.mkdtemp(prefix=f"bench-verify-{name}-"))
         try:
             cfg = self.base.derive(strategy=name, verify_steps=self.steps,

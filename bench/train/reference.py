@@ -206,32 +206,31 @@ def _reference_steps(cfg: RunConfig, steps: int, layout: Layout, model: nn.Modul
     last_only = getattr(model, "no_sync", None)
     losses = []
     for step in range(steps):
-        groups = []
+        groups: list[tuple[int, list[int]]] = []  # (the rank whose images, the images)
         for m in range(layout.accum):
             start = step * per_process + m * micro
             chunks = [order[start : start + micro] for order in orders]
             if layout.sync:
-                groups.append([i for chunk in chunks for i in chunk])
+                groups.append((0, [i for chunk in chunks for i in chunk]))
             else:
                 size = layout.ghost or part  # a ghost BatchNorm group, or the replica's part
-                groups += [c[r * part + g : r * part + g + size] for c in chunks
+                groups += [(rank, c[r * part + g : r * part + g + size])
+                           for rank, c in enumerate(chunks)
                            for r in range(layout.replicas_per_process)
                            for g in range(0, part, size)]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps_per_epoch * cfg.epochs, warmup, cfg.peak_lr)
         optimizer.zero_grad()
         total, divisor = 0.0, _after_backward(layout, by_rank)
-        # under a cast on the wire, each rank's groups apart (its gradient is its own sum):
-        # a micro-batch's groups are the ranks' in order, each rank's `mine` of them
-        mine = layout.replicas_per_process * (part // (layout.ghost or part))
-        owners = ([[k for k in range(len(groups)) if k // mine % layout.processes == r]
-                   for r in range(layout.processes)] if wire else [list(range(len(groups)))])
+        # under a cast on the wire, each rank's groups apart (its gradient is its own sum)
+        owners = ([[k for k, (rank, _) in enumerate(groups) if rank == r]
+                   for r in range(layout.processes)] if wire else [range(len(groups))])
         shares = []
         for ks in owners:
             if wire:
                 optimizer.zero_grad()
             for k in ks:
-                idx = groups[k]
+                idx = groups[k][1]
                 images = torch.stack([data[i][0] for i in idx]).to(
                     device, dtype, memory_format=input_memory_format(cfg))
                 labels = torch.as_tensor([int(data[i][1]) for i in idx]).to(device)
