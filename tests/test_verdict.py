@@ -115,6 +115,20 @@ def test_a_large_loss_the_test_cannot_settle_is_said_apart_from_no_difference():
                      ("fsdp", 8): "not shown to differ"}
 
 
+def test_equal_confidence_intervals_are_said_once():
+    """Two rows whose 95 % CIs round alike (70.0 and 70.2 %, two runs each: the same SD, so
+    ±1.27 points each) read "each ±1.27", not "±1.27 to ±1.27"; unequal ones keep their
+    range (the third row: 70.0 and 70.4 %, ±2.54)."""
+    runs = [run(f"ref{i}", "ddp", 1, 2.0, f) for i, f in enumerate((70.0, 70.2))]
+    runs += [run(f"two{i}", "ddp", 2, 1.0, f) for i, f in enumerate((70.0, 70.2))]
+    runs += [run(f"zero{i}", "ddp-zero", 2, 1.0, f) for i, f in enumerate((70.0, 70.2))]
+    flat = " ".join(to_text(summary_table(runs)).split())
+    assert "their 95 % CIs are each ±1.27 points, so a difference smaller" in flat, flat
+    runs += [run(f"fsdp{i}", "fsdp", 2, 1.0, f) for i, f in enumerate((70.0, 70.4))]
+    flat = " ".join(to_text(summary_table(runs)).split())
+    assert "their 95 % CIs are ±1.27 to ±2.54 points" in flat, flat
+
+
 def test_a_block_without_its_reference_row_says_top1_is_not_compared_and_how_to_compare():
     """The committed network block (N=2 only: no ddp N=1 row) was silent on top-1, beside a
     PowerSGD row at 11.72 % among rows at 98-99.6 %: the verdict says nothing is compared and

@@ -9,8 +9,10 @@ import statistics
 from typing import Any
 
 from bench.records.describe import input_bound
+from bench.tools.stats import welch
 
 EFFICIENCY_NOISE = 0.05  # efficiency above 1 + this cannot be scaling: the N=1 run was slowed
+EFFICIENCY_SIGNIFICANT = 0.05  # with repeats on both sides: an excess at p below this is real
 SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
 SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
 EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
@@ -131,10 +133,20 @@ def lowered_power_limit(rec: dict) -> tuple[float, float] | None:
     return (enforced, default) if enforced < (1 - POWER_LIMIT_CUT) * default else None
 
 
+def efficiency_p(rates: list[float], base_rates: list[float], world_size: int) -> float:
+    """Welch's two-sided p of a row's img/s per replica (each run's, over N) against the
+    img/s of its N=1 row's runs, where each side has two or more runs; NaN otherwise. An
+    efficiency above 100 % is only a sign of a slowed N=1 run when the repeats say it is
+    beyond their own spread: two rows of 2 runs that vary by 10 % each land at 106 % by
+    chance, and the verdict above calls them tied."""
+    return welch([v / world_size for v in rates], base_rates)[1] if world_size else math.nan
+
+
 def row_flags(r) -> str:
     """Why a row's figures are suspect, in a few words each ('' when nothing is)."""
     flags = []
-    if r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE:
+    if (r.status == "ok" and r.efficiency == r.efficiency and r.efficiency > 1 + EFFICIENCY_NOISE
+            and not r.efficiency_p >= EFFICIENCY_SIGNIFICANT):  # NaN (too few runs): flagged
         flags.append("efficiency > 100 %")
     if r.status == "ok" and r.exposed_comm < -EXPOSED_COMM_NOISE:  # False for NaN
         flags.append("exposed comm < 0")

@@ -25,6 +25,7 @@ from bench.records.provenance import current_status
 from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import (
     clock_gaps,
+    efficiency_p,
     lowered_power_limit,
     mixed_torch,
     other_batches,
@@ -294,15 +295,21 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         # a row over a network is scaled against one process of the same work (no network)
         return (r.workload_here, r.strategy, r.device, r.precision, r.options, r.grad_accum)
 
-    base = {family(r): r.images_per_s for r in table.itertuples()
-            if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
-            and not r.gpu_shared}
+    bases = {family(r): r for r in table.itertuples()
+             if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
+             and not r.gpu_shared}
+    base = {key: r.images_per_s for key, r in bases.items()}
     table["speedup"] = [
         r.images_per_s / base[family(r)]
         if family(r) in base and r.status == "ok" and not r.gpu_shared else math.nan
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
+    table["efficiency_p"] = [
+        efficiency_p(r.run_images_per_s, bases[family(r)].run_images_per_s, r.world_size)
+        if family(r) in bases and r.status == "ok" and not r.gpu_shared else math.nan
+        for r in table.itertuples()
+    ]
     table["clock_gap"] = clock_gaps(table)
     table["flags"] = [row_flags(r) for r in table.itertuples()]
     rows = table.to_dict("records")

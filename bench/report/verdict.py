@@ -305,8 +305,10 @@ def accuracy_sentences(verdict: WorkloadVerdict) -> list[str]:
         cis = [ci for *_, ci in verdict.not_shown if math.isfinite(ci)]
         width = ""
         if cis:
+            low, high = f"{min(cis):.2f}", f"{max(cis):.2f}"
             spans = (f"its 95 % CI is ±{cis[0]:.2f} points" if len(verdict.not_shown) == 1
-                     else f"their 95 % CIs are ±{min(cis):.2f} to ±{max(cis):.2f} points")
+                     else f"their 95 % CIs are each ±{low} points" if low == high
+                     else f"their 95 % CIs are ±{low} to ±{high} points")
             width = f"; {spans}, so a difference smaller than that is not ruled out"
         out.append("No difference in top-1 from " + verdict.reference + " is shown for "
                    + _names([f"{label} ({delta:+.2f}, p {p:.2g})"
