@@ -109,10 +109,29 @@ MALFORMED = {
                                            "gpu_clocks": "fast"}]},
     "world size 0": {"world_size": 0},
     "env gpus a string": {"env": {"gpus": "H100"}},
+    "DDP bucket size a string": {"ddp_options": {"bucket_cap_mb": "big"}},
+    "comm hook a number": {"ddp_options": {"comm_hook": 3}},
+    "ghost BatchNorm a string": {"config": {"ghost_bn": "8"}},
+    # JSON's Infinity is read as a float: the learning-rate rule divided by it
+    "lr reference batch infinite": {"lr": 0.1, "base_lr": 0.1,
+                                    "lr_reference_batch": float("inf")},
     # a newer bench may mean something else by a field: read as this one means it, its
     # figures would be wrong in silence
     "a newer record version": {"record_version": RECORD_VERSION + 1},
 }
+
+
+def test_an_option_recorded_as_null_reads_as_its_default(tmp_path):
+    """null is "not recorded" for every optional field: a DDP option left null is torch's
+    default (a row of its own only when it differs), where it was a traceback (None
+    formatted as a bucket size)."""
+    null = {**_valid("null"), "ddp_options": {"bucket_cap_mb": None, "static_graph": None}}
+    results = write_runs(tmp_path / "results", [_valid("good", 1), null])
+    proc = subprocess.run([*BENCH, "report", "--results", str(results), "--no-write"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "skipped" not in proc.stderr and "bucket" not in proc.stdout, proc.stdout
+    assert any(line.split()[:2] == ["ddp", "2"] for line in proc.stdout.splitlines())
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))

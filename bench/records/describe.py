@@ -201,8 +201,8 @@ def speed_options(rec: dict[str, Any]) -> str:
         chosen.append("no warm-up" if warmup == 0 else f"warm-up {warmup:g}")
     strategy_options = rec.get("ddp_options") or {}
     for key, default, text in DDP_SPEED_OPTIONS:
-        value = strategy_options.get(key, default)
-        if value != default:
+        value = strategy_options.get(key)
+        if value is not None and value != default:  # None: not recorded, the default's
             chosen.append(text.format(value))
     hook = strategy_options.get("comm_hook", "none")
     if hook != "none":
