@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.records.schema import RECORD_VERSION
-from tests.report_records import record, write_runs
+from tests.report_records import probe, record, write_runs
 
 BENCH = [sys.executable, "-m", "bench"]
 
@@ -111,6 +111,7 @@ MALFORMED = {
     "env gpus a string": {"env": {"gpus": "H100"}},
     "DDP bucket size a string": {"ddp_options": {"bucket_cap_mb": "big"}},
     "comm hook a number": {"ddp_options": {"comm_hook": 3}},
+    "profile trace a number": {"profile_trace": -1},
     "ghost BatchNorm a string": {"config": {"ghost_bn": "8"}},
     # JSON's Infinity is read as a float: the learning-rate rule divided by it
     "lr reference batch infinite": {"lr": 0.1, "base_lr": 0.1,
@@ -121,17 +122,38 @@ MALFORMED = {
 }
 
 
-def test_an_option_recorded_as_null_reads_as_its_default(tmp_path):
-    """null is "not recorded" for every optional field: a DDP option left null is torch's
-    default (a row of its own only when it differs), where it was a traceback (None
-    formatted as a bucket size)."""
-    null = {**_valid("null"), "ddp_options": {"bucket_cap_mb": None, "static_graph": None}}
-    results = write_runs(tmp_path / "results", [_valid("good", 1), null])
-    proc = subprocess.run([*BENCH, "report", "--results", str(results), "--no-write"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert "skipped" not in proc.stderr and "bucket" not in proc.stdout, proc.stdout
-    assert any(line.split()[:2] == ["ddp", "2"] for line in proc.stdout.splitlines())
+def test_fields_recorded_as_null_read_as_not_recorded(tmp_path):
+    """null is "not recorded" for every optional field, as absent is: a DDP option left null
+    is torch's default (a row of its own only where it differs), a null start time sorts
+    first, a null note or batch is none. Each was a traceback in report, compare or project
+    (None formatted as a bucket size, multiplied, compared with a string, searched as a
+    note); so was a gradient timeline of JSON's Infinity steps (read as none: the model's
+    own bucket timing is used)."""
+    # on CUDA, so that project takes its network from the command line
+    cuda = {"device": "cuda", "backend": "nccl",
+            "model": {"width": 1.0, "parameters": 11_000_000}}
+    null = {**_valid("null"), **cuda, "started_at": None, "per_rank_batch": None, "notes": [None],
+            "ddp_options": {"bucket_cap_mb": None, "static_graph": None, "comm_hook": None},
+            "gradient_timeline": {"steps": float("inf"), "backward_start": 0.5,
+                                  "ready": [[10, 0.6], [float("inf"), 0.9]]}}
+    for epoch in null["per_epoch"]:
+        epoch["step_time_p50_s"] = 0.6  # what --validate predicts
+    results = write_runs(tmp_path / "results", [{**_valid("good", 1), **cuda}, null])
+    (results / "probes").mkdir()
+    (results / "probes" / "p.json").write_text(json.dumps(probe("p", "cuda", 10.0)))
+    for args in (["report", "--results", str(results), "--no-write"],
+                 ["compare", str(results), str(results)],
+                 ["project", str(results), "--intra-busbw", "10", "--inter-busbw", "5"],
+                 ["project", str(results), "--intra-busbw", "10", "--inter-busbw", "5",
+                  "--validate"]):
+        proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "skipped" not in proc.stderr and "None" not in proc.stdout, proc.stdout
+        rows = [line.split()[:2] for line in proc.stdout.splitlines()]
+        assert ["ddp", "2"] in rows or ["ddp", "fp32"] in rows or ["ddp", "x1"] in rows, (
+            args, proc.stdout)
+        if args[0] == "report":  # the row names no bucket size: the default's
+            assert "bucket" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
@@ -159,6 +181,8 @@ def test_a_malformed_record_is_skipped_with_its_reason(case, tmp_path):
 
 @pytest.mark.parametrize("figures", [
     {"bytes": 0}, {"time_s": 0}, {"busbw_GBps": -1}, {"busbw_GBps": "fast"}, {"bytes": None},
+    # the largest message (1 GiB) faster than the smallest (1 KiB): bench project divided by 0
+    {"bytes": 2**30, "time_s": 1e-6},
 ])
 def test_a_probe_with_impossible_figures_is_skipped_with_its_reason(figures, tmp_path):
     from tests.report_records import probe

@@ -217,7 +217,7 @@ def _bottleneck(rec: dict[str, Any], p: Projection) -> str:
 
 def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
-    speed = rec.get("per_rank_batch", 0) * p.gpus / p.step_s if finite else None
+    speed = (rec.get("per_rank_batch") or 0) * p.gpus / p.step_s if finite else None
     return {"workload": workload(rec),
             "strategy": p.strategy, "precision": rec.get("precision"),
             "options": run_options(rec, work), "gpus": p.gpus,

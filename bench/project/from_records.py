@@ -22,7 +22,7 @@ _HALF_BYTES = ("apex-O2", "apex-O3")  # fp16 gradients; torch.amp keeps fp32 gra
 
 def comm_hook(rec: dict[str, Any]) -> str:
     """The run's ``--ddp-comm-hook`` ("none" without one, or for records before it)."""
-    return (rec.get("ddp_options") or {}).get("comm_hook", "none")
+    return (rec.get("ddp_options") or {}).get("comm_hook") or "none"  # null: not recorded
 
 
 def allreduced_bytes(rec: dict[str, Any]) -> int:
@@ -48,14 +48,14 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
     if math.isnan(compute) or not parameters:
         return None
     delay = next((float(m.group(1)) / 1000 for note in rec.get("notes") or []
-                  for m in [SLOW_COMM.search(note)] if m), 0.0)
+                  if isinstance(note, str) for m in [SLOW_COMM.search(note)] if m), 0.0)
     layers = (rec.get("model") or {}).get("batchnorm_layers")  # absent in older records
     hook = comm_hook(rec)
     compressing = hook in ("fp16", "bf16", "powersgd")  # each fp32 bucket compressed
     return Workload(
         strategy=rec["strategy"], compute_step_s=float(compute),
         gradient_bytes=allreduced_bytes(rec),
-        bucket_bytes=int((rec.get("ddp_options") or {}).get("bucket_cap_mb", 25.0) * 2**20),
+        bucket_bytes=int(((rec.get("ddp_options") or {}).get("bucket_cap_mb") or 25.0) * 2**20),
         grad_accum=rec.get("grad_accum") or 1, syncbn=rec.get("norm") == "syncbn",
         batchnorm_layers=RESNET18_BN_LAYERS if layers is None else layers,
         hook_delay_s=delay, timeline=GradientTimeline.from_record(rec.get("gradient_timeline")),

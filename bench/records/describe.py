@@ -204,11 +204,11 @@ def speed_options(rec: dict[str, Any]) -> str:
         value = strategy_options.get(key)
         if value is not None and value != default:  # None: not recorded, the default's
             chosen.append(text.format(value))
-    hook = strategy_options.get("comm_hook", "none")
+    hook = strategy_options.get("comm_hook") or "none"
     if hook != "none":
-        rank = strategy_options.get("powersgd_rank", 1)
+        rank = strategy_options.get("powersgd_rank") or 1
         chosen.append(f"{hook} hook" + (f" r={rank}" if hook == "powersgd" else ""))
-    if (rec.get("config") or {}).get("hvd_compression", "none") != "none" and rec.get(
+    if (rec.get("config") or {}).get("hvd_compression") not in (None, "none") and rec.get(
             "strategy") == "horovod":
         chosen.append(f"{rec['config']['hvd_compression']} compression")
     if strategy_options.get("reshard_after_forward") is False:

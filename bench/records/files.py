@@ -232,7 +232,7 @@ def load_records(results: str | Path) -> tuple[list[dict[str, Any]], list[str]]:
                             f"{printable(first.name)}'s (one run, counted once)")
             continue
         records.append(record)
-    records.sort(key=lambda r: r.get("started_at", ""))
+    records.sort(key=lambda r: r.get("started_at") or "")  # null: not recorded
     return records, warnings
 
 

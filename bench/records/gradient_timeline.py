@@ -56,7 +56,7 @@ class GradientTimeline:
         try:
             ready = tuple((int(n), float(when)) for n, when in data["ready"])
             timeline = cls(int(data["steps"]), float(data["backward_start"]), ready)
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # JSON's Infinity too
             return None
         ordered = all(a[1] <= b[1] for a, b in zip(ready, ready[1:]))
         if (not ready or not ordered or min(n for n, _ in ready) < 1

@@ -85,6 +85,13 @@ def probe_problem(data: Any) -> str | None:
                 continue  # optional: probes before 2026-11-27 timed all-reduce alone
             if wrong_type(value, NUMBER) or value <= 0:
                 return f"results[{i}].{key} is {value!r}, not a positive number"
+    # the network's figures are fitted to the smallest and the largest message (bench
+    # project: bandwidth from the time the extra bytes add, latency from the rest)
+    points = sorted((r["bytes"], r["time_s"]) for r in results)
+    (small, t_small), (large, t_large) = points[0], points[-1]
+    if not (large > small and t_large > t_small):
+        return (f"its largest message ({large:g} bytes, {t_large:g} s) is not larger and slower "
+                f"than its smallest ({small:g} bytes, {t_small:g} s): no bandwidth to read")
     return None
 
 

@@ -76,7 +76,7 @@ _OPTIONAL = {
          "initial_replicas_identical": bool, "replicas_identical": bool,
          "per_rank_batch": int, "lr": NUMBER, "backend": str, "data_order_rule": str,
          "memory_parts": dict, "base_lr": NUMBER, "lr_reference_batch": NUMBER,
-         "warmup_epochs": NUMBER},
+         "warmup_epochs": NUMBER, "profile_trace": str},
     # what a row's options name (records.describe.speed_options) and projections read
     ("ddp_options",): {"bucket_cap_mb": NUMBER, "gradient_as_bucket_view": bool,
                        "static_graph": bool, "find_unused_parameters": bool,
