@@ -381,3 +381,23 @@ def test_more_lines_than_colours_are_each_drawn_their_own_way():
     points = [bars.lines[0] for bars in figure["time_vs_accuracy"].axes[0].containers]
     marks = {(to_hex(p.get_color()), p.get_marker()) for p in points}
     assert len(points) == 12 and len(marks) == 12, marks
+
+
+def test_a_row_that_ran_fewer_replicas_than_asked_is_named_so_in_every_figure():
+    """`bench run --strategy dp --gpus 2 --cpu` runs one replica: its row is "1 (of 2 asked)"
+    in the table, "dp (2 asked)" in the verdict. Beside a dp row asked for 1, its bar was
+    named "dp N=1 fp32" as well, and the efficiency and scaling figures drew both on one
+    line, rising straight up at N=1."""
+    from bench.report import figures_per_workload
+
+    one = record("a", "dp", 1, [3.0, 2.0], [0.1, 0.5])
+    asked = {**record("b", "dp", 1, [3.0, 1.95], [0.1, 0.5]), "gpus_requested": 2}
+    two = record("c", "ddp", 2, [3.0, 1.0], [0.1, 0.5])
+    figures = figures_per_workload([one, asked, two])[CPU_BLOCK.format(100)]
+    ticks = [t.get_text() for t in figures["epoch_time"].axes[0].get_xticklabels()]
+    assert ticks[:2] == ["dp N=1 fp32", "dp N=1 (2 asked) fp32"], ticks
+    for name in ("scaling", "scaling_efficiency"):
+        lines = {line.get_label(): list(line.get_xdata())
+                 for line in figures[name].axes[0].lines if not line.get_label().startswith("_")}
+        assert lines["dp fp32"] == [1] and lines["dp fp32 (fewer replicas than asked)"] == [1], (
+            name, lines)

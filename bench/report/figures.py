@@ -12,6 +12,7 @@ from bench.report.plot_labels import (
     FLAG,
     SERIES,
     legend,
+    n_label,
     ring_flagged,
     series_label,
     sets_apart,
@@ -30,7 +31,7 @@ def time_to_target_figure(ok):
     for r in rows:
         reached = [t for t in r.run_times_to_target if not math.isinf(t)]
         score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
-        lines = [r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}"]
+        lines = [r.strategy, n_label(r), f"{r.device} {r.precision}"]
         lines += [part for part in sets_apart(r) if part != FLAG] + ["shared GPU"] * r.gpu_shared
         lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
         lines += [f"{FLAG} flagged"] * bool(r.flags)
@@ -115,7 +116,7 @@ def bars_width(bars: int) -> float:
 
 def bar_labels(rows) -> list[str]:
     """A bar per row, named on lines: strategy, N, device and precision, what sets it apart."""
-    return ["\n".join([r.strategy, f"N={r.world_size}", f"{r.device} {r.precision}",
+    return ["\n".join([r.strategy, n_label(r), f"{r.device} {r.precision}",
                        *sets_apart(r)]) for r in rows]
 
 

@@ -10,7 +10,14 @@ from bench.records.describe import short_options
 
 def row_label(r) -> str:
     """A row's name in plots: strategy, N, precision and what else sets it apart."""
-    return " ".join([r.strategy, f"N={r.world_size}", r.precision, *sets_apart(r)])
+    return " ".join([r.strategy, n_label(r), r.precision, *sets_apart(r)])
+
+
+def n_label(r) -> str:
+    """'N=2'; 'N=1 (2 asked)' for a row that ran fewer replicas than asked (dp on CPU: one),
+    as the table and the verdict name it: beside a row of N=1 asked, both read 'dp N=1'."""
+    asked = getattr(r, "gpus_requested", r.world_size)
+    return f"N={r.world_size}" + (f" ({asked} asked)" if asked != r.world_size else "")
 
 
 def sets_apart(r) -> list[str]:
@@ -66,12 +73,15 @@ def short_row_label(r) -> str:
 
 
 # A line over N: the rows that differ only in N (one way of working, its options included:
-# the fastest path at N=1 is not a point of plain bf16's line).
-SERIES = ["strategy", "precision", "options", "grad_accum", "gpu_shared"]
+# the fastest path at N=1 is not a point of plain bf16's line; a row that ran fewer
+# replicas than asked is not a point of its strategy's line either, which would rise
+# straight up at N=1 from the row asked for 1).
+SERIES = ["strategy", "precision", "options", "grad_accum", "gpu_shared", "fewer_than_asked"]
 
 
 def series_label(strategy: str, precision: str, options: str, grad_accum: int,
-                  gpu_shared: bool) -> str:
+                  gpu_shared: bool, fewer_than_asked: bool = False) -> str:
     extra = [] if options == "—" else [short_options(options)]
     extra += [f"accum {grad_accum}"] * (grad_accum > 1) + ["shared GPU"] * gpu_shared
+    extra += ["fewer replicas than asked"] * fewer_than_asked
     return f"{strategy} {precision}" + (f" ({', '.join(extra)})" if extra else "")

@@ -305,6 +305,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
+    table["fewer_than_asked"] = table["world_size"] < table["gpus_requested"]
     table["efficiency_p"] = [
         efficiency_p(r.run_images_per_s, bases[family(r)].run_images_per_s, r.world_size)
         if family(r) in bases and r.status == "ok" and not r.gpu_shared else math.nan
