@@ -29,7 +29,7 @@ from bench.launch.slurm import default_rdzv_id, slurm_cpus_per_task, slurm_note,
 from bench.measure.flops import cached_train_flops_per_image
 from bench.models.registry import check_model_builds
 from bench.models.stochastic import random_layers
-from bench.records.files import new_run_id
+from bench.records.files import new_run_id, runs_dir
 from bench.records.run_record import RunRecord
 from bench.tools.errors import ConfigError
 from bench.tools.faults import Fault, defect_from_env
@@ -152,8 +152,8 @@ class RunPlan:
         cfg.check_ghost_bn(self.per_replica_batch // cfg.grad_accum,
                            self.strategy.syncs_batchnorm and self.device_type == "cuda"
                            and self.replicas > 1)
-        if cfg.mllog:  # checked before anything is written
-            check_mllog_path(cfg.mllog, "run-id")
+        if cfg.mllog:  # checked before anything is written; it may go in the run's --output
+            check_mllog_path(cfg.mllog, "run-id", (Path(cfg.output), runs_dir(cfg.output)))
         if not probe_output:  # a dry check (bench sweep validates every combination first)
             return
         self.runs, self.created_dirs = check_output_writable(cfg.output)

@@ -23,16 +23,21 @@ def remove_created(folders: list[Path]) -> None:
             folder.rmdir()
 
 
-def file_to_write(flag: str, path: str, example: str, typed: str | None = None) -> Path:
+def file_to_write(flag: str, path: str, example: str, typed: str | None = None,
+                  made_before: tuple[Path, ...] = ()) -> Path:
     """PATH as a file a command may create or replace, checked before any work is done: it
     is no folder and its folder exists and is writable; otherwise a ConfigError naming FLAG
     and the path as the user TYPED it (PATH with a pattern filled in, by default PATH itself;
-    EXAMPLE: a file name to suggest inside a folder given by mistake)."""
+    EXAMPLE: a file name to suggest inside a folder given by mistake). MADE_BEFORE: folders
+    the command makes (and checks) before it writes the file, which need not exist yet."""
     resolved = Path(path).expanduser().absolute()
     path = path if typed is None else typed
     if resolved.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name a file, e.g. "
                           f"{Path(path) / example}")
+    if not resolved.parent.exists() and resolved.parent in {
+            Path(f).expanduser().absolute() for f in made_before}:
+        return resolved
     if not resolved.parent.is_dir():
         what = "is not a folder" if resolved.parent.exists() else "does not exist"
         raise ConfigError(f"{flag} {path}: {resolved.parent} {what}; create that folder or "

@@ -25,9 +25,11 @@ from bench.tools.folders import file_to_write
 PACKAGE_HINT = "pip install mlperf-logging (or pip install -e '.[mllog]')"
 
 
-def check_mllog_path(path: str, run_id: str) -> str:
+def check_mllog_path(path: str, run_id: str, made_before: tuple[Path, ...] = ()) -> str:
     """The absolute log path for this run (``{run_id}`` in the name is replaced), once the
-    package is importable and the folder writable; otherwise a ConfigError naming the fix."""
+    package is importable and the folder writable; otherwise a ConfigError naming the fix.
+    MADE_BEFORE: folders the run makes before it writes the log (its --output, and runs/
+    under it), which need not exist yet when the run is checked."""
     if importlib.util.find_spec("mlperf_logging") is None:
         raise ConfigError(f"--mllog needs the mlperf-logging package: {PACKAGE_HINT}")
     typed = Path(path)
@@ -37,7 +39,7 @@ def check_mllog_path(path: str, run_id: str) -> str:
         raise ConfigError(f"--mllog {path}: {{run_id}} goes in the file's name, not its "
                           f"folder's, e.g. {folder / name}")
     return str(file_to_write("--mllog", path.replace("{run_id}", run_id), "run.log",
-                             typed=path))
+                             typed=path, made_before=made_before))
 
 
 class MLPerfLog:
