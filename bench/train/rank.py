@@ -176,9 +176,9 @@ def run_rank(spec_path: str | Path) -> None:
         heartbeat("build: model and data", force=True)
         cap_gpu_memory(strategy.device)  # bench fit --gpu-memory: a share of the GPU
         # torch's compiler stack (torch._dynamo and what it pulls in: 150 MB of modules on
-        # CPU) comes with torch.distributed's setup in a DDP rank, and with the build in
-        # dp's inline rank: imported before the baseline, so that no rank counts it as its
-        # run's memory (dp's mem/rank at N=1 read 2.4x ddp's for the same model and batch)
+        # CPU) comes with torch.distributed's setup in a DDP rank, and with the first
+        # backward in any: imported before the baseline, so that no rank counts it as its
+        # run's memory (dp's inline rank did: its mem/rank at N=1 read 2.4x ddp's)
         import torch._dynamo  # noqa: F401
         mark_baseline(strategy.device)  # what is not the run's memory: before the model
         trainer = build_trainer(spec, strategy, heartbeat)
