@@ -149,7 +149,7 @@ def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
     data = rec.get("dataset") or config.get("data") or "?"
     if data == "synthetic" and config.get("synthetic_difficulty"):
         data += f" d={config['synthetic_difficulty']:g}"
-    if data.startswith("synthetic") and config.get("synthetic_classes", 100) != 100:
+    if data.startswith("synthetic") and config.get("synthetic_classes") not in (None, 100):
         data += f" {config['synthetic_classes']} classes"
     if data == "imagefolder" and isinstance(rec.get("data_dir"), str):
         # whose images: two folders of as many images are two workloads, not repeats

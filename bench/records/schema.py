@@ -85,7 +85,7 @@ _OPTIONAL = {
     ("model",): {"name": str, "width": NUMBER, "parameters": int, "num_classes": int,
                  "image_size": int},
     ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER,
-                  "hvd_compression": str, "ghost_bn": int},
+                  "hvd_compression": str, "ghost_bn": int, "synthetic_classes": int},
     ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int},
     ("memory_parts",): {"parameters": int, "gradients": int, "optimizer_state": int,
                         "peak": int, "activations_and_workspace": int},
