@@ -125,15 +125,16 @@ MALFORMED = {
 def test_fields_recorded_as_null_read_as_not_recorded(tmp_path):
     """null is "not recorded" for every optional field, as absent is: a DDP option left null
     is torch's default (a row of its own only where it differs), a null start time sorts
-    first, a null note, batch or accumulation is none. Each was a traceback in report (its
-    figures too), compare or project (None formatted as a bucket size, multiplied, compared
-    with a string or a number, searched as a note); so was a gradient timeline of JSON's
-    Infinity steps (read as none: the model's own bucket timing is used)."""
+    first, a null note, batch or accumulation is none, a null precision "?". Each was a
+    traceback in report (its figures too), compare or project (None formatted as a bucket
+    size, multiplied, compared with a string or a number, joined into a label, searched as
+    a note) or a row named "None"; so was a gradient timeline of JSON's Infinity steps
+    (read as none: the model's own bucket timing is used)."""
     # on CUDA, so that project takes its network from the command line
     cuda = {"device": "cuda", "backend": "nccl",
             "model": {"width": 1.0, "parameters": 11_000_000}}
     null = {**_valid("null"), **cuda, "started_at": None, "per_rank_batch": None, "notes": [None],
-            "grad_accum": None, "config": {"synthetic_classes": None},
+            "grad_accum": None, "precision": None, "config": {"synthetic_classes": None},
             "ddp_options": {"bucket_cap_mb": None, "static_graph": None, "comm_hook": None},
             "gradient_timeline": {"steps": float("inf"), "backward_start": 0.5,
                                   "ready": [[10, 0.6], [float("inf"), 0.9]]}}

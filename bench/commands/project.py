@@ -219,7 +219,7 @@ def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = (rec.get("per_rank_batch") or 0) * p.gpus / p.step_s if finite else None
     return {"workload": workload(rec),
-            "strategy": p.strategy, "precision": rec.get("precision"),
+            "strategy": p.strategy, "precision": rec.get("precision") or "?",
             "options": run_options(rec, work), "gpus": p.gpus,
             "nodes": p.nodes, "measured_run": rec.get("run_id"),
             "step_ms": round(1000 * p.step_s, 2) if finite else None,

@@ -155,7 +155,7 @@ def run_rows(records: list[dict[str, Any]]):
                                    else rec.get("world_size")),
                 "gpu_shared": bool(rec.get("gpu_shared")),
                 "processes": rec.get("processes"),
-                "precision": rec.get("precision"),
+                "precision": rec.get("precision") or "?",  # null: not recorded
                 "grad_accum": rec.get("grad_accum") or 1,  # null: not recorded
                 "epochs": rec.get("epochs") or (rec.get("config") or {}).get("epochs") or 0,
                 "options": speed_options(rec),
