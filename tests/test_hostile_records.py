@@ -159,6 +159,34 @@ def test_fields_recorded_as_null_read_as_not_recorded(tmp_path):
             assert "bucket" not in proc.stdout, proc.stdout
 
 
+def test_committed_records_with_every_optional_field_null_are_read(tmp_path):
+    """The committed CPU table's ddp N=1 and N=2 records, and copies of them with every field
+    but the five a record must hold made null (a dict's fields each null): report (its
+    figures too), compare, project and its validation read them all, with no traceback and
+    no row or workload named "None"."""
+    root = Path(__file__).resolve().parents[1] / "results"
+    required = {"run_id", "status", "strategy", "world_size", "per_epoch"}
+    results = tmp_path / "results"
+    (results / "runs").mkdir(parents=True)
+    (results / "probes").mkdir()
+    (probe_file,) = (root / "probes").glob("20261124T065755Z-*.json")
+    (results / "probes" / probe_file.name).write_text(probe_file.read_text())
+    for name in ("20261124T065801Z-ddp-1cpu-bf6bca", "20261124T065958Z-ddp-2cpu-01dce7"):
+        rec = json.loads((root / "runs" / f"{name}.json").read_text())
+        null = {k: v if k in required else dict.fromkeys(v) if isinstance(v, dict) else None
+                for k, v in rec.items()}
+        null["run_id"] += "-null"
+        (results / "runs" / f"{name}.json").write_text(json.dumps(rec))
+        (results / "runs" / f"{name}-null.json").write_text(json.dumps(null))
+    for args in (["report", "--results", str(results)],
+                 ["compare", str(results), str(results)],
+                 ["project", str(results), "--network", "probe"],
+                 ["project", str(results), "--network", "probe", "--validate"]):
+        proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "skipped" not in proc.stderr and "None" not in proc.stdout, (args, proc.stdout)
+
+
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_a_malformed_record_is_skipped_with_its_reason(case, tmp_path):
     results = write_runs(tmp_path / "results", [_valid("good"), _valid("good2", 1)])

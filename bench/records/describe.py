@@ -159,7 +159,8 @@ def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
     where = machine(rec) if on else None
     crossed = network(rec) if link else None
     fits = config.get("batch_fits_in")  # bench sweep --batch-size max: each row its own
-    batch = f"batch: largest that fits {fits}" if fits else f"batch {rec.get('global_batch')}"
+    batch = (f"batch: largest that fits {fits}" if fits
+             else f"batch {rec.get('global_batch') or '?'}")  # null: not recorded
     return (f"{data} {size} img{pixels}, {batch}, {model}"
             + (f" on {where}" if where else "") + (f", over {crossed}" if crossed else ""))
 
