@@ -63,19 +63,15 @@ def test_an_efficiency_above_100_within_the_repeats_spread_is_not_flagged(tmp_pa
     p of 100, 90.9 against 111.1, 100 is 0.29: the repeats' own spread, which the verdict
     calls a tie, not a slowed N=1 run. The same excess from repeats that agree to 1 %
     (10.0 / 10.1 s against 4.0 / 4.05 s: 125 %, p < 0.01) is flagged."""
-    noisy = [record("a1", "ddp", 1, [20.0, 10.0], [0.1, 0.2]),
-             record("a2", "ddp", 1, [20.0, 11.0], [0.1, 0.2]),
-             record("b1", "ddp", 2, [20.0, 4.5], [0.1, 0.2]),
-             record("b2", "ddp", 2, [20.0, 5.0], [0.1, 0.2])]
-    proc, lines = _terminal_report(tmp_path / "noisy", noisy)
+    def two_repeats(n1_seconds, n2_seconds):  # each run's timed epoch, N=1 then N=2
+        return [record(f"{n}-{i}", "ddp", n, [20.0, t], [0.1, 0.2])
+                for n, times in ((1, n1_seconds), (2, n2_seconds)) for i, t in enumerate(times)]
+
+    proc, lines = _terminal_report(tmp_path / "noisy", two_repeats((10.0, 11.0), (4.5, 5.0)))
     two = next(line for line in lines if line.split()[:2] == ["ddp", "2"])
     assert " 111%" in two and two.endswith(" ok"), proc.stdout
     assert "efficiency" not in proc.stderr, proc.stderr
-    tight = [record("a1", "ddp", 1, [20.0, 10.0], [0.1, 0.2]),
-             record("a2", "ddp", 1, [20.0, 10.1], [0.1, 0.2]),
-             record("b1", "ddp", 2, [20.0, 4.0], [0.1, 0.2]),
-             record("b2", "ddp", 2, [20.0, 4.05], [0.1, 0.2])]
-    proc, lines = _terminal_report(tmp_path / "tight", tight)
+    proc, lines = _terminal_report(tmp_path / "tight", two_repeats((10.0, 10.1), (4.0, 4.05)))
     two = next(line for line in lines if line.split()[:2] == ["ddp", "2"])
     assert two.endswith("ok ⚠ efficiency > 100 %"), proc.stdout
     assert "scaling efficiency 125 % is above 100 %" in " ".join(proc.stderr.split())
