@@ -162,8 +162,8 @@ def test_fields_recorded_as_null_read_as_not_recorded(tmp_path):
 def test_committed_records_with_every_optional_field_null_are_read(tmp_path):
     """The committed CPU table's ddp N=1 and N=2 records, and copies of them with every field
     but the five a record must hold made null (a dict's fields each null): report (its
-    figures too), compare, project and its validation read them all, with no traceback and
-    no row or workload named "None"."""
+    figures and HTML page too), compare, project and its validation read them all, with no
+    traceback and no row, workload or machine named "None"."""
     root = Path(__file__).resolve().parents[1] / "results"
     required = {"run_id", "status", "strategy", "world_size", "per_epoch"}
     results = tmp_path / "results"
@@ -178,13 +178,15 @@ def test_committed_records_with_every_optional_field_null_are_read(tmp_path):
         null["run_id"] += "-null"
         (results / "runs" / f"{name}.json").write_text(json.dumps(rec))
         (results / "runs" / f"{name}-null.json").write_text(json.dumps(null))
-    for args in (["report", "--results", str(results)],
+    for args in (["report", "--results", str(results), "--html", str(tmp_path / "r.html")],
                  ["compare", str(results), str(results)],
                  ["project", str(results), "--network", "probe"],
                  ["project", str(results), "--network", "probe", "--validate"]):
         proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
         assert "skipped" not in proc.stderr and "None" not in proc.stdout, (args, proc.stdout)
+    for page in (tmp_path / "r.html", results / "summary.md"):  # the machines it names too
+        assert "None" not in page.read_text(), page
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))

@@ -20,14 +20,16 @@ def hardware_lines(records: list[dict[str, Any]]) -> list[str]:
     seen = []
     for rec in records:
         env = rec.get("env") or {}
+        said = {k: "?" if env.get(k) is None else env[k]  # null or absent: not recorded
+                for k in ("driver", "cuda", "cpu", "cpu_count", "torch", "python")}
         gpus = env.get("gpus") or []
         if rec.get("device") == "cuda" and gpus:
-            what = f"{len(gpus)} × {gpus[0]}, driver {env.get('driver')}, CUDA {env.get('cuda')}"
+            what = f"{len(gpus)} × {gpus[0]}, driver {said['driver']}, CUDA {said['cuda']}"
         else:
-            what = f"CPU only: {env.get('cpu')}, {env.get('cpu_count')} cores"
+            what = f"CPU only: {said['cpu']}, {said['cpu_count']} cores"
             if env.get("cpu_id"):
                 what += f" ({env['cpu_id']})"
-        line = f"{what}; torch {env.get('torch')}, Python {env.get('python')}"
+        line = f"{what}; torch {said['torch']}, Python {said['python']}"
         if line not in seen:
             seen.append(line)
     return seen
