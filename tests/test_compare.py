@@ -334,11 +334,12 @@ def test_cpus_of_one_name_and_two_generations_are_two_machines(tmp_path):
                                               "n"))
     text = run_bench("report", "--results", str(named), "--no-write").stdout
     assert "resnet18 on AMD EPYC 7B13 (2 cores) —" in text, text
-    # the README's list of machines gives the whole id
+    # the README's list of machines gives the whole id (these records say no torch or
+    # Python: '?', not recorded)
     from bench.report.readme import hardware_lines
     assert hardware_lines(on("AMD EPYC", genoa, base[:1], "h")) == [
         "CPU only: AMD EPYC, 2 cores (AuthenticAMD family 25 model 17 stepping 1); "
-        "torch None, Python None"]
+        "torch ?, Python ?"]
 
 
 def test_a_new_machine_pairs_with_the_one_it_shares_most_configurations_with(tmp_path):
