@@ -60,7 +60,7 @@ def test_impossible_figures_are_named_not_passed_silently(tmp_path):
 def test_an_efficiency_above_100_within_the_repeats_spread_is_not_flagged(tmp_path):
     """Two repeats a row. N=1 ran at 100 and 90.9 img/s (1000 / 10 s, / 11 s), N=2 at 222.2
     and 200 (4.5 s, 5 s): 111.1 and 100 per replica, 110.6 % of N=1's median, but Welch's
-    p of 100, 90.9 against 111.1, 100 is 0.29: the repeats' own spread, which the verdict
+    p of 100, 90.9 against 111.1, 100 is 0.30 (scipy): the repeats' own spread, which the verdict
     calls a tie, not a slowed N=1 run. The same excess from repeats that agree to 1 %
     (10.0 / 10.1 s against 4.0 / 4.05 s: 125 %, p < 0.01) is flagged."""
     def two_repeats(n1_seconds, n2_seconds):  # each run's timed epoch, N=1 then N=2

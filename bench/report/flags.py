@@ -139,7 +139,7 @@ def efficiency_p(rates: list[float], base_rates: list[float], world_size: int) -
     efficiency above 100 % is only a sign of a slowed N=1 run when the repeats say it is
     beyond their own spread: two rows of 2 runs that vary by 10 % each land at 106 % by
     chance, and the verdict above calls them tied."""
-    return welch([v / world_size for v in rates], base_rates)[1] if world_size else math.nan
+    return welch([v / world_size for v in rates], base_rates)[1]
 
 
 def row_flags(r) -> str:

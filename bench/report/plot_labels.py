@@ -16,7 +16,7 @@ def row_label(r) -> str:
 def n_label(r) -> str:
     """'N=2'; 'N=1 (2 asked)' for a row that ran fewer replicas than asked (dp on CPU: one),
     as the table and the verdict name it: beside a row of N=1 asked, both read 'dp N=1'."""
-    asked = getattr(r, "gpus_requested", r.world_size)
+    asked = r.gpus_requested
     return f"N={r.world_size}" + (f" ({asked} asked)" if asked != r.world_size else "")
 
 

@@ -298,10 +298,9 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     bases = {family(r): r for r in table.itertuples()
              if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
              and not r.gpu_shared}
-    base = {key: r.images_per_s for key, r in bases.items()}
     table["speedup"] = [
-        r.images_per_s / base[family(r)]
-        if family(r) in base and r.status == "ok" and not r.gpu_shared else math.nan
+        r.images_per_s / bases[family(r)].images_per_s
+        if family(r) in bases and r.status == "ok" and not r.gpu_shared else math.nan
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
