@@ -78,3 +78,15 @@ def test_grad_accum_must_divide_the_per_rank_batch(tmp_path):
                      "synthetic", "--batch-size", "36", "--grad-accum", "4",
                      "--output", str(tmp_path))
     assert proc.returncode == 2 and "x 4 micro-batches" in proc.stderr
+
+
+def test_static_graph_with_a_comm_hook_measures_the_hook(cifar_dir, tmp_path):
+    """The hook's own work is measured on a copy of the model over its rank alone, whose
+    first step must synchronise: a static graph is recorded in DDP's first iteration, and
+    one under no_sync failed torch's internal assert after the epochs had trained."""
+    assert_ok(_run(cifar_dir, tmp_path, "--static-graph", "--ddp-comm-hook", "bf16",
+                   "--comm-probe-steps", "4"))
+    rec = only_record(tmp_path)
+    assert rec["ddp_options"]["static_graph"] is True
+    assert rec["ddp_options"]["comm_hook"] == "bf16"
+    assert isinstance(rec["hook_work_s"], float) and rec["hook_work_s"] >= 0

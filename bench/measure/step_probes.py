@@ -96,8 +96,10 @@ def _slow_in_turn(delay_s: float, rank: int, world_size: int) -> StepContext:
 def hook_work(trainer, steps: int) -> float | None:
     """What the strategy computes per step beside its communication (a comm hook's own
     work, which gradient sync off skips): the model wrapped again over this rank alone
-    (``Strategy.alone``) takes ``steps`` pairs of steps, one with gradient sync off and one
-    with it on, in turn; the median of each pair's difference. Paired steps, because a
+    (``Strategy.alone``) takes ``steps`` pairs of steps, one with gradient sync on and one
+    with it off, in turn; the median of each pair's difference. The copy's first step
+    synchronises: DDP records a static graph (``--static-graph``) in its first iteration,
+    and one under no_sync failed torch's internal assert. Paired steps, because a
     host's speed drifts by more than a hook's few ms between two phases (a compute-only
     step measured 112 to 171 ms minutes apart on 2 CPU cores). None where there is no such
     work, or under --compile (the copy is not compiled). Collective."""
@@ -108,18 +110,18 @@ def hook_work(trainer, steps: int) -> float | None:
     if solo is None or isinstance(s.gradient_sync_off(solo, parts.optimizer), str):
         return None  # (a copy whose sync cannot be switched off has no pairs to take)
 
-    def sync_off_at_even_steps(step: int, last_micro: bool) -> contextlib.AbstractContextManager:
-        if step % 2 == 1 and last_micro:  # as in training: only the last micro-step syncs
+    def sync_off_at_odd_steps(step: int, last_micro: bool) -> contextlib.AbstractContextManager:
+        if step % 2 == 0 and last_micro:  # as in training: only the last micro-step syncs
             return contextlib.nullcontext()
         return s.gradient_sync_off(solo, parts.optimizer).context  # a fresh one each time
 
     trainer.parts = replace(parts, model=solo, forward=solo)
     try:
         times = extra_steps(trainer, 2 * steps, "comm hook alone", warmup=2 * ALONE_WARMUP,
-                            step_context=sync_off_at_even_steps)
+                            step_context=sync_off_at_odd_steps)
     finally:
         trainer.parts = parts
-    return max(0.0, statistics.median(on - off for off, on in zip(times[::2], times[1::2])))
+    return max(0.0, statistics.median(on - off for on, off in zip(times[::2], times[1::2])))
 
 
 def loader_alone(trainer, steps: int) -> float:
@@ -149,8 +151,10 @@ def profile_steps(trainer, steps: int, trace: Path) -> None:
     TensorBoard). Collective: every rank takes the steps."""
     if trainer.strategy.device.type != "cuda":
         # A CUDA build of torch on a machine without a driver: Kineto would print
-        # "gpuGetDeviceCount failed" although no GPU activity is asked for.
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        # "gpuGetDeviceCount failed" although no GPU activity is asked for (its level 4,
+        # ERROR), and from torch 2.14 "USDT: ... profiler_start" and "profiler_stop" on
+        # every rank (its top level, 5). Nothing it says concerns a trace of CPU activity.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
