@@ -4,6 +4,7 @@ launcher sets RANK / WORLD_SIZE / LOCAL_RANK, the strategy reads them."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from datetime import timedelta
@@ -58,13 +59,17 @@ def ddp_still_communicating(norm: str, options: DDPOptions) -> str | None:
 
 
 def _ddp_call_kwargs(options: DDPOptions) -> dict:
-    """What is passed to DDP: the default broadcast_buffers=True is left implicit (newer
-    torch warns about the argument itself)."""
+    """What is passed to DDP: the default broadcast_buffers=True is left implicit, and
+    --no-broadcast-buffers is torch's forward_sync_buffers=False where torch has it (from
+    2.14, which deprecates broadcast_buffers with a FutureWarning per rank and wrap). Both
+    stop the broadcast before every forward; the older argument also skips DDP's one
+    broadcast at wrap, of buffers that every rank built alike from the same seed."""
     kwargs = options.as_dict()
     del kwargs["comm_hook"], kwargs["powersgd_rank"]  # registered after wrapping
     del kwargs["cpu_syncbn"]  # the model's BatchNorm layers, converted before wrapping
-    if kwargs["broadcast_buffers"]:
-        del kwargs["broadcast_buffers"]
+    if not kwargs.pop("broadcast_buffers"):
+        takes_new = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        kwargs["forward_sync_buffers" if takes_new else "broadcast_buffers"] = False
     return kwargs
 
 
