@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import textwrap
 from typing import Any
 
 from bench.records.describe import short_options
@@ -265,7 +267,36 @@ def _fit(names: list[str], rows: list[list[str]], width: int
             names = names[:i] + names[i + 1:]
             rows = [row[:i] + row[i + 1:] for row in rows]
             widths = widths_of(names, rows)
-    return names, rows, widths
+    return names, rows, narrowed_options(names, rows, widths, width)
+
+
+def narrowed_options(names: list[str], rows: list[list[str]], widths: list[int],
+                     width: int) -> list[int]:
+    """The columns' widths with the options' narrowed (their cells to go on as many lines
+    as ``wrapped_cell`` needs) where a line would pass ``width`` otherwise: 'static
+    graph,no buffer broadcast,cpu syncbn' cut the line short, and with it top-1 and the
+    status. Two spaces between columns."""
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over <= 0 or "options" not in names:
+        return widths
+    i = names.index("options")
+    longest_word = max(len(word) + 1 for row in rows for word in re.split(r"[ ,]", row[i]))
+    return [*widths[:i], max(longest_word, len("options"), widths[i] - over), *widths[i + 1:]]
+
+
+def wrapped_cell(text: str, width: int) -> list[str]:
+    """A cell of comma-separated parts ('static graph,no buffer broadcast,cpu syncbn') on
+    lines of at most ``width``: broken after a comma, and inside a part only where the
+    part alone is wider."""
+    parts = text.split(",")
+    lines: list[str] = []
+    for n, part in enumerate(parts):
+        part += "," if n < len(parts) - 1 else ""
+        if lines and len(lines[-1]) + len(part) <= width:
+            lines[-1] += part
+        else:
+            lines += textwrap.wrap(part, width) or [part]
+    return lines or [text]
 
 
 MEMORY_DIFFERS = 1.10  # mem/rank shows where a block's rows differ by more than this
@@ -390,7 +421,12 @@ def to_text(table, width: int = 120) -> str:
         # ('— (1 epoch: warm-up only)')
         names, rows, widths = _fit(names, rows, width)
         out += ([""] if out else []) + block_heading(block, same, width)
+        at_options = names.index("options") if "options" in names else None
         for cells in [names, *rows]:
+            more: list[str] = []  # the options' lines after the first
+            if at_options is not None:
+                first, *more = wrapped_cell(cells[at_options], widths[at_options])
+                cells = [*cells[:at_options], first, *cells[at_options + 1:]]
             status, _, reason = cells[-1].partition(": ")
             text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
             status, mark, flags = status.partition(" ⚠ ")
@@ -400,6 +436,8 @@ def to_text(table, width: int = 120) -> str:
                 reason = (f"⚠ {flags}" + (f"; {reason}" if reason else ""))
                 status = ""
             out.append(text.rstrip()[:width])
+            out += [(" " * (sum(widths[:at_options]) + 2 * at_options) + line).rstrip()
+                    for line in more]
             if reason:  # why a row is not ok (or what it is flagged for), on lines of its own
                 out += terminal.wrap(f"{f'{status}: ' if status else ''}{reason}", width,
                                      initial_indent="    ", subsequent_indent="      ")
