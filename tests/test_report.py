@@ -146,26 +146,33 @@ def test_terminal_view_fits_120_columns_one_block_per_workload():
 
 def test_rows_with_many_options_keep_to_120_columns_with_every_column(tmp_path):
     """A row of many DDP options ('static graph,find unused,no buffer broadcast,powersgd hook
-    r=4', 62 characters) and a row of dp that ran fewer replicas than asked: the options go on lines
-    of their own within their column, and no line is cut (it lost top-1, Δ top-1 and the
-    status; so did `bench compare`'s, which ran 143 columns)."""
+    r=4', 62 characters) beside a row of dp that ran fewer replicas than asked: the options
+    go on lines of their own within their column, and no line is cut (the report's lost
+    top-1, Δ top-1 and the status; `bench compare`'s ran to 143 columns, `bench project`'s
+    to 137)."""
     many = {"static_graph": True, "broadcast_buffers": False, "find_unused_parameters": True,
             "comm_hook": "powersgd", "powersgd_rank": 4}
-    records = [record("a", "ddp", 1, [5.0, 2.0], [0.1, 0.30]),
-               {**record("b", "ddp", 2, [5.0, 1.0], [0.1, 0.32]), "ddp_options": many},
-               {**record("c", "dp", 1, [5.0, 1.5], [0.1, 0.31]), "gpus_requested": 2}]
-    write_runs(tmp_path, records)
-    for proc in (run_bench("report", "--results", str(tmp_path), "--no-write"),
-                 run_bench("compare", str(tmp_path), str(tmp_path))):
+    long = {**record("b", "ddp", 2, [5.0, 1.0], [0.1, 0.32]), "ddp_options": many}
+    write_runs(tmp_path / "cpu", [record("a", "ddp", 1, [5.0, 2.0], [0.1, 0.30]), long,
+                                  {**record("c", "dp", 1, [5.0, 1.5], [0.1, 0.31]),
+                                   "gpus_requested": 2}])
+    write_runs(tmp_path / "gpu", [{**long, "device": "cuda", "compute_step_s": 0.05,
+                                   "model": {"width": 1.0, "parameters": 11_000_000}}])
+    for proc, last in ((run_bench("report", "--results", str(tmp_path / "cpu"), "--no-write"),
+                        "ok"),
+                       (run_bench("compare", str(tmp_path / "cpu"), str(tmp_path / "cpu")),
+                        "ok"),
+                       (run_bench("project", str(tmp_path / "gpu"), "--gpus", "8"),
+                        "compute")):
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         assert max(len(line) for line in lines) <= 120, proc.stdout
         at = next(i for i, line in enumerate(lines) if line.startswith("strategy"))
-        assert lines[at].split()[-1] in ("status", "verdict"), proc.stdout
-        (row,) = [i for i, line in enumerate(lines) if line.startswith("ddp ")
-                  and ("+2.00" in line or "32.00→32.00" in line)]
-        assert lines[row].split()[-1] == "ok", proc.stdout
+        assert lines[at].split()[-1] in ("status", "verdict", "bottleneck"), proc.stdout
         start = lines[at].index("options")
+        (row,) = [i for i, line in enumerate(lines)
+                  if line.startswith("ddp ") and line[start:].startswith("static graph")]
+        assert lines[row].split()[-1] == last, proc.stdout
         options = [lines[row][start:].split("  ")[0]]
         options += [line.strip() for line in lines[row + 1:] if line[:start].isspace()]
         # (a part wider than the column is broken at a space, which the lines do not keep)

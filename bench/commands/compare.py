@@ -19,14 +19,7 @@ from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import ABOUT_TOP1, clock_gap_matters
 from bench.report.table import apart_by
 from bench.report.verdict import ONE_RUN_NOISE, accuracy_workloads, device_noise
-from bench.report.views import (
-    SAID_BY_WORKLOAD,
-    block_heading,
-    narrowed_options,
-    only_where_apart,
-    said_once,
-    wrapped_cell,
-)
+from bench.report.views import SAID_BY_WORKLOAD, block_heading, only_where_apart, said_once
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
@@ -383,17 +376,8 @@ def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
         # the verdict's word in the row (its last column), its reasons below
         table = [[n.strip() for n in names]] + [[*r[:-1], r[-1].partition(": ")[0]]
                                                 for r in rows]
-        widths = narrowed_options(table[0], table[1:],
-                                  [max(len(x) for x in column) for column in zip(*table)],
-                                  width)
-        at = table[0].index("options") if "options" in table[0] else None
-        for i, line in enumerate(table):
-            more: list[str] = []  # the options' lines after the first
-            if at is not None:
-                first, *more = wrapped_cell(line[at], widths[at])
-                line = [*line[:at], first, *line[at + 1:]]
-            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
-            out += [" " * (sum(widths[:at]) + 2 * at) + part for part in more]
+        for i, lines in enumerate(terminal.aligned_rows(table, width)):
+            out += lines
             reason = rows[i - 1][-1].partition(": ")[2] if i else ""
             if reason:
                 out += terminal.wrap(reason, width, initial_indent="    ",

@@ -233,7 +233,8 @@ def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
 
 def _text(table: list[dict[str, Any]]) -> str:
     """A block per workload within 120 columns: the mem/rank column only in a block whose
-    runs have memory parts (a block of older runs' dashes widened every row past 120)."""
+    runs have memory parts (a block of older runs' dashes widened every row past 120), a
+    row's options on lines of their own where they would pass it."""
     header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
               "exposed", "mem/rank", "bottleneck"]
     blocks: dict[str, list[list[str]]] = {}
@@ -262,9 +263,8 @@ def _text(table: list[dict[str, Any]]) -> str:
     for name, lines in blocks.items():
         if all(row[memory] == "—" for row in lines[1:]):
             lines = [row[:memory] + row[memory + 1:] for row in lines]
-        widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
         out += ["", *terminal.pack(name, ["(projected from its runs, not measured)"])]
-        out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+        out += [line for row in terminal.aligned_rows(lines, terminal.WIDTH) for line in row]
         for what, reasons in untold.get(name, {}).items():
             told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"
                              for reason, gpus in reasons.items())

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import textwrap
 from typing import Any
 
 from bench.records.describe import short_options
@@ -267,36 +265,7 @@ def _fit(names: list[str], rows: list[list[str]], width: int
             names = names[:i] + names[i + 1:]
             rows = [row[:i] + row[i + 1:] for row in rows]
             widths = widths_of(names, rows)
-    return names, rows, narrowed_options(names, rows, widths, width)
-
-
-def narrowed_options(names: list[str], rows: list[list[str]], widths: list[int],
-                     width: int) -> list[int]:
-    """The columns' widths with the options' narrowed (their cells to go on as many lines
-    as ``wrapped_cell`` needs) where a line would pass ``width`` otherwise: 'static
-    graph,no buffer broadcast,cpu syncbn' cut the line short, and with it top-1 and the
-    status. Two spaces between columns."""
-    over = sum(widths) + 2 * (len(widths) - 1) - width
-    if over <= 0 or "options" not in names:
-        return widths
-    i = names.index("options")
-    longest_word = max(len(word) + 1 for row in rows for word in re.split(r"[ ,]", row[i]))
-    return [*widths[:i], max(longest_word, len("options"), widths[i] - over), *widths[i + 1:]]
-
-
-def wrapped_cell(text: str, width: int) -> list[str]:
-    """A cell of comma-separated parts ('static graph,no buffer broadcast,cpu syncbn') on
-    lines of at most ``width``: broken after a comma, and inside a part only where the
-    part alone is wider."""
-    parts = text.split(",")
-    lines: list[str] = []
-    for n, part in enumerate(parts):
-        part += "," if n < len(parts) - 1 else ""
-        if lines and len(lines[-1]) + len(part) <= width:
-            lines[-1] += part
-        else:
-            lines += textwrap.wrap(part, width) or [part]
-    return lines or [text]
+    return names, rows, terminal.narrowed_options(names, rows, widths, width)
 
 
 MEMORY_DIFFERS = 1.10  # mem/rank shows where a block's rows differ by more than this
@@ -425,7 +394,7 @@ def to_text(table, width: int = 120) -> str:
         for cells in [names, *rows]:
             more: list[str] = []  # the options' lines after the first
             if at_options is not None:
-                first, *more = wrapped_cell(cells[at_options], widths[at_options])
+                first, *more = terminal.wrapped_cell(cells[at_options], widths[at_options])
                 cells = [*cells[:at_options], first, *cells[at_options + 1:]]
             status, _, reason = cells[-1].partition(": ")
             text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))

@@ -1,5 +1,6 @@
 """Text for a terminal of 120 columns: wrapping that never splits a `quoted command`, so
-that what a line tells a user to type can be copied whole."""
+that what a line tells a user to type can be copied whole; tables whose options column
+narrows onto more lines rather than pass the width."""
 
 from __future__ import annotations
 
@@ -67,3 +68,50 @@ def duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60} min {seconds % 60:02d} s"
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def narrowed_options(names: list[str], rows: list[list[str]], widths: list[int],
+                     width: int) -> list[int]:
+    """The columns' widths with the options' narrowed (their cells to go on as many lines
+    as ``wrapped_cell`` needs) where a line would pass ``width`` otherwise: 'static
+    graph,no buffer broadcast,cpu syncbn' cut the line short, and with it top-1 and the
+    status. Two spaces between columns."""
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over <= 0 or "options" not in names:
+        return widths
+    i = names.index("options")
+    longest_word = max(len(word) + 1 for row in rows for word in re.split(r"[ ,]", row[i]))
+    return [*widths[:i], max(longest_word, len("options"), widths[i] - over), *widths[i + 1:]]
+
+
+def wrapped_cell(text: str, width: int) -> list[str]:
+    """A cell of comma-separated parts ('static graph,no buffer broadcast,cpu syncbn') on
+    lines of at most ``width``: broken after a comma, and inside a part only where the
+    part alone is wider."""
+    parts = text.split(",")
+    lines: list[str] = []
+    for n, part in enumerate(parts):
+        part += "," if n < len(parts) - 1 else ""
+        if lines and len(lines[-1]) + len(part) <= width:
+            lines[-1] += part
+        else:
+            lines += textwrap.wrap(part, width) or [part]
+    return lines or [text]
+
+
+def aligned_rows(table: list[list[str]], width: int) -> list[list[str]]:
+    """Each row of ``table`` (its header first) as its lines, in columns two spaces apart
+    and within ``width`` where narrowing the options column can make them so (its cells on
+    more lines: ``wrapped_cell``)."""
+    widths = narrowed_options(table[0], table[1:],
+                              [max(len(x) for x in column) for column in zip(*table)], width)
+    at = table[0].index("options") if "options" in table[0] else None
+    out = []
+    for row in table:
+        more: list[str] = []  # the options' lines after the first
+        if at is not None:
+            first, *more = wrapped_cell(row[at], widths[at])
+            row = [*row[:at], first, *row[at + 1:]]
+        out.append(["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()]
+                   + [" " * (sum(widths[:at]) + 2 * at) + part for part in more])
+    return out
