@@ -101,6 +101,31 @@ def test_rows_that_read_alike_are_named_apart_in_every_figure():
     assert wide.get_size_inches()[0] >= 8 * 1.0 + 1.0, wide.get_size_inches()
 
 
+def test_bars_with_many_options_keep_their_names_apart():
+    """Ten bars whose options are long ('static graph,no buffer broadcast', 'bucket
+    view,powersgd hook r=1'): in every bar figure each bar's name, as drawn, ends before
+    the next one's begins (the where-time-goes figure ran them into each other)."""
+    from bench.report import figures_per_workload
+
+    options = [{"static_graph": True, "broadcast_buffers": False},
+               {"gradient_as_bucket_view": True, "comm_hook": "powersgd"},
+               {"find_unused_parameters": True, "comm_hook": "fp16"}]
+    rows = [{**record(f"r{i}", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "compute_step_s": 0.1,
+             "target_top1": 40.0, "reached_target": True, "time_to_target_s": 10.0,
+             "ddp_options": {**options[i % 3], "bucket_cap_mb": 5.0 + i},
+             "memory_parts": {"peak": 2**26, "parameters": 2**20, "gradients": 2**20,
+                              "optimizer_state": 2**20}}
+            for i in range(10)]
+    figure = figures_per_workload(rows)[CPU_BLOCK.format(100)]
+    for name in ("where_time_goes", "time_to_target", "memory"):
+        fig = figure[name]
+        renderer = fig.canvas.get_renderer()
+        boxes = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels()]
+        assert len(boxes) == 10, name
+        for left, right in zip(boxes, boxes[1:]):
+            assert left.x1 < right.x0, (name, left, right)
+
+
 def test_plots_do_not_mislead_where_a_probe_ran_slow_curves_coincide_or_one_run_has_no_ci():
     """The demo drew ddp-spawn's bar at its compute-only probe (3.4 s) where its real step
     was 2.4 s; top1.png had four legend entries and two visible lines (identical curves

@@ -18,6 +18,7 @@ from bench.report.plot_labels import (
     sets_apart,
 )
 from bench.tools.plot_style import line_look
+from bench.tools.terminal import wrapped_cell
 
 
 def time_to_target_figure(ok):
@@ -25,14 +26,15 @@ def time_to_target_figure(ok):
     reached it; rows that did not converge are named with no bar."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
     rows = [r for r in ok.itertuples() if not math.isnan(r.time_to_target_s)]
+    fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
     labels, heights, low, high = [], [], [], []
     for r in rows:
         reached = [t for t in r.run_times_to_target if not math.isinf(t)]
         score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
         lines = [r.strategy, n_label(r), f"{r.device} {r.precision}"]
-        lines += [part for part in sets_apart(r) if part != FLAG] + ["shared GPU"] * r.gpu_shared
+        lines += narrow([part for part in sets_apart(r) if part != FLAG])
+        lines += ["shared GPU"] * r.gpu_shared
         lines += ["(did not converge)"] * math.isinf(r.time_to_target_s)
         lines += [f"{FLAG} flagged"] * bool(r.flags)
         labels.append("\n".join(lines))
@@ -114,10 +116,20 @@ def bars_width(bars: int) -> float:
     return max(7.0, 1.05 * bars + 1.2)
 
 
+BAR_LABEL_CHARACTERS = 14  # a line of a bar's name at 7 points: under its inch of figure
+
+
 def bar_labels(rows) -> list[str]:
-    """A bar per row, named on lines: strategy, N, device and precision, what sets it apart."""
+    """A bar per row, named on lines: strategy, N, device and precision, what sets it apart,
+    its options broken after a comma where they pass the bar's width ('bucket
+    view,powersgd hook r=1' ran into the next bar's name)."""
     return ["\n".join([r.strategy, n_label(r), f"{r.device} {r.precision}",
-                       *sets_apart(r)]) for r in rows]
+                       *narrow(sets_apart(r))]) for r in rows]
+
+
+def narrow(parts: list[str]) -> list[str]:
+    """Each part on lines of at most BAR_LABEL_CHARACTERS, broken after its commas."""
+    return [line for part in parts for line in wrapped_cell(part, BAR_LABEL_CHARACTERS)]
 
 
 def efficiency_figure(ok):
