@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench.report.flags import EXPOSED_COMM_NOISE
 from bench.report.plot_labels import (
     FLAG,
     SERIES,
@@ -56,12 +57,13 @@ def where_time_goes_figure(ok):
 
     rows = [r for r in ok.itertuples() if not math.isnan(r.compute_step_s)]
     fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
-    # a compute-only probe slower than the real step (exposed communication < 0: a slowed
-    # probe, flagged in the report) cannot be part of it: the bar is the measured step, and
-    # the probe a mark above it
-    slow_probe = [r.compute_step_s > r.step_time_s for r in rows]  # False for a NaN step
-    compute = [1000 * (r.step_time_s if slow else r.compute_step_s)
-               for r, slow in zip(rows, slow_probe)]
+    # a compute-only probe slower than the real step beyond noise (exposed communication
+    # below -10 %, 1 - compute / step: a slowed probe, flagged in the report; False for a
+    # NaN step) cannot be part of it: the bar is
+    # the measured step, and the probe a mark above it. Within noise the compute is the
+    # step, as the report reads it (a row at -7 % was marked suspect here, not there).
+    slow_probe = [r.compute_step_s > r.step_time_s * (1 + EXPOSED_COMM_NOISE) for r in rows]
+    compute = [1000 * min(r.compute_step_s, r.step_time_s) for r in rows]
     exposed = [max(0.0, 1000 * (r.step_time_s - r.compute_step_s)) for r in rows]
     ax.bar(range(len(rows)), compute, color=["0.6" if slow else "tab:blue" for slow in slow_probe],
            label="compute (sync off)")
