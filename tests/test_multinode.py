@@ -67,6 +67,67 @@ def test_two_nodes_on_loopback_write_one_record(tmp_path):
     assert only_record(tmp_path) == rec
 
 
+def test_nodes_that_differ_only_in_what_each_machine_sets_meet_without_an_id(tmp_path):
+    """Two nodes of one command but their --output and --workers, no --rdzv-id: each
+    derives the same id (a node's own folder and cores are its own) and they train as one
+    run, whose record is on the node that hosted rank 0. With those options in the id,
+    each waited 10 minutes under its own and failed with torchrun's traceback."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = [
+        _start(["run", "--strategy", "ddp", "--nodes", "2", "--gpus", "1", "--node-rank",
+                str(rank), "--rdzv-endpoint", endpoint, *SMALL, "--workers", str(rank),
+                "--output", str(tmp_path / f"node{rank}")])
+        for rank in (0, 1)
+    ]
+    _finish(procs)
+    rec = only_record(tmp_path / "node0")
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["nodes"] == 2
+    assert rec["rendezvous"]["id"].startswith("rdzv"), rec["rendezvous"]
+    assert records(tmp_path / "node1") == []
+
+
+# What torchrun's agent printed when no rank started (torch 2.14, two nodes on loopback):
+# the host's wait for a node that joined another id, the other node's loss of that host,
+# and a node whose endpoint nobody served. Excerpts of the real output.
+_HOST_WAITED = """  File "torch/distributed/elastic/rendezvous/dynamic_rendezvous.py", line 1194, \
+in next_rendezvous
+    raise RendezvousTimeoutError
+torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError
+"""
+_HOST_WENT = """torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was \
+likely closed. Did the remote server shutdown or crash?
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d \
+store has failed. See inner exception for details.
+"""
+_NOBODY = """[E1130 02:01:45.471549650 socket.cpp:1028] [c10d] The client socket has timed out \
+after 60000ms while trying to connect to (127.0.0.1, 29613).
+torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d \
+store has failed. See inner exception for details.
+"""
+
+
+@pytest.mark.parametrize("output, node_rank, said", [
+    (_HOST_WAITED, 0, "the other nodes did not join rendezvous rdzvabc at 127.0.0.1:29613"),
+    (_HOST_WENT, 1, "the rendezvous host 127.0.0.1:29613 (node rank 0) went before"),
+    (_NOBODY, 1, "nothing answered at the rendezvous endpoint 127.0.0.1:29613"),
+    (_HOST_WENT, 0, None),  # the host itself: its own cause is elsewhere
+])
+def test_a_rendezvous_that_never_gathered_the_nodes_is_named(tmp_path, output, node_rank, said):
+    from bench.launch.job import Launch, find_root_cause
+    from bench.train.scratch import Scratch
+
+    scratch = Scratch(tmp_path)
+    launch = Launch(tmp_path / "spec.json", 1, 29500, 1, scratch, 60.0, nnodes=2,
+                    node_rank=node_rank, rdzv_endpoint="127.0.0.1:29613", rdzv_id="rdzvabc")
+    find_root_cause(output, scratch, None, launch)
+    if said is None:
+        assert not scratch.root_cause.exists()
+    else:
+        cause = scratch.root_cause.read_text()
+        assert cause.startswith(said) and cause.count("\n") == 1, cause
+        assert "--rdzv-id" in cause or "port is open" in cause, cause
+
+
 def test_slurm_tasks_train_together(tmp_path):
     port = str(free_port())
     procs = []

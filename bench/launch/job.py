@@ -122,15 +122,43 @@ def mark_terminal(env: MutableMapping[str, str]) -> None:
         env["BENCH_TTY"] = "1"
 
 
-def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | None) -> None:
+def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | None,
+                    launch: Launch | None = None) -> None:
     """What the ranks could not say themselves: a collective NCCL's watchdog ended, from
     their output (it aborts the rank; a rank's own error, if any, comes first), else the
-    rank ``killed`` by a signal (rank, signal number), as their launcher saw it."""
+    rank ``killed`` by a signal (rank, signal number), as their launcher saw it, else a
+    rendezvous of several machines that never gathered them (no rank started)."""
     timed_out = nccl_watchdog_timeout(output)
-    if timed_out is not None and not scratch.has_errors():
+    no_rendezvous = launch is not None and launch.rdzv_endpoint and rendezvous_failure(
+        output, launch)
+    if no_rendezvous and not scratch.has_errors() and killed is None:
+        scratch.root_cause.write_text(no_rendezvous + "\n")
+    elif timed_out is not None and not scratch.has_errors():
         scratch.collective_timeout(*timed_out)
     elif killed is not None and not scratch.error(killed[0]).exists():
         # A rank that said its error and then died of a signal died in its teardown (gloo
         # aborts now and then as a group goes while a peer waits in a collective): its
         # error is the cause, and the signal hid it (a full disk read as SIGABRT).
         scratch.signal_death(*killed)
+
+
+def rendezvous_failure(output: str, launch: Launch) -> str | None:
+    """Why torchrun's agent gave up before any rank started: the host of the rendezvous
+    waited out its join timeout (the other nodes never joined this id: their options, from
+    which the id is derived, differ, or they were never started), or another node lost the
+    host as it gave up, or nothing answered at the endpoint. None where none of these is in
+    ``output``."""
+    fix = ("start `bench run` on every node with the same options but --node-rank (and "
+           "those each machine sets for itself: --output, --data-dir, --workers), or pass "
+           "one --rdzv-id NAME to all")
+    if "RendezvousTimeoutError" in output:
+        return (f"the other nodes did not join rendezvous {launch.rdzv_id} at "
+                f"{launch.rdzv_endpoint} before torchrun's join timeout: {fix}")
+    if "RendezvousConnectionError" not in output or launch.node_rank == 0:
+        return None
+    if "while trying to connect" in output:  # c10d's TCPStore client gave up connecting
+        return (f"nothing answered at the rendezvous endpoint {launch.rdzv_endpoint}: start "
+                "node rank 0 on that machine (it hosts the rendezvous) and check the address "
+                "and that its port is open to this node")
+    return (f"the rendezvous host {launch.rdzv_endpoint} (node rank 0) went before this "
+            f"node's ranks started: see its error (if the nodes never met: {fix})")

@@ -89,7 +89,7 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
     if rc:
         output = "".join(tail)
         killed = (horovod_root_cause if horovodrun else torchrun_root_cause)(output)
-        find_root_cause(output, launch.scratch, killed)
+        find_root_cause(output, launch.scratch, killed, launch)
         if not (launch.scratch.has_errors() or launch.scratch.root_cause.exists()):
             for _, out, rewrite in streams:  # no cause found: what was held back may say it
                 withheld = rewrite.withheld() if rewrite is not None else ""

@@ -111,9 +111,19 @@ def slurm_cpus_per_task(env: dict[str, str] | None = None) -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+# Options each machine sets for itself: where its files are (its own disk's dataset and
+# results, its MLPerf log), how many loader workers its cores feed, its progress bar, its
+# rank. Two nodes of one run may differ in them.
+PER_MACHINE = frozenset({"node_rank", "progress", "output", "data_dir", "download", "workers",
+                         "mllog", "master_port"})
+
+
 def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
-    """The same id on every node that runs the same command against the same endpoint."""
-    shared = {k: v for k, v in config.items() if k not in ("node_rank", "progress")}
+    """The same id on every node that runs the same run against the same endpoint: from
+    every option but those each machine sets for itself (``PER_MACHINE``). With them, a
+    node given another --output or --data-dir waited 10 minutes under an id of its own and
+    failed with torchrun's RendezvousTimeoutError."""
+    shared = {k: v for k, v in config.items() if k not in PER_MACHINE}
     text = json.dumps([endpoint, shared], sort_keys=True, default=str)
     return "rdzv" + hashlib.sha1(text.encode()).hexdigest()[:10]
 
