@@ -7,10 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+from dataclasses import replace
 
 import pytest
 from conftest import ROOT, assert_ok, only_record, run_bench
 
+from bench.project.from_records import workload_of
 from bench.project.scaling import Network, Workload, allreduce_s, project
 from bench.records.gradient_timeline import GradientTimeline
 
@@ -87,6 +89,16 @@ def test_fsdp_takes_its_all_gathers_and_reduce_scatter_at_what_the_probe_measure
                    scatter_factor=8)
     at_8 = project(work, 2, 2, slow, measured_allreduce=lambda size: size / 1e9)
     assert at_8.step_s == pytest.approx(0.4 + 1 / 15 + 0.8 + 2 / 15)
+    # --no-reshard-after-forward: backward gathers nothing (the parameters are kept from
+    # forward); its reduce-scatters (400 ms) hide under its compute (667 ms) but the last
+    # unit's (80 ms): 0.4 + 1/15, then 2/3 + 0.08. It was projected as the above.
+    kept = replace(work, reshard_after_forward=False)
+    assert project(kept, 2, 2, slow, measured_allreduce=lambda size: size / 1e9).step_s == \
+        pytest.approx(0.4 + 1 / 15 + 2 / 3 + 0.08)
+    record = {"strategy": "fsdp", "compute_step_s": 1.0, "model": {"parameters": 25_000_000},
+              "ddp_options": {"reshard_after_forward": False}}
+    assert workload_of(record).reshard_after_forward is False
+    assert workload_of({**record, "ddp_options": {}}).reshard_after_forward is True
 
 
 @pytest.mark.serial  # its runs' step times are predicted within 15 %: no neighbour's load

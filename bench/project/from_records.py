@@ -63,7 +63,9 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         bucketed_bytes=4 * parameters if compressing else None,
         collectives_per_bucket=3 if hook == "powersgd" else 1,
         hook_work_s=rec.get("hook_work_s") or 0.0,
-        blocking_comm=hook == "powersgd" and rec.get("backend") == "gloo")
+        blocking_comm=hook == "powersgd" and rec.get("backend") == "gloo",
+        reshard_after_forward=(rec.get("ddp_options") or {}).get(
+            "reshard_after_forward") is not False)
 
 
 def run_options(rec: dict[str, Any], work: Workload) -> str:

@@ -196,6 +196,9 @@ class Workload:
     # waits for each bucket in turn, docs/running.md); else they overlap it
     blocking_comm: bool = False
     timeline: GradientTimeline | None = None  # measured; None: ready evenly over backward
+    # FSDP: each unit's parameters gathered again for backward (False: kept from forward,
+    # --no-reshard-after-forward, so backward only reduce-scatters)
+    reshard_after_forward: bool = True
     # fp32 parameters (ddp-zero broadcasts them after each step, whatever compresses the
     # gradient); None: as many bytes as the gradient
     parameter_bytes: int | None = None
@@ -331,10 +334,11 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
     if w.strategy == "fsdp":
         forward_ag, backward_rs = gather(w.gradient_bytes), scatter(w.gradient_bytes)
         forward, backward = w.forward_s(), w.backward_s()
+        backward_ag = forward_ag if w.reshard_after_forward else 0.0
         step = (c - forward - backward
                 + _pipelined(forward, forward_ag, first=forward_ag)
-                + _pipelined(backward, forward_ag + backward_rs,
-                             first=forward_ag, last=backward_rs))
+                + _pipelined(backward, backward_ag + backward_rs,
+                             first=backward_ag, last=backward_rs))
         exposed = step - c
     elif w.strategy == "horovod":
         step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,
