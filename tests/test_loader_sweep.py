@@ -32,6 +32,24 @@ def test_more_workers_feed_a_slow_pipeline_faster():
     assert [n for n in sweep["notes"] if "SLOW LOADER INJECTED" in n] == [sweep["notes"][0]]
 
 
+def test_more_workers_than_cores_are_said_once_not_by_every_loader(tmp_path):
+    """One worker more than the cores a process may use: torch's DataLoader warned twice for
+    each loader and rank (four 300-character warnings in a 2-rank run); bench says it
+    once, and bench loader, whose counts are the experiment, not at all."""
+    many = str(len(os.sched_getaffinity(0)) + 1)
+    swept = run_bench("loader", "--gpus", "1", "--workers", f"0,{many}", *SMALL)
+    assert swept.returncode == 0, swept.stderr
+    assert "DataLoader will create" not in swept.stderr, swept.stderr
+    ran = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--cpu", "--data", "synthetic",
+                    "--train-limit", "64", "--test-limit", "32", "--batch-size", "16",
+                    "--epochs", "1", "--width", "0.125", "--no-progress", "--workers", many,
+                    "--comm-probe-steps", "0", "--loader-probe-steps", "0",
+                    "--output", str(tmp_path))
+    assert ran.returncode == 0, ran.stderr
+    assert "DataLoader will create" not in ran.stderr, ran.stderr
+    assert ran.stderr.count(f"bench: note: {many} loader workers a process, on ") == 1, ran.stderr
+
+
 def test_the_processes_are_the_runs_and_the_view_fits_120_columns():
     """DataParallel is one process whatever --gpus (on CPU one replica: torch runs the model
     once), so its whole batch is drawn by that process and its workers."""

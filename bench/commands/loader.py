@@ -115,6 +115,7 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
         draw_seconds,
         endless,
         input_memory_format,
+        quiet_worker_count_warning,
         seed_augmentation,
         training_loader,
     )
@@ -122,6 +123,7 @@ def _process_sweep(shape: SweepShape, rank: int, barrier) -> tuple[list[float], 
 
     cfg = shape.cfg
     torch.set_num_threads(shape.threads)
+    quiet_worker_count_warning()  # the counts above the cores are the sweep's to measure
     site = strategies.get(shape.strategy)  # its sampler; no process group is joined
     site.rank, site.world_size, site.replicas = rank, shape.processes, shape.replicas
     if shape.device_type == "cuda":

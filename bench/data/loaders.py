@@ -59,6 +59,17 @@ class EvalShard(Dataset):
         return image, label, index is not None
 
 
+
+def quiet_worker_count_warning() -> None:
+    """torch's DataLoader warns, twice for each loader and rank, in 300 characters, when
+    its workers outnumber the cores this process may use; ``bench run`` says it once
+    (its start's summary) and ``bench loader`` shows what they cost."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning,
+                            message=r"This DataLoader will create \d+ worker processes in total")
+
+
 @dataclass
 class Loaders:
     """What the trainer iterates: train batches ``(images, labels, indices)`` (their sampler

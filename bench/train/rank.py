@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import strategies
-from bench.data.loaders import build_loaders
+from bench.data.loaders import build_loaders, quiet_worker_count_warning
 from bench.measure.memory_parts import cap_gpu_memory, mark_baseline
 from bench.models.registry import mlperf_model_name
 from bench.records.run_record import RunRecord
@@ -159,6 +159,7 @@ def run_rank(spec_path: str | Path) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message=r"`torch\.distributed\.reduce_scatter_tensor` is deprecated")
     warnings.filterwarnings("ignore", category=UserWarning, message=SPURIOUS_STRIDES)
+    quiet_worker_count_warning()  # said once, before the ranks start
     pause_collector()  # until the rank is built (mp.spawn's and inline ranks start here)
     spec = WorkerSpec.read(spec_path)
     cfg, scratch = spec.config, spec.scratch
