@@ -80,7 +80,8 @@ def narrowed_options(names: list[str], rows: list[list[str]], widths: list[int],
     if over <= 0 or "options" not in names:
         return widths
     i = names.index("options")
-    longest_word = max(len(word) + 1 for row in rows for word in re.split(r"[ ,]", row[i]))
+    longest_word = max((len(word) + 1 for row in rows for word in re.split(r"[ ,]", row[i])),
+                       default=0)
     return [*widths[:i], max(longest_word, len("options"), widths[i] - over), *widths[i + 1:]]
 
 
