@@ -129,8 +129,8 @@ def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | Non
     rank ``killed`` by a signal (rank, signal number), as their launcher saw it, else a
     rendezvous of several machines that never gathered them (no rank started)."""
     timed_out = nccl_watchdog_timeout(output)
-    no_rendezvous = launch is not None and launch.rdzv_endpoint and rendezvous_failure(
-        output, launch)
+    no_rendezvous = (rendezvous_failure(output, launch)
+                     if launch is not None and launch.rdzv_endpoint else None)
     if no_rendezvous and not scratch.has_errors() and killed is None:
         scratch.root_cause.write_text(no_rendezvous + "\n")
     elif timed_out is not None and not scratch.has_errors():
