@@ -189,7 +189,7 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
     """The runs a projection starts from whose compute-only step ran slower than their real
     step (exposed communication below zero, beyond the report's noise: the probe was slowed,
     and the report flags the row): what each projects from is not a figure to trust."""
-    from bench.report.flags import EXPOSED_COMM_NOISE
+    from bench.report.flags import EXPOSED_COMM_NOISE, flagged_exposed
 
     lines = []
     for rec, work in measured:
@@ -198,8 +198,8 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
             lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
                          f"its compute-only step ({work.compute_step_s:.2f} s) ran slower than "
                          f"its measured step ({median_step_s(rec):.2f} s; exposed "
-                         f"communication {100 * exposed:.0f} %), so its projection starts from a "
-                         "slowed probe: rerun it on an idle machine before trusting it")
+                         f"communication {flagged_exposed(exposed)}), so its projection starts "
+                         "from a slowed probe: rerun it on an idle machine before trusting it")
     return lines
 
 

@@ -16,6 +16,17 @@ EFFICIENCY_SIGNIFICANT = 0.05  # with repeats on both sides: an excess at p belo
 SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
 SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
 EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
+
+
+def flagged_exposed(fraction: float) -> str:
+    """A flagged exposed communication as a percentage that reads beyond the flag's -10 %:
+    '-42 %', and '-10.4 %' where whole percents would read '-10 %', at the limit (two
+    decimals at most)."""
+    for digits in (0, 1, 2):
+        text = f"{100 * fraction:.{digits}f}"
+        if float(text) < -100 * EXPOSED_COMM_NOISE:
+            break
+    return f"{text} %"
 CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
 POWER_LIMIT_CUT = 0.05  # a GPU power limit this far below the GPU's default
 

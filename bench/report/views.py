@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from bench.records.describe import short_options
-from bench.report.flags import ABOUT_TOP1, clock_gap_matters
+from bench.report.flags import ABOUT_TOP1, clock_gap_matters, flagged_exposed
 from bench.report.table import COLUMN_INDEX, COLUMNS
 from bench.report.verdict import accuracy_workloads, speed_not_comparable
 from bench.tools import terminal
@@ -157,12 +157,12 @@ def plausibility_warnings(table) -> list[str]:
                          "which no data-parallel run reaches: the N=1 run was slowed (a loaded "
                          "machine?); rerun both")
         if "exposed comm < 0" in r.flags and "input-bound" in r.flags:
-            lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
+            lines.append(f"{row}: exposed communication {flagged_exposed(r.exposed_comm)}: its "
                          "compute-only steps waited for the input pipeline like its real ones "
                          "(the row is input-bound), so their difference says nothing about "
                          "communication")
         elif "exposed comm < 0" in r.flags:
-            lines.append(f"{row}: exposed communication {100 * r.exposed_comm:.0f} %: its "
+            lines.append(f"{row}: exposed communication {flagged_exposed(r.exposed_comm)}: its "
                          "compute-only steps ran slower than its real ones, which communicate "
                          "more; they were slowed (a loaded machine?): rerun it")
         if "input-bound" in r.flags:
