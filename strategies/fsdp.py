@@ -37,9 +37,17 @@ class FSDPStrategy(DDPStrategy):
     def __init__(self, name: str, *, fsdp: FSDPOptions | None = None) -> None:
         super().__init__(name)
         self.fsdp_options = fsdp or FSDPOptions()
+        self._unit_bytes: list[int] | None = None  # each unit's fp32 gradient, the root's last
 
     def record_options(self) -> dict | None:
         return {"reshard_after_forward": self.fsdp_options.reshard_after_forward}
+
+    def gradient_buckets(self, model: nn.Module) -> list[int] | None:
+        """FSDP's buckets are its units: each reduce-scatters its own gradient (fp32 bytes,
+        the root's last where it holds any), and each is a stage of the all-gather pipeline
+        `bench project` models (ResNet-18's four stages and the root; 7 + root for
+        mobilenet_v3_small)."""
+        return self._unit_bytes
 
     def requires(self, device_type: str, backend: str | None = None) -> str | None:
         if fsdp_api() is None:
@@ -95,6 +103,9 @@ class FSDPStrategy(DDPStrategy):
             self.notes.append("FSDP MixedPrecisionPolicy under bench verify: float64 "
                               "parameters, gradients reduced in float32 as a float32 run does")
         units = shard_units(model)
+        sizes = [4 * sum(p.numel() for p in unit.parameters()) for unit in units]
+        root = 4 * sum(p.numel() for p in model.parameters()) - sum(sizes)
+        self._unit_bytes = [*sizes, root] if root else sizes  # a root of no parameters gathers none
         kwargs["reshard_after_forward"] = self.fsdp_options.reshard_after_forward
         for unit in units:
             fully_shard(unit, **kwargs)

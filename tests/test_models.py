@@ -31,6 +31,9 @@ def test_a_user_factory_trains_under_each_strategy(strategy, tmp_path):
     assert rec["initial_param_fingerprint"] == rec["initial_reference_fingerprint"]
     assert any("has no BatchNorm" in note for note in rec["notes"]), rec["notes"]
     assert rec["norm"] == "none"  # not "syncbn" or "per-replica-bn": there is none
+    if strategy == "fsdp":  # its units, each a stage of `bench project`'s pipeline: the two
+        # convolutions and the classifier (the root holds no parameter of its own)
+        assert rec["gradient_buckets"] == [4 * 448, 4 * 4640, 4 * 3300], rec["gradient_buckets"]
     assert not any("per replica" in note for note in rec["notes"]), rec["notes"]
     report = run_bench("report", "--results", str(tmp_path), "--format", "csv", "--no-write")
     assert "user_models:tiny_cnn" in report.stdout

@@ -99,6 +99,14 @@ def test_fsdp_takes_its_all_gathers_and_reduce_scatter_at_what_the_probe_measure
               "ddp_options": {"reshard_after_forward": False}}
     assert workload_of(record).reshard_after_forward is False
     assert workload_of({**record, "ddp_options": {}}).reshard_after_forward is True
+    # the units its run recorded (mobilenet_v3_small: 8), else ResNet-18's five: at 8 units
+    # backward's hidden reduce-scatters leave 400 / 8 ms, forward 2/3 / 8 s of compute
+    eight = [4 * 25_000_000 // 8] * 8
+    assert workload_of({**record, "gradient_buckets": eight}).fsdp_units == 8
+    assert workload_of(record).fsdp_units == 5
+    assert project(replace(kept, fsdp_units=8), 2, 2, slow,
+                   measured_allreduce=lambda size: size / 1e9).step_s == pytest.approx(
+        0.4 + 1 / 24 + 2 / 3 + 0.05)
 
 
 @pytest.mark.serial  # its runs' step times are predicted within 15 %: no neighbour's load

@@ -7,10 +7,7 @@ import math
 import re
 from typing import Any
 
-from bench.project.scaling import (
-    RESNET18_BN_LAYERS,
-    Workload,
-)
+from bench.project.scaling import FSDP_UNITS, RESNET18_BN_LAYERS, Workload
 from bench.records.describe import machine, median_step_s
 from bench.records.gradient_timeline import GradientTimeline
 
@@ -65,7 +62,10 @@ def workload_of(rec: dict[str, Any]) -> Workload | None:
         hook_work_s=rec.get("hook_work_s") or 0.0,
         blocking_comm=hook == "powersgd" and rec.get("backend") == "gloo",
         reshard_after_forward=(rec.get("ddp_options") or {}).get(
-            "reshard_after_forward") is not False)
+            "reshard_after_forward") is not False,
+        # FSDP's units as it recorded them (its "buckets"); records before 2026-11-30: 5
+        fsdp_units=len(rec["gradient_buckets"]) if rec["strategy"] == "fsdp" and isinstance(
+            rec.get("gradient_buckets"), list) and rec["gradient_buckets"] else FSDP_UNITS)
 
 
 def run_options(rec: dict[str, Any], work: Workload) -> str:

@@ -177,6 +177,9 @@ def even_buckets(total: int, cap: int) -> list[int]:
     return sizes
 
 
+FSDP_UNITS = 5  # bench's fully_shard units: each of ResNet-18's four stages and the root
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the projection takes from one measured run (per rank, per optimizer step)."""
@@ -199,6 +202,7 @@ class Workload:
     # FSDP: each unit's parameters gathered again for backward (False: kept from forward,
     # --no-reshard-after-forward, so backward only reduce-scatters)
     reshard_after_forward: bool = True
+    fsdp_units: int = FSDP_UNITS  # FSDP's units, the root among them, as the run recorded
     # fp32 parameters (ddp-zero broadcasts them after each step, whatever compresses the
     # gradient); None: as many bytes as the gradient
     parameter_bytes: int | None = None
@@ -283,9 +287,6 @@ def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
     return step, step - c
 
 
-FSDP_UNITS = 5  # bench's fully_shard units: each of ResNet-18's four stages and the root
-
-
 def _pipelined(compute: float, comm: float, first: float, last: float = 0.0,
                units: int = FSDP_UNITS) -> float:
     """Seconds of one FSDP phase (forward, or backward) over ``units`` equal units, each
@@ -335,10 +336,11 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
         forward_ag, backward_rs = gather(w.gradient_bytes), scatter(w.gradient_bytes)
         forward, backward = w.forward_s(), w.backward_s()
         backward_ag = forward_ag if w.reshard_after_forward else 0.0
+        units = w.fsdp_units
         step = (c - forward - backward
-                + _pipelined(forward, forward_ag, first=forward_ag)
+                + _pipelined(forward, forward_ag, first=forward_ag, units=units)
                 + _pipelined(backward, backward_ag + backward_rs,
-                             first=backward_ag, last=backward_rs))
+                             first=backward_ag, last=backward_rs, units=units))
         exposed = step - c
     elif w.strategy == "horovod":
         step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,

@@ -122,8 +122,10 @@ def validate_records(records: list[dict[str, Any]], probes: list[dict[str, Any]]
                                       rec.get("nodes") or 1)),
                        "bucket_cap_mb": work.bucket_bytes / 2**20,
                        "buckets_ran": rec.get("gradient_buckets"),
-                       "buckets_modelled": [round(size / work.sent_fraction) for size, _
-                                            in work.buckets(work.bucket_bytes)],
+                       # (FSDP's "buckets" are its units, modelled as equal stages)
+                       "buckets_modelled": None if rec["strategy"] == "fsdp" else [
+                           round(size / work.sent_fraction)
+                           for size, _ in work.buckets(work.bucket_bytes)],
                        "injected_delay_ms": 1000 * work.hook_delay_s,
                        "comm_hook": comm_hook(rec), "hook_work_ms": 1000 * work.hook_work_s,
                        "gradient_timeline": work.timeline is not None,
