@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from bench.config.strategy_parts import Features, Topology
+from bench.tools.cores import usable_cores
 from strategies.precision import Precision
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -280,8 +280,4 @@ def has_batchnorm(model: nn.Module) -> bool:
 def cpu_threads_per_process(processes_on_node: int) -> int:
     """Cores split evenly over the processes of this machine, so every strategy gets the
     same total number of CPU threads."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, processes_on_node))
+    return max(1, usable_cores() // max(1, processes_on_node))

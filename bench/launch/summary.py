@@ -14,6 +14,7 @@ from bench.config.options import run_parser
 from bench.records.describe import input_bound
 from bench.records.run_record import RunRecord
 from bench.tools import terminal
+from bench.tools.cores import usable_cores
 from bench.tools.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
                             "DataLoader worker as it forks (CPython gh-112275, fixed in 3.11.10 "
                             "and 3.12): such a run fails after --timeout",
                             subsequent_indent="  "), file=sys.stderr)
-    usable = _usable_cores()
+    usable = usable_cores()
     if plan.workers_per_process > usable:  # torch's DataLoader warns above this, per rank
         print(f"bench: note: {plan.workers_per_process} loader workers a process, on "
               f"{terminal.count(usable, 'core')} this process may use: they compete with "
@@ -48,14 +49,6 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         if plan.writes_record:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
             record.write()
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on (its affinity), as torch's DataLoader counts them."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:

@@ -35,6 +35,7 @@ from bench.report.plot_labels import (
 )
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
 from bench.report.verdict import speed_not_comparable
+from bench.tools.cores import usable_cores
 from bench.tools.plot_style import line_look, point_marker
 
 CEILING_SHOWN = 2.0  # the loader's ceiling is drawn where it is within this of training's rate
@@ -276,11 +277,7 @@ def drawing_processes(workloads: int) -> int:
     """Processes to draw in: one per core this process may run on, one per workload at
     most. Each workload's figures are drawn alone, so that the files are the same bytes
     whichever process drew them."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, workloads))
+    return max(1, min(usable_cores(), workloads))
 
 
 def write_plots(records: list[dict[str, Any]], folder: Path,
