@@ -59,7 +59,6 @@ class EvalShard(Dataset):
         return image, label, index is not None
 
 
-
 def quiet_worker_count_warning() -> None:
     """torch's DataLoader warns, twice for each loader and rank, in 300 characters, when
     its workers outnumber the cores this process may use; ``bench run`` says it once

@@ -11,8 +11,9 @@ tree) plus bytes over the algorithm bandwidth (a ring's busbw * N / 2(N-1); a tr
 a tree's by 3.8), and NCCL takes the fastest of ring and tree, LL and Simple. DDP's buckets are
 simulated as backward makes them ready; SyncBatchNorm adds two blocking small collectives per
 BatchNorm layer; FSDP moves 1.5x DDP's bytes (its all-gathers and reduce-scatter at the cost
-against all-reduce that a probe measured, where one did) in a pipeline of five units a
-phase, compute or communication the busier; Horovod fuses into 64 MiB buffers each cycle.
+against all-reduce that a probe measured, where one did) in a pipeline of its run's units
+(ResNet-18's five) a phase, compute or communication the busier; Horovod fuses into 64 MiB
+buffers each cycle.
 
 Left out, and said with every projection: the input pipeline, stragglers, network congestion
 and contention between jobs, and any change of compute with N (the per-GPU batch is held at the
@@ -287,8 +288,8 @@ def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
     return step, step - c
 
 
-def _pipelined(compute: float, comm: float, first: float, last: float = 0.0,
-               units: int = FSDP_UNITS) -> float:
+def _pipelined(compute: float, comm: float, first: float, *, units: int,
+               last: float = 0.0) -> float:
     """Seconds of one FSDP phase (forward, or backward) over ``units`` equal units, each
     unit's compute waiting for its all-gather, the next all-gather prefetched under it, and
     in backward its reduce-scatter after it: a flow shop whose makespan is the busier of

@@ -59,9 +59,9 @@ def where_time_goes_figure(ok):
     fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
     # a compute-only probe slower than the real step beyond noise (exposed communication
     # below -10 %, 1 - compute / step: a slowed probe, flagged in the report; False for a
-    # NaN step) cannot be part of it: the bar is
-    # the measured step, and the probe a mark above it. Within noise the compute is the
-    # step, as the report reads it (a row at -7 % was marked suspect here, not there).
+    # NaN step) cannot be part of it: the bar is the measured step, and the probe a mark
+    # above it. Within noise the compute is the step, as the report reads it (a row at
+    # -7 % was marked suspect here, not there).
     slow_probe = [r.compute_step_s > r.step_time_s * (1 + EXPOSED_COMM_NOISE) for r in rows]
     compute = [1000 * min(r.compute_step_s, r.step_time_s) for r in rows]
     exposed = [max(0.0, 1000 * (r.step_time_s - r.compute_step_s)) for r in rows]

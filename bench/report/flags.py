@@ -16,6 +16,8 @@ EFFICIENCY_SIGNIFICANT = 0.05  # with repeats on both sides: an excess at p belo
 SLOW_RUN_FACTOR = 1.5  # a repeat this much slower than its row's median epoch time
 SLOW_RUN_MIN_RUNS = 3  # ... among at least this many ok runs (with two, which one is slow?)
 EXPOSED_COMM_NOISE = 0.10  # compute-only steps this much slower than the run's: not a figure
+CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
+POWER_LIMIT_CUT = 0.05  # a GPU power limit this far below the GPU's default
 
 
 def flagged_exposed(fraction: float) -> str:
@@ -27,8 +29,6 @@ def flagged_exposed(fraction: float) -> str:
         if float(text) < -100 * EXPOSED_COMM_NOISE:
             break
     return f"{text} %"
-CLOCK_GAP = 0.05  # a row's GPU clock this far below its workload's best row (share of max)
-POWER_LIMIT_CUT = 0.05  # a GPU power limit this far below the GPU's default
 
 
 def slow_runs(ok) -> list[tuple[str, float, float]]:

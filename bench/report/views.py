@@ -390,12 +390,8 @@ def to_text(table, width: int = 120) -> str:
         # ('— (1 epoch: warm-up only)')
         names, rows, widths = _fit(names, rows, width)
         out += ([""] if out else []) + block_heading(block, same, width)
-        at_options = names.index("options") if "options" in names else None
         for cells in [names, *rows]:
-            more: list[str] = []  # the options' lines after the first
-            if at_options is not None:
-                first, *more = terminal.wrapped_cell(cells[at_options], widths[at_options])
-                cells = [*cells[:at_options], first, *cells[at_options + 1:]]
+            cells, more = terminal.options_apart(names, cells, widths)
             status, _, reason = cells[-1].partition(": ")
             text = "  ".join(c.ljust(w) for c, w in zip([*cells[:-1], status], widths))
             status, mark, flags = status.partition(" ⚠ ")
@@ -405,8 +401,7 @@ def to_text(table, width: int = 120) -> str:
                 reason = (f"⚠ {flags}" + (f"; {reason}" if reason else ""))
                 status = ""
             out.append(text.rstrip()[:width])
-            out += [(" " * (sum(widths[:at_options]) + 2 * at_options) + line).rstrip()
-                    for line in more]
+            out += more
             if reason:  # why a row is not ok (or what it is flagged for), on lines of its own
                 out += terminal.wrap(f"{f'{status}: ' if status else ''}{reason}", width,
                                      initial_indent="    ", subsequent_indent="      ")

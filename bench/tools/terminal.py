@@ -106,13 +106,21 @@ def aligned_rows(table: list[list[str]], width: int) -> list[list[str]]:
     more lines: ``wrapped_cell``)."""
     widths = narrowed_options(table[0], table[1:],
                               [max(len(x) for x in column) for column in zip(*table)], width)
-    at = table[0].index("options") if "options" in table[0] else None
     out = []
     for row in table:
-        more: list[str] = []  # the options' lines after the first
-        if at is not None:
-            first, *more = wrapped_cell(row[at], widths[at])
-            row = [*row[:at], first, *row[at + 1:]]
-        out.append(["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()]
-                   + [" " * (sum(widths[:at]) + 2 * at) + part for part in more])
+        row, more = options_apart(table[0], row, widths)
+        out.append(["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), *more])
     return out
+
+
+def options_apart(names: list[str], row: list[str], widths: list[int]
+                  ) -> tuple[list[str], list[str]]:
+    """The row with its options cell's first line (``wrapped_cell`` at its column's width),
+    and the lines of the rest, each indented to that column; the row as it is, and none,
+    without an options column."""
+    if "options" not in names:
+        return row, []
+    at = names.index("options")
+    first, *more = wrapped_cell(row[at], widths[at])
+    indent = " " * (sum(widths[:at]) + 2 * at)
+    return [*row[:at], first, *row[at + 1:]], [indent + part for part in more]
