@@ -571,6 +571,31 @@ def test_a_run_whose_compute_probe_ran_slow_is_projected_with_a_warning(tmp_path
             assert "exposed communication -42 %" in " ".join(proc.stderr.split())
 
 
+def test_a_run_whose_cores_other_work_took_is_projected_with_a_warning(tmp_path):
+    """A GPU run on 16 cores beside other work that kept 12 of them busy while its own kept
+    4 (none idle: the report's `shared cores`) starts its projection from slowed steps, and
+    the projection says so; beside 1 core's other work (11 idle) it says nothing."""
+    import json
+
+    from conftest import ROOT
+
+    (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
+    rec = json.loads(source.read_text())
+    for name, others in (("shared", 12.0), ("quiet", 1.0)):
+        variant = {**rec, "cpu_load_sampled": {"cores": 16},
+                   "summary": {**rec["summary"], "run_cores": 4.0, "others_cores": others,
+                               "steal_cores": 0.0}}
+        folder = tmp_path / name / "runs"
+        folder.mkdir(parents=True)
+        (folder / source.name).write_text(json.dumps(variant))
+        proc = run_bench("project", str(folder.parent), "--gpus", "8")
+        assert proc.returncode == 0, proc.stderr
+        said = " ".join(proc.stderr.split())
+        warned = "other processes kept 12.0 of its 16 cores busy" in said
+        assert warned == (name == "shared"), (name, proc.stderr)
+        assert ("projection starts from slowed steps" in said) == warned, said
+
+
 def test_memory_per_rank_at_scale_divides_what_each_strategy_shards(tmp_path):
     """From a 2-rank run's memory_parts: ddp keeps 100 + 100 + 100 MiB of parameters,
     gradients and optimizer state at any N, ddp-zero divides the optimizer state by N, fsdp

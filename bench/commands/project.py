@@ -33,7 +33,13 @@ from bench.project.scaling import (
     project,
 )
 from bench.project.validation import calibration_lines, validate_records
-from bench.records.describe import machine, median_step_s, oversubscribed, workload
+from bench.records.describe import (
+    machine,
+    median_step_s,
+    oversubscribed,
+    shared_cores,
+    workload,
+)
 from bench.records.files import load_source
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
@@ -188,7 +194,8 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
 def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str]:
     """The runs a projection starts from whose compute-only step ran slower than their real
     step (exposed communication below zero, beyond the report's noise: the probe was slowed,
-    and the report flags the row): what each projects from is not a figure to trust."""
+    and the report flags the row), or whose cores other work shared (the report's `shared
+    cores`): what each projects from is not a figure to trust."""
     from bench.report.flags import EXPOSED_COMM_NOISE, flagged_exposed
 
     lines = []
@@ -200,6 +207,13 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
                          f"its measured step ({median_step_s(rec):.2f} s; exposed "
                          f"communication {flagged_exposed(exposed)}), so its projection starts "
                          "from a slowed probe: rerun it on an idle machine before trusting it")
+        taken = shared_cores(rec)
+        if taken is not None:
+            lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
+                         f"other processes kept {taken:.1f} of its "
+                         f"{terminal.count(rec['cpu_load_sampled']['cores'], 'core')} busy "
+                         "while it trained, leaving none idle, so its projection starts from "
+                         "slowed steps: rerun it on an idle machine before trusting it")
     return lines
 
 

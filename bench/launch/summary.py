@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from bench.config.options import run_parser
-from bench.records.describe import input_bound
+from bench.records.describe import input_bound, shared_cores
 from bench.records.run_record import RunRecord
 from bench.tools import terminal
 from bench.tools.cores import usable_cores
@@ -62,6 +62,14 @@ def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
     print(ok_line(final.summary, final.data))
+    taken = shared_cores(final.data)
+    if taken is not None:
+        cores = final.data["cpu_load_sampled"]["cores"]
+        print(terminal.fill(f"bench: note: other processes kept {taken:.1f} of the "
+                            f"{terminal.count(cores, 'core')} this run could use busy while it "
+                            "trained (mean over its timed epochs), leaving none idle: its times "
+                            "are slower than this machine alone gives",
+                            subsequent_indent="  "), file=sys.stderr)
     feed = final.data.get("loader_alone_images_per_s")
     if input_bound(final.summary.get("median_images_per_s"), feed) and loader == "torch":
         print("bench: the loader set the pace; which worker count feeds faster:\n  "

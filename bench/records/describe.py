@@ -23,7 +23,7 @@ def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     timed = epochs[1:]
     top1 = [e["top1"] for e in epochs]
-    return gpu_clock_figures(timed or epochs) | {
+    return gpu_clock_figures(timed or epochs) | cpu_load_figures(timed or epochs) | {
         "median_epoch_time_s": statistics.median(e["train_time_s"] for e in timed) if timed
         else None,
         "median_images_per_s": statistics.median(e["images_per_s"] for e in timed) if timed
@@ -61,6 +61,49 @@ def gpu_clock_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
             "images_per_joule": statistics.median(
                 e["images_per_s"] * e["train_time_s"] / e["gpu_clocks"]["energy_j"]
                 for e in measured) if measured else None}
+
+
+def cpu_load_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cores rank 0's machine kept busy over the timed epochs (those that measured it),
+    each epoch weighted by its length: the run's processes' (``run_cores``), other
+    processes' (``others_cores``) and the hypervisor's (``steal_cores``)."""
+    measured = [e for e in epochs if isinstance(e.get("cpu_load"), dict)
+                and isinstance(e.get("train_time_s"), (int, float)) and e["train_time_s"] > 0]
+    seconds = sum(e["train_time_s"] for e in measured)
+    if not measured or not all(isinstance(e["cpu_load"].get(k), (int, float))
+                               for e in measured for k in ("run", "others", "steal")):
+        return {}
+    return {f"{part}_cores": round(sum(e["cpu_load"][part] * e["train_time_s"]
+                                       for e in measured) / seconds, 3)
+            for part in ("run", "others", "steal")}
+
+
+# Cores other processes (and a hypervisor) took from a run before its times count as
+# measured on a shared machine: below it, a machine's own daemons; and the cores must have
+# been full (the run's and the others' together), else the others took nothing from it.
+SHARED_MIN_CORES = 0.25
+SHARED_MIN_SHARE = 0.05  # ... nor below this share of the cores (a 64-core machine's daemons)
+FULL_SHARE = 0.9
+
+
+def shared_cores(rec: dict[str, Any]) -> float | None:
+    """The cores other processes and the hypervisor took, on average over the timed epochs,
+    from a run whose machine's cores were full (its own processes' and theirs together):
+    its times are slower than the machine alone gives, by a share the figure alone cannot
+    say. None where the run had its cores (or the record did not measure them)."""
+    summary, sampled = rec.get("summary") or {}, rec.get("cpu_load_sampled") or {}
+    cores = sampled.get("cores") if isinstance(sampled, dict) else None
+    figures = [summary.get(k) if isinstance(summary, dict) else None
+               for k in ("run_cores", "others_cores", "steal_cores")]
+    if not isinstance(cores, int) or cores < 1 or not all(
+            isinstance(f, (int, float)) and not isinstance(f, bool) for f in figures):
+        return None
+    run, others, steal = figures
+    taken = others + steal
+    if taken >= max(SHARED_MIN_CORES, SHARED_MIN_SHARE * cores) and (
+            run + taken >= FULL_SHARE * cores):
+        return taken
+    return None
 
 
 ABNORMAL = ("hw slowdown", "sw thermal", "hw thermal", "power brake")

@@ -216,7 +216,8 @@ class RunRecord:
               parameters: int, notes: list[str], compile_time_s: float | None,
               model: ModelSpec, batchnorm_layers: int | None = None,
               initial_param_fingerprint: str, initial_reference_fingerprint: str,
-              initial_replicas_identical: bool | None, allow_tf32: bool | None) -> None:
+              initial_replicas_identical: bool | None, allow_tf32: bool | None,
+              cpu_load: dict[str, int] | None = None) -> None:
         """What the ranks found out while building the run; the epochs follow."""
         micro_batch = per_replica_batch // grad_accum
         self.data["compile_time_s"] = compile_time_s
@@ -248,6 +249,9 @@ class RunRecord:
             "initial_reference_fingerprint": initial_reference_fingerprint,
             "initial_replicas_identical": initial_replicas_identical,
             "allow_tf32": allow_tf32,  # cuDNN's TF32 switch on GPU; null on CPU
+            # rank 0's machine: the cores whose load each epoch's cpu_load measures (null:
+            # not measured, no /proc)
+            "cpu_load_sampled": cpu_load,
             "per_epoch": [],
         })
         gpus = (self.data.get("env") or {}).get("gpus") or []
@@ -256,10 +260,11 @@ class RunRecord:
         self.write()
 
     def add_epoch(self, epoch: int, train: TrainStats, evaluation: EvalStats,
-                  peak_mem_bytes: int, gpu_clocks: dict[str, Any] | None = None
-                  ) -> dict[str, Any]:
+                  peak_mem_bytes: int, gpu_clocks: dict[str, Any] | None = None,
+                  cpu_load: dict[str, float] | None = None) -> dict[str, Any]:
         """Append epoch ``epoch`` (from 0; the first is the warm-up) and refresh the summary.
-        ``gpu_clocks``: the epoch's timed window as the GPUs' clocks saw it (CUDA runs)."""
+        ``gpu_clocks``: the epoch's timed window as the GPUs' clocks saw it (CUDA runs);
+        ``cpu_load``: the cores rank 0's machine kept busy then, the run's and others'."""
         entry = {
             "epoch": epoch + 1,
             "warmup": epoch == 0,
@@ -279,6 +284,8 @@ class RunRecord:
             "lr_last": train.lr_last,
             "data_order_sha1": train.data_order_sha1,
         }
+        if cpu_load is not None:
+            entry["cpu_load"] = cpu_load
         if "gpu_clocks" in self.data:  # CUDA runs: sampled, or said why not
             if gpu_clocks and self.data.get("gpu_shared"):  # each rank counted the one GPU
                 gpu_clocks = {**gpu_clocks, "energy_j": None}

@@ -33,7 +33,7 @@ RECORD_FIELDS = (
     "loader_probe_steps", "loader_alone_images_per_s",
     "gradient_buckets", "compressed_gradient_elements",
     "train_flops_per_image", "peak_tflops_per_gpu",
-    "profile_steps", "profile_trace", "data_order_rule", "memory_parts",
+    "profile_steps", "profile_trace", "data_order_rule", "memory_parts", "cpu_load_sampled",
 )
 
 
@@ -76,7 +76,7 @@ _OPTIONAL = {
          "initial_replicas_identical": bool, "replicas_identical": bool,
          "per_rank_batch": int, "lr": NUMBER, "backend": str, "data_order_rule": str,
          "memory_parts": dict, "base_lr": NUMBER, "lr_reference_batch": NUMBER,
-         "warmup_epochs": NUMBER, "profile_trace": str},
+         "warmup_epochs": NUMBER, "profile_trace": str, "cpu_load_sampled": dict},
     # what a row's options name (records.describe.speed_options) and projections read
     ("ddp_options",): {"bucket_cap_mb": NUMBER, "gradient_as_bucket_view": bool,
                        "static_graph": bool, "find_unused_parameters": bool,
@@ -87,6 +87,7 @@ _OPTIONAL = {
     ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER,
                   "hvd_compression": str, "ghost_bn": int, "synthetic_classes": int},
     ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int},
+    ("cpu_load_sampled",): {"cores": int},
     ("memory_parts",): {"parameters": int, "gradients": int, "optimizer_state": int,
                         "peak": int, "activations_and_workspace": int},
 }
@@ -96,7 +97,8 @@ _EPOCH_OPTIONAL = {"eval_time_s": NUMBER, "top5": NUMBER, "train_loss": NUMBER,
                    "test_loss": NUMBER, "input_wait_s": NUMBER, "mfu": NUMBER,
                    "achieved_tflops": NUMBER, "gpu_clocks": dict, "warmup": bool,
                    "step_time_p50_s": NUMBER, "step_time_p90_s": NUMBER,
-                   "data_order_sha1": str, "test_images": int, "train_images": int}
+                   "data_order_sha1": str, "test_images": int, "train_images": int,
+                   "cpu_load": dict}
 
 
 def _kind_name(kind) -> str:

@@ -165,6 +165,8 @@ def row_flags(r) -> str:
         flags.append("input-bound")
     if r.oversubscribed:
         flags.append("CPU oversubscribed")
+    if r.shared_cores:
+        flags.append("shared cores")
     if r.gpu_shared:
         flags.append("shared GPUs")
     if clock_gap_matters(r.clock_gap):

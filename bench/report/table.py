@@ -17,6 +17,7 @@ from bench.records.describe import (
     median_step_s,
     network,
     oversubscribed,
+    shared_cores,
     speed_options,
     summarise_epochs,
     workload,
@@ -198,6 +199,9 @@ def run_rows(records: list[dict[str, Any]]):
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": oversubscribed(rec),
+                # (cores others took, the cores) where the machine's cores were full
+                "shared_cores": ((shared_cores(rec), rec["cpu_load_sampled"]["cores"])
+                                 if shared_cores(rec) is not None else None),
                 "clock_share": as_number(figures.get("gpu_clock_share")),
                 "gpu_util": as_number(figures.get("gpu_util_median")),
                 "images_per_joule": as_number(figures.get("images_per_joule")),
@@ -267,6 +271,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             projected_efficiency=projected_efficiency(
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) and timed else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
+            shared_cores=max((s for s in ok["shared_cores"] if s), default=None),
             slow_runs=slow_runs(ok),
             other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
             other_start=[(i, started[i]) for i in ok["run_id"] if i in started],

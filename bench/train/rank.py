@@ -32,6 +32,7 @@ import torch
 
 import strategies
 from bench.data.loaders import build_loaders, quiet_worker_count_warning
+from bench.measure.machine_load import LoadMeter
 from bench.measure.memory_parts import cap_gpu_memory, mark_baseline
 from bench.models.registry import mlperf_model_name
 from bench.records.run_record import RunRecord
@@ -71,8 +72,19 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
             spec.scratch.rank0_here.touch()
         if cfg.mllog and cfg.verify_steps is None:
             mllog = open_mllog(cfg, strategy, loaders)
+    load = LoadMeter.here(run_root(spec)) if record is not None else None
     return Trainer(cfg, strategy, parts, loaders, split, record, heartbeat, Fault.from_env(),
-                   threads=threads, workers=spec.workers_per_process, mllog=mllog)
+                   threads=threads, workers=spec.workers_per_process, mllog=mllog, load=load)
+
+
+def run_root(spec: WorkerSpec) -> int:
+    """The process this machine's processes of the run live under, whose CPU time is the
+    run's own: the bench that launched them here, or, for an srun task, Slurm's step
+    daemon, whose tasks are the run's ranks on this node."""
+    if spec.record.get("launcher") == "slurm":
+        return os.getppid()
+    launcher = spec.scratch.launcher_pid()
+    return launcher if launcher is not None else os.getppid()
 
 
 def open_mllog(cfg, strategy: Strategy, loaders) -> MLPerfLog:

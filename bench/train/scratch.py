@@ -71,6 +71,14 @@ class Scratch:
         """``PID HOST`` of the launching process that owns the folder."""
         return self.root / "launcher"
 
+    def launcher_pid(self) -> int | None:
+        """The launching process's pid, where it runs on this machine (else None)."""
+        try:
+            pid, host = self.launcher.read_text().split()
+            return int(pid) if host == socket.gethostname() else None
+        except (OSError, ValueError):
+            return None
+
     def exists(self) -> bool:
         return self.root.is_dir()
 

@@ -23,6 +23,7 @@ from bench.measure.across_ranks import (
     sync_devices,
 )
 from bench.measure.gpu_clocks import INTERVAL_S, ClockMonitor, start_monitor
+from bench.measure.machine_load import LoadMeter
 from bench.measure.memory_parts import held, memory_parts
 from bench.measure.step_probes import compute_only_steps, loader_alone, profile_steps
 from bench.measure.timing import InputWait, step_intervals, step_mark
@@ -71,12 +72,13 @@ class Trainer:
     """Runs the epochs of one rank. Its parts: the run's ``cfg``, the ``strategy`` (what
     happens inside a rank), ``parts`` (model, optimizer, precision), ``loaders``, the batch
     ``split``, the ``record`` (global rank 0 only, else None), the ``heartbeat``, an
-    optional injected ``fault`` and the ``mllog`` (MLPerf events: rank 0 with --mllog)."""
+    optional injected ``fault``, the ``mllog`` (MLPerf events: rank 0 with --mllog) and the
+    ``load`` meter (rank 0: how busy its machine's cores were in each timed epoch)."""
 
     def __init__(self, cfg: RunConfig, strategy: Strategy, parts: ModelParts, loaders: Loaders,
                  split: BatchSplit, record: RunRecord | None, heartbeat: Heartbeat,
                  fault: Fault | None, threads: int, workers: int,
-                 mllog: MLPerfLog | NoLog | None = None) -> None:
+                 mllog: MLPerfLog | NoLog | None = None, load: LoadMeter | None = None) -> None:
         self.cfg, self.strategy, self.parts, self.loaders = cfg, strategy, parts, loaders
         self.split, self.record, self.beat, self.fault = split, record, heartbeat, fault
         self.threads, self.workers = threads, workers
@@ -92,6 +94,8 @@ class Trainer:
         self.window = (0.0, 0.0)  # the last epoch's timed region (perf_counter)
         self.run_clock: RunClock | None = None  # the time left, with progress on (rank 0)
         self.held: dict[str, int] | None = None  # memory_parts.held after the first epoch
+        self.load = load
+        self.cpu_load: dict[str, float] | None = None  # the last epoch's, from the meter
 
     def run(self) -> None:
         """The timed run: warm-up compile, the epochs (train, evaluate, record), the
@@ -158,7 +162,8 @@ class Trainer:
             reached = cfg.target_top1 is not None and 100 * evaluation.top1 >= cfg.target_top1
             log.eval_stop(epoch + 1, evaluation.top1, reached)
             if self.record is not None:
-                entry = self.record.add_epoch(epoch, train, evaluation, memory, clocks)
+                entry = self.record.add_epoch(epoch, train, evaluation, memory, clocks,
+                                              self.cpu_load)
                 print(epoch_line(cfg.strategy, cfg.epochs, entry), flush=True)
                 if reached and not self.record.data["reached_target"]:
                     self.record.reached_target(epoch + 1, evaluated_at - self.clock)
@@ -182,6 +187,7 @@ class Trainer:
             initial_reference_fingerprint=initial_params_sha1(self.cfg.seed, self.parts.spec),
             model=self.parts.spec, batchnorm_layers=self.parts.batchnorm_layers,
             initial_replicas_identical=initial_identical, allow_tf32=self.parts.allow_tf32,
+            cpu_load=self.load.described() if self.load is not None else None,
         )
 
     # ------------------------------------------------------------------ one epoch
@@ -200,6 +206,9 @@ class Trainer:
         if shown and self.run_clock is None:
             self.run_clock = RunClock(cfg.strategy, cfg.epochs, self.steps_per_epoch)
         step = epoch * self.steps_per_epoch
+        # the cores' counters read before the ranks gather, not after: the ms it takes would
+        # otherwise hold the other ranks' first step, inside their timed region
+        load_from = self.load.sample() if self.load is not None else None
         self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
         s.barrier()
         # from here the first step, its batch drawn first: a failure or a stall drawing it
@@ -236,6 +245,8 @@ class Trainer:
         end = time.perf_counter()
         train_time, self.window = end - start, (start, end)
         # ---- end of timed region ----
+        if load_from is not None:
+            self.cpu_load = self.load.between(load_from, self.load.sample())
         if epoch == 0 and self.record is not None:  # gradients and optimizer state now exist
             self.held = held(self.parts.model, self.parts.optimizer)
         step_times = step_intervals(marks, cuda)

@@ -1,0 +1,123 @@
+"""Whether a run had its cores to itself: how busy the cores it may run on were over each
+timed epoch, and how much of that was the run's own processes. The rest is other programs
+(another job, a test suite, a compiler) taking the cores the run's times assume it had:
+a benchmark on a shared machine measures the sharing, and its record should say so rather
+than leave the report to guess it from the times.
+
+Read from Linux's own counters, on the machine of the record's rank, outside the timed
+region: ``/proc/stat`` (each core's busy ticks: user, nice, system, irq, softirq; steal
+apart, the time a hypervisor gave the core to another guest) and ``/proc/PID/stat`` of the
+run's processes (the tree under its launcher on this machine: ranks, loader workers,
+compile workers; the children they reaped are in their ``cutime``). Elsewhere (no /proc)
+nothing is measured."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative counters at one moment (``at``: perf_counter seconds), in clock ticks."""
+
+    at: float
+    busy: int  # the run's cores busy: user, nice, system, irq, softirq
+    steal: int  # the run's cores given to another guest by the hypervisor
+    ours: int  # the run's processes: utime + stime + their reaped children's
+
+
+def core_ticks(cores: frozenset[int], stat: str) -> tuple[int, int]:
+    """(busy, steal) ticks of ``cores`` summed from ``/proc/stat``'s ``cpuN`` lines."""
+    busy = steal = 0
+    for line in stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cores:
+            continue
+        # user nice system idle iowait irq softirq steal (guest is counted in user)
+        fields = [int(x) for x in rest.split()[:8]]
+        busy += fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+        steal += fields[7]
+    return busy, steal
+
+
+def tree_ticks(root: int, stats: dict[int, bytes]) -> int:
+    """CPU ticks of ``root`` and every process below it (``stats``: pid -> its
+    ``/proc/PID/stat``), their reaped children included (``cutime``, ``cstime``)."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for pid, text in stats.items():
+        fields = text[text.rindex(b")") + 2:].split()  # the name may hold spaces and ')'
+        children.setdefault(int(fields[1]), []).append(pid)  # ppid
+        ticks[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    total, todo, seen = 0, [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += ticks.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def _process_stats() -> dict[int, bytes]:
+    stats = {}
+    for entry in os.scandir(PROC):
+        if entry.name.isdigit():
+            try:
+                stats[int(entry.name)] = (PROC / entry.name / "stat").read_bytes()
+            except OSError:  # ended while listed
+                continue
+    return stats
+
+
+class LoadMeter:
+    """Samples of the cores this process may use and of the run's processes under
+    ``root`` (its launcher on this machine)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.cores = frozenset(os.sched_getaffinity(0))
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    def here(cls, root: int) -> LoadMeter | None:
+        """A meter where Linux's counters can be read, else None."""
+        try:
+            meter = cls(root)
+            meter.sample()
+        except (OSError, AttributeError, ValueError):
+            return None
+        return meter
+
+    def sample(self) -> CpuSample:
+        stats = _process_stats()
+        at = time.perf_counter()
+        busy, steal = core_ticks(self.cores, (PROC / "stat").read_text())
+        return CpuSample(at, busy, steal, tree_ticks(self.root, stats))
+
+    def between(self, start: CpuSample, end: CpuSample) -> dict[str, float] | None:
+        """The mean cores busy from ``start`` to ``end``: the run's own (``run``), other
+        processes' (``others``: busy less the run's, never below 0) and the hypervisor's
+        (``steal``); None for an interval too short to hold a tick."""
+        seconds = end.at - start.at
+        if seconds <= 1 / self.tick:
+            return None
+        per_core_s = self.tick * seconds
+
+        def cores(ticks: int) -> float:
+            return round(ticks / per_core_s, 3)
+
+        ours = end.ours - start.ours
+        return {"run": cores(ours), "others": cores(max(0, end.busy - start.busy - ours)),
+                "steal": cores(end.steal - start.steal)}
+
+    def described(self) -> dict[str, int]:
+        """What the record keeps of the meter: how many cores it read."""
+        return {"cores": len(self.cores)}
+

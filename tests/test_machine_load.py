@@ -1,0 +1,149 @@
+"""Whether a run had its cores to itself: each timed epoch's load on rank 0's cores, split
+into the run's own processes and everyone else's, from Linux's counters; a run that other
+work slowed says so in its record, at its end and in the report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from conftest import FAST, assert_ok, only_record, run_bench
+
+from bench.measure.machine_load import CpuSample, LoadMeter, core_ticks, tree_ticks
+from bench.records.describe import cpu_load_figures, shared_cores
+from bench.tools import terminal
+
+STAT = """cpu  900 10 300 5000 20 0 7 40 0 0
+cpu0 100 0 50 2000 10 0 5 30 0 0
+cpu1 200 10 100 1000 10 0 2 10 0 0
+cpu2 600 0 150 2000 0 0 0 0 0 0
+intr 12345 0 0
+"""
+
+
+def test_the_cores_counters_are_read_for_the_cores_asked():
+    """user + nice + system + irq + softirq is busy (idle and iowait are not), steal apart,
+    summed over the cores named only: cpu0 is 100+0+50+0+5, cpu1 200+10+100+0+2."""
+    assert core_ticks(frozenset({0, 1}), STAT) == (155 + 312, 40)
+    assert core_ticks(frozenset({2}), STAT) == (750, 0)
+
+
+def _stat(pid: int, name: str, ppid: int, utime: int, stime: int, cutime: int = 0,
+          cstime: int = 0) -> bytes:
+    return (f"{pid} ({name}) S {ppid} {pid} {pid} 0 -1 4194304 100 0 0 0 "
+            f"{utime} {stime} {cutime} {cstime} 20 0 4 0 500 1000 200").encode()
+
+
+def test_the_runs_processes_are_the_tree_under_its_launcher():
+    """The launcher (10), torchrun under it (11), two ranks (12, 13: one reaped a worker,
+    its cutime), a live loader worker (14, its name holding ') ' as a process may name
+    itself); the shell above (1) and a neighbour (20) are not the run's."""
+    stats = {
+        1: _stat(1, "bash", 0, 5000, 500),
+        10: _stat(10, "bench", 1, 30, 10),
+        11: _stat(11, "torchrun", 10, 20, 5),
+        12: _stat(12, "python", 11, 700, 100, cutime=40, cstime=10),
+        13: _stat(13, "python", 11, 650, 90),
+        14: _stat(14, "pt_data_worker) (1", 12, 80, 20),
+        20: _stat(20, "burner", 1, 9000, 0),
+    }
+    assert tree_ticks(10, stats) == 40 + 25 + 850 + 740 + 100
+    assert tree_ticks(12, stats) == 850 + 100
+    assert tree_ticks(99, stats) == 0  # gone: nothing of it left
+
+
+def test_a_windows_cores_are_its_ticks_over_its_seconds():
+    """Two seconds at 100 ticks a second: 160 of the run's ticks are 0.8 cores; 300 busy
+    ticks less the run's 160 leave 0.7 to others; 20 stolen are 0.1. A neighbour that
+    counted less than the run (ticks are sampled) is 0, not below."""
+    meter = LoadMeter(os.getpid())
+    meter.tick = 100
+    start = CpuSample(at=10.0, busy=1000, steal=5, ours=400)
+    assert meter.between(start, CpuSample(at=12.0, busy=1300, steal=25, ours=560)) == {
+        "run": 0.8, "others": 0.7, "steal": 0.1}
+    assert meter.between(start, CpuSample(at=12.0, busy=1150, steal=5, ours=560))[
+        "others"] == 0.0
+    assert meter.between(start, CpuSample(at=10.005, busy=1000, steal=5, ours=400)) is None
+
+
+def test_the_summary_weighs_each_epoch_by_its_length():
+    """A 1-s epoch at 0.2 others' cores and a 3-s one at 1.0: (0.2 + 3.0) / 4 = 0.8."""
+    epochs = [{"train_time_s": 1.0, "cpu_load": {"run": 1.0, "others": 0.2, "steal": 0.0}},
+              {"train_time_s": 3.0, "cpu_load": {"run": 0.6, "others": 1.0, "steal": 0.2}}]
+    assert cpu_load_figures(epochs) == {"run_cores": 0.7, "others_cores": 0.8,
+                                        "steal_cores": 0.15}
+    assert cpu_load_figures([{"train_time_s": 1.0}]) == {}  # not measured: nothing said
+
+
+def _measured(cores: int, run: float, others: float, steal: float = 0.0) -> dict:
+    return {"cpu_load_sampled": {"cores": cores},
+            "summary": {"run_cores": run, "others_cores": others, "steal_cores": steal}}
+
+
+def test_a_run_is_shared_where_others_took_cores_it_would_have_used():
+    """2 cores: others' 0.9 beside the run's 1.0 filled them (flagged); the same 0.9 beside
+    a run that used 0.5 left a core idle (not); 0.2 is a daemon's. 64 cores: 2 taken is
+    under 5 % of them. A hypervisor's steal counts as taken."""
+    assert shared_cores(_measured(2, 1.0, 0.9)) == 0.9
+    assert shared_cores(_measured(2, 0.5, 0.9)) is None
+    assert shared_cores(_measured(2, 1.8, 0.2)) is None
+    assert shared_cores(_measured(64, 62.0, 2.0)) is None
+    assert shared_cores(_measured(2, 1.5, 0.1, steal=0.3)) == 0.4
+    assert shared_cores({"summary": {}}) is None  # a record from before the measure
+    assert shared_cores({**_measured(2, 1.0, 0.9), "cpu_load_sampled": {"cores": "2"}}) is None
+
+
+def _busy_loops(count: int) -> list[subprocess.Popen]:
+    """Processes that keep a core busy each, on this process's cores, not under the run's
+    launcher. Each in a session of its own, as another program is: Linux's scheduler
+    shares a core between sessions first (autogroup), so two loops in one session beside
+    the run held 0.39 of a core between them, and in two, about 2/3."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                             start_new_session=True) for _ in range(count)]
+
+
+def test_a_run_beside_other_work_says_so_and_a_quiet_one_does_not(tmp_path):
+    """The same one-rank run (a loader worker beside it, which is the run's too), alone on
+    its cores, then beside two busy loops on them: alone, its own processes kept the cores
+    busy and others next to nothing; beside the loops, others took what the loops took,
+    and the run's end, its record and the report say so."""
+    args = ["run", "--strategy", "ddp", "--gpus", "1", "--cpu", "--data", "synthetic",
+            "--synthetic-difficulty", "0", "--train-limit", "768", "--test-limit", "64",
+            "--epochs", "3", "--workers", "1", *FAST]
+    quiet = run_bench(*args, "--output", str(tmp_path / "quiet"))
+    assert_ok(quiet)
+    alone = only_record(tmp_path / "quiet")
+    cores = len(os.sched_getaffinity(0))
+    assert alone["cpu_load_sampled"] == {"cores": cores}
+    loads = [e["cpu_load"] for e in alone["per_epoch"]]
+    assert all(load["others"] < 0.2 for load in loads), loads
+    # the rank under torchrun under bench, and its worker: ours, not others'
+    assert all(load["run"] > 0.6 for load in loads), loads
+    assert "other processes" not in quiet.stderr, quiet.stderr
+
+    loops = _busy_loops(2)
+    try:
+        time.sleep(0.5)
+        crowded = run_bench(*args, "--output", str(tmp_path / "crowded"))
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert_ok(crowded)
+    shared = only_record(tmp_path / "crowded")
+    taken = shared["summary"]["others_cores"]
+    # two loops and one rank share the cores: the loops hold about 2/3 of one core, and of
+    # two cores about 1 (the rank's threads take the rest)
+    assert taken > 0.4 * min(cores, 2), shared["per_epoch"]
+    assert shared["summary"]["run_cores"] + taken > 0.9 * cores
+    assert "bench: note: other processes kept" in crowded.stderr, crowded.stderr
+    report = run_bench("report", "--results", str(tmp_path / "crowded"), "--no-write")
+    assert report.returncode == 0, report.stderr
+    assert "ok ⚠ shared cores" in report.stdout, report.stdout
+    said = " ".join(report.stderr.split())
+    kept = f"other processes kept {shared_cores(shared):.1f} of the {terminal.count(cores, 'core')}"
+    assert f"{kept} it ran on" in said and "rerun it on a quiet machine" in said, said
+    quiet_report = run_bench("report", "--results", str(tmp_path / "quiet"), "--no-write")
+    assert "shared cores" not in quiet_report.stdout + quiet_report.stderr
