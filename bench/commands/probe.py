@@ -36,6 +36,7 @@ from bench.models.registry import (
 from bench.records.probes import KIB, MIB, bus_factor, probe_table
 from bench.tools import terminal
 from bench.tools.collectives import all_gather_flat, reduce_scatter_flat
+from bench.tools.cores import usable_cores
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
 PROBE_SIZES = [KIB * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
@@ -191,7 +192,7 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                     f"--master-port={free_port()}"]
         cmd += ["-m", "bench.commands.probe", "WORKER", backend, str(partial), str(timeout),
                 *map(str, sizes)]
-        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // gpus)),
+        env = dict(os.environ, OMP_NUM_THREADS=str(max(1, usable_cores() // gpus)),
                    BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
         print(f"bench probe: all-reduce, all-gather and reduce-scatter, {gpus * nodes} ranks "
               f"({device}, {backend}), {len(sizes)} sizes", flush=True)

@@ -149,7 +149,9 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     CUDA. CPU rows of two machines are no more repeats of each other than two GPU models'
     (this machine kind trains at 47 img/s on one CPU model and 94 on another). A name with
     no model number in it ('AMD EPYC', as a virtual machine may show it) gets the CPU's
-    family and model where the record has them ('AMD EPYC family 25 model 17 (2 cores)')."""
+    family and model where the record has them ('AMD EPYC family 25 model 17 (2 cores)').
+    A run whose cgroups allowed it fewer cores' time than the machine has (a container's
+    --cpus) ran on another machine than one without: '(2 cores, 1 allowed)'."""
     if rec.get("device") == "cuda":
         return None
     env = rec.get("env") or {}
@@ -159,8 +161,12 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     found = re.search(r"family (\d+) model (\d+)", str(env.get("cpu_id") or ""))
     if found and not re.search(r"\d", name):  # a name with no model number: the generation
         name += f" family {found[1]} model {found[2]}"
-    cores = env.get("cpu_count")
-    return f"{name} ({cores} cores)" if isinstance(cores, int) else name
+    cores, quota = env.get("cpu_count"), env.get("cpu_quota_cores")
+    if not isinstance(cores, int):
+        return name
+    allowed = (f", {quota:g} allowed" if isinstance(quota, (int, float)) and not isinstance(
+        quota, bool) and quota < cores else "")
+    return f"{name} ({cores} cores{allowed})"
 
 
 def oversubscribed(rec: dict[str, Any]) -> bool:

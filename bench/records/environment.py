@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.tools.cores import cpu_quota
+
 
 def _nvidia_driver() -> str | None:
     try:
@@ -95,6 +97,8 @@ def capture_env(device_type: str) -> dict[str, Any]:
         "cpu": _cpu_name(),
         "cpu_id": _cpu_id(),
         "cpu_count": os.cpu_count(),
+        # the cores' worth of time this process's cgroups allow (a container's --cpus), or None
+        "cpu_quota_cores": cpu_quota(),
         "cuda": torch.version.cuda,
         "cudnn": None,
         "nccl": None,
