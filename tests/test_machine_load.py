@@ -78,8 +78,11 @@ def test_the_summary_weighs_each_epoch_by_its_length():
 
 
 def _measured(cores: int, run: float, others: float, steal: float = 0.0) -> dict:
-    return {"cpu_load_sampled": {"cores": cores},
-            "summary": {"run_cores": run, "others_cores": others, "steal_cores": steal}}
+    """A record whose timed epoch measured these cores, after a warm-up beside 2 cores'
+    other work (not counted: the warm-up's times are not the run's figures)."""
+    warmup = {"train_time_s": 1.0, "cpu_load": {"run": 0.0, "others": 2.0, "steal": 0.0}}
+    timed = {"train_time_s": 1.0, "cpu_load": {"run": run, "others": others, "steal": steal}}
+    return {"cpu_load_sampled": {"cores": cores}, "per_epoch": [warmup, timed]}
 
 
 def test_a_run_is_shared_where_others_took_cores_it_would_have_used():
@@ -91,7 +94,7 @@ def test_a_run_is_shared_where_others_took_cores_it_would_have_used():
     assert shared_cores(_measured(2, 1.8, 0.2)) is None
     assert shared_cores(_measured(64, 62.0, 2.0)) is None
     assert shared_cores(_measured(2, 1.5, 0.1, steal=0.3)) == 0.4
-    assert shared_cores({"summary": {}}) is None  # a record from before the measure
+    assert shared_cores({"per_epoch": [{"train_time_s": 1.0}] * 2}) is None  # from before
     assert shared_cores({**_measured(2, 1.0, 0.9), "cpu_load_sampled": {"cores": "2"}}) is None
 
 

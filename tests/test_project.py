@@ -582,9 +582,9 @@ def test_a_run_whose_cores_other_work_took_is_projected_with_a_warning(tmp_path)
     (source,) = [p for p in (ROOT / "results" / "runs").glob("20261123T*-ddp-1cuda-*.json")]
     rec = json.loads(source.read_text())
     for name, others in (("shared", 12.0), ("quiet", 1.0)):
+        load = {"run": 4.0, "others": others, "steal": 0.0}
         variant = {**rec, "cpu_load_sampled": {"cores": 16},
-                   "summary": {**rec["summary"], "run_cores": 4.0, "others_cores": others,
-                               "steal_cores": 0.0}}
+                   "per_epoch": [{**e, "cpu_load": load} for e in rec["per_epoch"]]}
         folder = tmp_path / name / "runs"
         folder.mkdir(parents=True)
         (folder / source.name).write_text(json.dumps(variant))

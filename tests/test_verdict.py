@@ -60,6 +60,26 @@ def test_the_fastest_row_is_named_with_its_margin_and_the_noise_it_beats():
     assert not isinstance(rows[("ddp", 1)]["speed_call"], str) and "N=1:" not in flat
 
 
+def test_a_margin_over_a_flagged_runner_up_says_the_runner_up_is_flagged():
+    """The margin rests on both rows: where the next fastest was measured beside other work
+    on its cores (`shared cores`: 0.9 of 2 cores taken in its timed epoch, none idle), the
+    call says so beside it, as it says it of a flagged fastest row; not otherwise."""
+    runs = three_runs_each()
+    plain = " ".join(to_text(summary_table(runs)).split())
+    assert "2.00× ddp fp32 (next), beyond noise" in plain, plain
+    for rec in runs:
+        if rec["run_id"].startswith("ddp") and rec["world_size"] == 2:
+            rec["cpu_load_sampled"] = {"cores": 2}
+            for epoch in rec["per_epoch"]:
+                epoch["cpu_load"] = {"run": 1.1, "others": 0.9, "steal": 0.0}
+    table = summary_table(runs)
+    flat = " ".join(to_text(table).split())
+    rows = {(r["strategy"], r["world_size"]): r for r in table.to_dict("records")}
+    assert rows[("ddp", 2)]["flags"] == "shared cores", rows[("ddp", 2)]["flags"]
+    assert ("N=2: ddp-amp bf16 is fastest, 2.00× ddp fp32 (next, flagged: see the warnings), "
+            "beyond noise") in flat, flat
+
+
 def test_top1_is_judged_only_where_the_repeats_allow():
     table = summary_table(three_runs_each())
     flat = " ".join(to_text(table).split())

@@ -90,11 +90,13 @@ def shared_cores(rec: dict[str, Any]) -> float | None:
     """The cores other processes and the hypervisor took, on average over the timed epochs,
     from a run whose machine's cores were full (its own processes' and theirs together):
     its times are slower than the machine alone gives, by a share the figure alone cannot
-    say. None where the run had its cores (or the record did not measure them)."""
-    summary, sampled = rec.get("summary") or {}, rec.get("cpu_load_sampled") or {}
+    say. None where the run had its cores (or the record did not measure them). Worked
+    out from the epochs, as the report works out every figure of a record."""
+    sampled, epochs = rec.get("cpu_load_sampled"), rec.get("per_epoch")
     cores = sampled.get("cores") if isinstance(sampled, dict) else None
-    figures = [summary.get(k) if isinstance(summary, dict) else None
-               for k in ("run_cores", "others_cores", "steal_cores")]
+    epochs = [e for e in epochs if isinstance(e, dict)] if isinstance(epochs, list) else []
+    summary = cpu_load_figures(epochs[1:] or epochs)
+    figures = [summary.get(k) for k in ("run_cores", "others_cores", "steal_cores")]
     if not isinstance(cores, int) or cores < 1 or not all(
             isinstance(f, (int, float)) and not isinstance(f, bool) for f in figures):
         return None

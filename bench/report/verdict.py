@@ -37,6 +37,7 @@ class SpeedCall:
     tied: tuple[str, ...] = ()  # other rows within noise of the fastest
     trailing: tuple[str, ...] = ()  # rows within noise of the runner-up (fastest beyond it)
     flagged: bool = False  # the fastest row carries a plausibility flag
+    runner_up_flagged: bool = False  # ... the runner-up does (the margin rests on it too)
 
 
 @dataclass
@@ -159,7 +160,8 @@ def speed_calls(rows: list[dict], noise: tuple[float, int] | None) -> list[Speed
                          if beyond and _compare(second, r, noise)[0] is False)
         calls.append(SpeedCall(n, label(fast), label(second),
                                fast["images_per_s"] / second["images_per_s"], beyond, basis,
-                               tied, trailing, bool(fast.get("flags"))))
+                               tied, trailing, bool(fast.get("flags")),
+                               bool(second.get("flags"))))
     return calls
 
 
@@ -274,8 +276,9 @@ def _names(labels: list[str]) -> str:
 
 def speed_sentence(call: SpeedCall) -> str:
     flag = " (its row is flagged: see the warnings)" if call.flagged else ""
+    next_flag = ", flagged: see the warnings" if call.runner_up_flagged else ""
     head = (f"N={call.world_size}: {call.fastest} is fastest{flag}, "
-            f"{call.margin:.2f}× {call.runner_up} (next)")
+            f"{call.margin:.2f}× {call.runner_up} (next{next_flag})")
     if call.beyond_noise is True:
         rest = (f" {_names([call.runner_up, *call.trailing])} are within noise of each other."
                 if call.trailing else "")
