@@ -54,6 +54,22 @@ def test_the_runs_processes_are_the_tree_under_its_launcher():
     assert tree_ticks(99, stats) == 0  # gone: nothing of it left
 
 
+def test_a_process_that_starts_between_samples_is_the_runs_and_others_are_not():
+    """The meter reads each process's parent once, when it first sees it: a loader worker
+    started after a sample is the run's at the next one; init, never. Real processes."""
+    meter = LoadMeter(os.getpid())
+    first = meter.run_stats()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        second = meter.run_stats()
+    finally:
+        child.kill()
+        child.wait()
+    assert os.getpid() in first and child.pid not in first
+    assert child.pid in second and 1 not in second
+    assert child.pid not in meter.run_stats()  # gone: forgotten
+
+
 def test_a_windows_cores_are_its_ticks_over_its_seconds():
     """Two seconds at 100 ticks a second: 160 of the run's ticks are 0.8 cores; 300 busy
     ticks less the run's 160 leave 0.7 to others; 20 stolen are 0.1. A neighbour that

@@ -45,13 +45,18 @@ def core_ticks(cores: frozenset[int], stat: str) -> tuple[int, int]:
     return busy, steal
 
 
+def _fields(text: bytes) -> list[bytes]:
+    """The fields of a ``/proc/PID/stat`` after its name (which may hold spaces and ')')."""
+    return text[text.rindex(b")") + 2:].split()
+
+
 def tree_ticks(root: int, stats: dict[int, bytes]) -> int:
     """CPU ticks of ``root`` and every process below it (``stats``: pid -> its
     ``/proc/PID/stat``), their reaped children included (``cutime``, ``cstime``)."""
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     for pid, text in stats.items():
-        fields = text[text.rindex(b")") + 2:].split()  # the name may hold spaces and ')'
+        fields = _fields(text)
         children.setdefault(int(fields[1]), []).append(pid)  # ppid
         ticks[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
     total, todo, seen = 0, [root], set()
@@ -65,15 +70,17 @@ def tree_ticks(root: int, stats: dict[int, bytes]) -> int:
     return total
 
 
-def _process_stats() -> dict[int, bytes]:
-    stats = {}
-    for entry in os.scandir(PROC):
-        if entry.name.isdigit():
-            try:
-                stats[int(entry.name)] = (PROC / entry.name / "stat").read_bytes()
-            except OSError:  # ended while listed
-                continue
-    return stats
+def _read_stat(pid: int) -> bytes | None:
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:  # ended since it was listed
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class LoadMeter:
@@ -84,6 +91,7 @@ class LoadMeter:
         self.root = root
         self.cores = frozenset(os.sched_getaffinity(0))
         self.tick = os.sysconf("SC_CLK_TCK")
+        self.parents: dict[int, int] = {}  # pid -> ppid of every process seen
 
     @classmethod
     def here(cls, root: int) -> LoadMeter | None:
@@ -96,10 +104,38 @@ class LoadMeter:
         return meter
 
     def sample(self) -> CpuSample:
-        stats = _process_stats()
+        stats = self.run_stats()
         at = time.perf_counter()
         busy, steal = core_ticks(self.cores, (PROC / "stat").read_text())
         return CpuSample(at, busy, steal, tree_ticks(self.root, stats))
+
+    def run_stats(self) -> dict[int, bytes]:
+        """``/proc/PID/stat`` of the processes under the root. Each process's parent is read
+        once, when it first appears; only the run's are read at every sample. Reading every
+        process's (the kernel writes each on demand) took 12-25 ms a sample among 1,000
+        processes, as a GPU machine's kernel threads alone can number, and a sample is
+        taken twice an epoch: inside a time to target. A pid reused between two samples
+        by a process of the run is missed until its parent is read again (never, here)."""
+        live = {int(name) for name in os.listdir(PROC) if name.isdigit()}
+        for gone in self.parents.keys() - live:
+            del self.parents[gone]
+        fresh = {}
+        for pid in live - self.parents.keys():
+            text = _read_stat(pid)
+            if text is not None:
+                fresh[pid], self.parents[pid] = text, int(_fields(text)[1])
+        children: dict[int, list[int]] = {}
+        for pid, parent in self.parents.items():
+            children.setdefault(parent, []).append(pid)
+        stats, todo = {}, [self.root]
+        while todo:
+            pid = todo.pop()
+            text = fresh.get(pid) or _read_stat(pid)
+            if text is None or pid in stats:
+                continue
+            stats[pid] = text
+            todo += children.get(pid, [])
+        return stats
 
     def between(self, start: CpuSample, end: CpuSample) -> dict[str, float] | None:
         """The mean cores busy from ``start`` to ``end``: the run's own (``run``), other
