@@ -4,7 +4,6 @@ loader set the pace, the ``bench loader`` line that finds a worker count that fe
 
 from __future__ import annotations
 
-import os
 import platform
 import shlex
 import sys
@@ -42,12 +41,14 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         print(f"bench: note: {plan.workers_per_process} loader workers a process, on "
               f"{terminal.count(usable, 'core')} this process may use: they compete with "
               "its training for them", file=sys.stderr)
-    cores = os.cpu_count() or 1
-    if plan.device_type == "cpu" and plan.local_processes > cores:
-        print(f"bench: note: {plan.local_processes} CPU processes on {cores} cores compete "
-              "for them: this run's times say little about scaling", file=sys.stderr)
+    # the cores the ranks may use, not the machine's: 2 ranks pinned to one core (taskset, a
+    # Slurm task's cpuset) or under a 1-core quota crowd it as 2 ranks on 1 machine core do
+    if plan.device_type == "cpu" and plan.local_processes > usable:
+        print(f"bench: note: {plan.local_processes} CPU processes on "
+              f"{terminal.count(usable, 'core')} compete for them: this run's times say "
+              "little about scaling", file=sys.stderr)
         if plan.writes_record:
-            record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": cores}
+            record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": usable}
             record.write()
 
 
