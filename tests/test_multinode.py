@@ -235,6 +235,12 @@ def test_sbatch_script(tmp_path):
                     f"--nodes 2 --epochs 90 --output {ROOT / 'results'} "
                     f"--data-dir {shlex.quote(str(default_data_dir().resolve()))}"]
     assert f"#SBATCH --chdir={ROOT}" in lines
+    assert "#SBATCH --exclusive" not in lines  # the site's sharing, unless asked
+    # --exclusive: the nodes whole
+    proc = run_bench("slurm", "--nodes", "2", "--gpus", "4", "--strategy", "ddp", "--out",
+                     str(tmp_path / "whole.sbatch"), "--exclusive")
+    assert_ok(proc)
+    assert "#SBATCH --exclusive" in (tmp_path / "whole.sbatch").read_text().splitlines()
     # given, they are kept as given (relative ones mean the submit folder: --chdir)
     proc = run_bench("slurm", "--nodes", "1", "--gpus", "1", "--strategy", "ddp", "--out",
                      str(out), "--output", "runs-here", "--data", "synthetic")

@@ -330,3 +330,13 @@ def test_a_gpu_sweep_for_slurm_is_written_on_a_login_node_without_a_gpu(tmp_path
     cpu = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", "--cpu", "--slurm",
                     "--dry-run", "--output", str(tmp_path))
     assert cpu.returncode == 0 and "#SBATCH --cpus-per-task=2" in cpu.stdout, cpu.stderr
+    assert "#SBATCH --exclusive" not in cpu.stdout
+    # --exclusive: every array's tasks take their node whole; without --slurm, refused
+    whole = run_bench("sweep", "--strategies", "ddp", "--gpus", "1,2", "--cpu", "--slurm",
+                      "--dry-run", "--exclusive", "--output", str(tmp_path))
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout.count("\n#SBATCH --exclusive\n") == 2, whole.stdout
+    here = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--cpu", "--exclusive",
+                     "--output", str(tmp_path / "here"))
+    assert here.returncode == 2 and "--exclusive go with --slurm" in here.stderr, here.stderr
+    assert not (tmp_path / "here").exists()

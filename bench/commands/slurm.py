@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     slurm.add_argument("--cpus-per-task", type=int, default=None,
                        help="CPU cores per task: its threads and loader workers (default 8 "
                             "per GPU, 1 per CPU process with --cpu)")
+    slurm.add_argument("--exclusive", action="store_true",
+                       help="the job's nodes whole (#SBATCH --exclusive): no other job shares "
+                            "their cores, GPUs or network while it is timed (a record flags "
+                            "shared cores; the rest it cannot see)")
     slurm.add_argument("--out", default="bench-slurm.sbatch",
                        help="script path (default bench-slurm.sbatch)")
     slurm.add_argument("--submit", action="store_true", help="run sbatch on the script")
@@ -73,7 +77,7 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
                            time=args.time, job_name=args.job_name,
                            run_args=[*passed_on, *shared], partition=args.partition,
                            cpus_per_task=args.cpus_per_task or (1 if cfg.cpu else 8),
-                           workdir=str(Path.cwd()), cpu=cfg.cpu)
+                           workdir=str(Path.cwd()), cpu=cfg.cpu, exclusive=args.exclusive)
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or drop "
                           "--submit and copy the script there")

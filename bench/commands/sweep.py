@@ -276,12 +276,15 @@ USES_TORCH = True
 
 def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, time: str,
                   partition: str | None, max_parallel: int, cpus_per_rank: int,
-                  cpu: bool, workdir: str, output: str, nodes: int = 1) -> dict[int, str]:
+                  cpu: bool, workdir: str, output: str, nodes: int = 1,
+                  exclusive: bool = False) -> dict[int, str]:
     """One sbatch job array per shape (N ranks a node: the cores, or GPUs, one combination
     needs on each of its ``nodes``), each over the indices of its combinations in the
     sweep's fixed order. Task i runs `bench sweep ... --only i`: the local sweep's own path
     (claims, tags, superseded records, the repeat's seed), its run launching N ranks on the
-    task's node, or with several nodes one srun step of N tasks a node, a task a rank."""
+    task's node, or with several nodes one srun step of N tasks a node, a task a rank.
+    ``exclusive``: each task's nodes whole (else Slurm may pack tasks, of this array or
+    another job, onto one node, whose cores, GPUs and network they then share)."""
     by_shape: dict[int, list[int]] = {}
     for i, combo in enumerate(combos):
         by_shape.setdefault(combo.gpus, []).append(i)
@@ -298,6 +301,8 @@ def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, 
                  f"#SBATCH --output={output}/slurm/%x-%A_%a.out"]
         if partition:
             lines.append(f"#SBATCH --partition={partition}")
+        if exclusive:
+            lines.append("#SBATCH --exclusive")
         lines += [
             "",
             f"# Combination $SLURM_ARRAY_TASK_ID of this sweep's {len(combos)} (those of "
@@ -345,7 +350,8 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
                             partition=args.partition, max_parallel=args.max_parallel,
                             cpus_per_rank=args.cpus_per_task or (1 if base.cpu else 8),
                             cpu=base.cpu,
-                            workdir=str(Path.cwd()), output=output, nodes=base.nodes)
+                            workdir=str(Path.cwd()), output=output, nodes=base.nodes,
+                            exclusive=args.exclusive)
     if args.dry_run:
         for n, text in scripts.items():
             shape = (f"{terminal.count(n, 'rank')} a node on {base.nodes} nodes"
@@ -402,6 +408,11 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                        help="cores per rank (x N for a combination of N ranks): its threads "
                             "and loader workers (default 8 per GPU, as bench slurm's, 1 per "
                             "CPU process with --cpu)")
+    slurm.add_argument("--exclusive", action="store_true",
+                       help="each task's nodes whole (#SBATCH --exclusive): Slurm packs "
+                            "array tasks onto shared nodes otherwise, which then share cores, "
+                            "GPUs and network while timed (a record flags shared cores; the "
+                            "rest it cannot see)")
     slurm.add_argument("--job-name", default="bench-sweep",
                        help="Slurm job name prefix (default bench-sweep)")
     fit = sweep.add_argument_group(
@@ -441,8 +452,9 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
                           "e.g. --mllog 'logs/{run_id}.log'")
     names = parse_list(args.strategies, "--strategies")
     gpus = parse_list(args.gpus, "--gpus", int)
-    if (args.submit or args.dry_run) and not args.slurm:
-        raise ConfigError("--submit and --dry-run go with --slurm")
+    if (args.submit or args.dry_run or args.exclusive) and not args.slurm:
+        raise ConfigError("--submit, --dry-run and --exclusive go with --slurm; a sweep here "
+                          "runs one combination at a time")
     if args.slurm:
         return slurm_sweep(args, base, passed_on, names, gpus)
     return run_sweep(base, passed_on, names, gpus, repeats=args.repeats, force=args.force,

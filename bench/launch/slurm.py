@@ -131,11 +131,13 @@ def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
 def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: str,
                   run_args: list[str], partition: str | None = None,
                   cpus_per_task: int | None = None, python: str | None = None,
-                  workdir: str | None = None, cpu: bool = False) -> str:
+                  workdir: str | None = None, cpu: bool = False,
+                  exclusive: bool = False) -> str:
     """A ready sbatch script: one task per GPU (``cpu``: per CPU process, and no GPUs asked
     for, which a CPU-only slurmd refuses), ``srun`` starts them, each is one rank. Each task
     runs the interpreter that runs bench now (a bare ``python`` may be another one, or
-    none, on the compute nodes), unless ``python`` names another."""
+    none, on the compute nodes), unless ``python`` names another. ``exclusive``: the
+    nodes whole, shared with no other job."""
     python = python or sys.executable
     lines = [
         "#!/bin/bash",
@@ -149,6 +151,8 @@ def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: 
         lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
+    if exclusive:
+        lines.append("#SBATCH --exclusive")
     if workdir:  # relative paths in the run's options mean what they meant here
         lines.append(f"#SBATCH --chdir={workdir}")
     lines += [
