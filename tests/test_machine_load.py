@@ -24,9 +24,10 @@ intr 12345 0 0
 
 
 def test_the_cores_counters_are_read_for_the_cores_asked():
-    """user + nice + system + irq + softirq is busy (idle and iowait are not), steal apart,
-    summed over the cores named only: cpu0 is 100+0+50+0+5, cpu1 200+10+100+0+2."""
-    assert core_ticks(frozenset({0, 1}), STAT) == (155 + 312, 40)
+    """user + nice + system is busy (idle, iowait and interrupts are not), steal apart,
+    summed over the cores named only: cpu0 is 100+0+50, cpu1 200+10+100 (their softirq,
+    5 and 2, nobody's)."""
+    assert core_ticks(frozenset({0, 1}), STAT) == (150 + 310, 40)
     assert core_ticks(frozenset({2}), STAT) == (750, 0)
 
 
@@ -105,11 +106,11 @@ def test_a_run_is_shared_where_others_took_cores_it_would_have_used():
     """2 cores: others' 0.9 beside the run's 1.0 filled them (flagged); the same 0.9 beside
     a run that used 0.5 left a core idle (not); 0.2 is a daemon's. 64 cores: 2 taken is
     under 5 % of them. A hypervisor's steal counts as taken."""
-    assert shared_cores(_measured(2, 1.0, 0.9)) == 0.9
+    assert shared_cores(_measured(2, 1.0, 0.9)) == (0.9, 2)
     assert shared_cores(_measured(2, 0.5, 0.9)) is None
     assert shared_cores(_measured(2, 1.8, 0.2)) is None
     assert shared_cores(_measured(64, 62.0, 2.0)) is None
-    assert shared_cores(_measured(2, 1.5, 0.1, steal=0.3)) == 0.4
+    assert shared_cores(_measured(2, 1.5, 0.1, steal=0.3)) == (0.4, 2)
     assert shared_cores({"per_epoch": [{"train_time_s": 1.0}] * 2}) is None  # from before
     assert shared_cores({**_measured(2, 1.0, 0.9), "cpu_load_sampled": {"cores": "2"}}) is None
 
@@ -162,7 +163,8 @@ def test_a_run_beside_other_work_says_so_and_a_quiet_one_does_not(tmp_path):
     assert report.returncode == 0, report.stderr
     assert "ok ⚠ shared cores" in report.stdout, report.stdout
     said = " ".join(report.stderr.split())
-    kept = f"other processes kept {shared_cores(shared):.1f} of the {terminal.count(cores, 'core')}"
+    kept, of = shared_cores(shared)
+    kept = f"other processes kept {kept:.1f} of the {terminal.count(of, 'core')}"
     assert f"{kept} it ran on" in said and "rerun it on a quiet machine" in said, said
     quiet_report = run_bench("report", "--results", str(tmp_path / "quiet"), "--no-write")
     assert "shared cores" not in quiet_report.stdout + quiet_report.stderr

@@ -207,11 +207,11 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
                          f"its measured step ({median_step_s(rec):.2f} s; exposed "
                          f"communication {flagged_exposed(exposed)}), so its projection starts "
                          "from a slowed probe: rerun it on an idle machine before trusting it")
-        taken = shared_cores(rec)
-        if taken is not None:
+        shared = shared_cores(rec)
+        if shared is not None:
             lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
-                         f"other processes kept {taken:.1f} of its "
-                         f"{terminal.count(rec['cpu_load_sampled']['cores'], 'core')} busy "
+                         f"other processes kept {shared[0]:.1f} of its "
+                         f"{terminal.count(shared[1], 'core')} busy "
                          "while it trained, leaving none idle, so its projection starts from "
                          "slowed steps: rerun it on an idle machine before trusting it")
     return lines

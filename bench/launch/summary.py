@@ -63,9 +63,9 @@ def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
     print(ok_line(final.summary, final.data))
-    taken = shared_cores(final.data)
-    if taken is not None:
-        cores = final.data["cpu_load_sampled"]["cores"]
+    shared = shared_cores(final.data)
+    if shared is not None:
+        taken, cores = shared
         print(terminal.fill(f"bench: note: other processes kept {taken:.1f} of the "
                             f"{terminal.count(cores, 'core')} this run could use busy while it "
                             "trained (mean over its timed epochs), leaving none idle: its times "

@@ -5,7 +5,7 @@ a benchmark on a shared machine measures the sharing, and its record should say 
 than leave the report to guess it from the times.
 
 Read from Linux's own counters, on the machine of the record's rank, outside the timed
-region: ``/proc/stat`` (each core's busy ticks: user, nice, system, irq, softirq; steal
+region: ``/proc/stat`` (each core's busy ticks: user, nice, system; steal
 apart, the time a hypervisor gave the core to another guest) and ``/proc/PID/stat`` of the
 run's processes (the tree under its launcher on this machine: ranks, loader workers,
 compile workers; the children they reaped are in their ``cutime``). Elsewhere (no /proc)
@@ -26,13 +26,15 @@ class CpuSample:
     """Cumulative counters at one moment (``at``: perf_counter seconds), in clock ticks."""
 
     at: float
-    busy: int  # the run's cores busy: user, nice, system, irq, softirq
+    busy: int  # the run's cores busy: user, nice, system (interrupts: nobody's)
     steal: int  # the run's cores given to another guest by the hypervisor
     ours: int  # the run's processes: utime + stime + their reaped children's
 
 
 def core_ticks(cores: frozenset[int], stat: str) -> tuple[int, int]:
-    """(busy, steal) ticks of ``cores`` summed from ``/proc/stat``'s ``cpuN`` lines."""
+    """(busy, steal) ticks of ``cores`` summed from ``/proc/stat``'s ``cpuN`` lines. Time
+    in interrupts (irq, softirq) is counted to no one: it is the kernel's, not a process's,
+    and a run's own network traffic raises it, which would read as other work."""
     busy = steal = 0
     for line in stat.splitlines():
         name, _, rest = line.partition(" ")
@@ -40,7 +42,7 @@ def core_ticks(cores: frozenset[int], stat: str) -> tuple[int, int]:
             continue
         # user nice system idle iowait irq softirq steal (guest is counted in user)
         fields = [int(x) for x in rest.split()[:8]]
-        busy += fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+        busy += fields[0] + fields[1] + fields[2]
         steal += fields[7]
     return busy, steal
 

@@ -86,12 +86,12 @@ SHARED_MIN_SHARE = 0.05  # ... nor below this share of the cores (a 64-core mach
 FULL_SHARE = 0.9
 
 
-def shared_cores(rec: dict[str, Any]) -> float | None:
-    """The cores other processes and the hypervisor took, on average over the timed epochs,
-    from a run whose machine's cores were full (its own processes' and theirs together):
-    its times are slower than the machine alone gives, by a share the figure alone cannot
-    say. None where the run had its cores (or the record did not measure them). Worked
-    out from the epochs, as the report works out every figure of a record."""
+def shared_cores(rec: dict[str, Any]) -> tuple[float, int] | None:
+    """(the cores other processes and the hypervisor took, on average over the timed epochs,
+    the cores the run could use) for a run whose cores were full (its own processes' and
+    theirs together): its times are slower than the machine alone gives, by a share the
+    figure alone cannot say. None where the run had its cores (or the record did not
+    measure them). Worked out from the epochs, as the report works out every figure."""
     sampled, epochs = rec.get("cpu_load_sampled"), rec.get("per_epoch")
     cores = sampled.get("cores") if isinstance(sampled, dict) else None
     epochs = [e for e in epochs if isinstance(e, dict)] if isinstance(epochs, list) else []
@@ -104,7 +104,7 @@ def shared_cores(rec: dict[str, Any]) -> float | None:
     taken = others + steal
     if taken >= max(SHARED_MIN_CORES, SHARED_MIN_SHARE * cores) and (
             run + taken >= FULL_SHARE * cores):
-        return taken
+        return taken, cores
     return None
 
 

@@ -199,9 +199,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": oversubscribed(rec),
-                # (cores others took, the cores) where the machine's cores were full
-                "shared_cores": ((shared_cores(rec), rec["cpu_load_sampled"]["cores"])
-                                 if shared_cores(rec) is not None else None),
+                "shared_cores": shared_cores(rec),  # (others' cores, the cores) or None
                 "clock_share": as_number(figures.get("gpu_clock_share")),
                 "gpu_util": as_number(figures.get("gpu_util_median")),
                 "images_per_joule": as_number(figures.get("images_per_joule")),
