@@ -132,8 +132,10 @@ class LoadMeter:
         stats, todo = {}, [self.root]
         while todo:
             pid = todo.pop()
+            if pid in stats:
+                continue
             text = fresh.get(pid) or _read_stat(pid)
-            if text is None or pid in stats:
+            if text is None:
                 continue
             stats[pid] = text
             todo += children.get(pid, [])
