@@ -70,6 +70,9 @@ def config(folder: Path, cpus: int) -> str:
         f"NodeName={host} CPUs={cpus} State=UNKNOWN",
         f"PartitionName=local Nodes={host} Default=YES MaxTime=INFINITE State=UP "
         "OverSubscribe=FORCE:4",
+        # a site's usual partition: jobs share a node's free cores, and --exclusive (which
+        # FORCE above overrides) gives a job the node whole
+        f"PartitionName=shared Nodes={host} MaxTime=INFINITE State=UP OverSubscribe=NO",
         "",
     ])
 

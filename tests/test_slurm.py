@@ -230,6 +230,52 @@ def test_a_sweep_runs_as_job_arrays_one_record_per_combination(slurm, tmp_path):
     assert logs.count("ok record exists, skipped") == 4, logs
 
 
+def _spans(out: Path) -> list[tuple[str, str]]:
+    """Each record's (started_at, finished_at), earliest first (ISO times of one zone sort
+    as text)."""
+    return sorted((r["started_at"], r["finished_at"]) for r in records(out))
+
+
+def _wait_idle(env: dict, timeout: float = 60) -> None:
+    """Until sinfo shows the node idle: no job holds any of its cores."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
+                             text=True)
+        if set(out.stdout.split()) == {"idle"}:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"the node not idle after {timeout:.0f} s")
+
+
+def test_exclusive_array_tasks_take_the_node_whole(slurm, tmp_path):
+    """On a partition whose jobs share a node's free cores (OverSubscribe=NO, a site's
+    usual one), a sweep's two one-core array tasks run at once on the 2-core node; with
+    --exclusive each takes the node whole, so the second starts only after the first ended.
+    Judged by the records' own start and end times."""
+    env, _ = slurm
+    spans = {}
+    for mode, extra in (("packed", []), ("whole", ["--exclusive"])):
+        _wait_idle(env)  # an ended job's cores come back a moment after squeue drops it
+        out = tmp_path / mode
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench", "sweep", "--slurm", "--submit", "--partition",
+             "shared", *extra, "--strategies", "ddp,dp", "--gpus", "1", *TINY,
+             "--train-limit", "512", "--epochs", "3", "--output", str(out),
+             "--time", "00:05:00"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (job,) = _submitted(proc.stdout)
+        _wait_for(job, env)
+        logs = "".join(p.read_text() for p in (out / "slurm").glob("*.out"))
+        assert [r["status"] for r in records(out)] == ["ok", "ok"], logs
+        spans[mode] = _spans(out)
+    (_, first_end), (second_start, _) = spans["packed"]
+    assert second_start < first_end, spans  # they ran at once
+    (_, first_end), (second_start, _) = spans["whole"]
+    assert second_start >= first_end, spans  # one after the other
+
+
 def _first_running(out: Path, timeout: float = 120) -> dict:
     """The first record in ``out`` of a run under way (it has finished an epoch)."""
     deadline = time.monotonic() + timeout

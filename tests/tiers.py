@@ -61,6 +61,7 @@ LONG = {
                                                               "with SIGKILL, resubmitted",
     r"test_slurm.py::test_a_step_whose_tasks_do_not_match": "a refused Slurm step",
     r"test_slurm.py::test_a_batch_step_and_a_one_task_step": "two more Slurm step shapes",
+    r"test_slurm.py::test_exclusive_array_tasks": "two Slurm arrays, packed and whole",
     r"test_kill.py::test_kill_9_of_bench_sweep": "a sweep killed and resumed",
     r"test_sweep.py::test_two_sweeps_at_once": "two sweeps sharing combinations",
     r"test_sweep.py::test_a_lost_hosts_claim": "a host lost mid-run, its claim taken later",
