@@ -4,11 +4,13 @@ work slowed says so in its record, at its end and in the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 import time
 
+import pytest
 from conftest import FAST, assert_ok, only_record, run_bench
 
 from bench.measure.machine_load import CpuSample, LoadMeter, core_ticks, tree_ticks
@@ -85,6 +87,21 @@ def test_a_windows_cores_are_its_ticks_over_its_seconds():
     assert meter.between(start, CpuSample(at=10.005, busy=1000, steal=5, ours=400)) is None
 
 
+def test_the_runs_wait_for_a_core_is_each_threads_growth():
+    """Over 2 s: thread 1 waited 0.4 s more, thread 2 0.3, thread 3 (new) 0.2 from 0;
+    thread 4 ended (its wait is gone with it, not subtracted): 0.9 s / 2 s = 0.45 cores.
+    Unread at either end (a kernel without schedstat): no figure at all."""
+    meter = LoadMeter(os.getpid())
+    meter.tick = 100
+    ms = 1_000_000
+    start = CpuSample(at=10.0, busy=1000, steal=5, ours=400,
+                      waits={1: 100 * ms, 2: 0, 4: 900 * ms})
+    end = CpuSample(at=12.0, busy=1300, steal=25, ours=560,
+                    waits={1: 500 * ms, 2: 300 * ms, 3: 200 * ms})
+    assert meter.between(start, end)["waited"] == 0.45
+    assert "waited" not in meter.between(start, dataclasses.replace(end, waits=None))
+
+
 def test_the_summary_weighs_each_epoch_by_its_length():
     """A 1-s epoch at 0.2 others' cores and a 3-s one at 1.0: (0.2 + 3.0) / 4 = 0.8."""
     epochs = [{"train_time_s": 1.0, "cpu_load": {"run": 1.0, "others": 0.2, "steal": 0.0}},
@@ -92,27 +109,93 @@ def test_the_summary_weighs_each_epoch_by_its_length():
     assert cpu_load_figures(epochs) == {"run_cores": 0.7, "others_cores": 0.8,
                                         "steal_cores": 0.15}
     assert cpu_load_figures([{"train_time_s": 1.0}]) == {}  # not measured: nothing said
+    # the wait for a core, where every epoch measured it
+    waited = [{**e, "cpu_load": {**e["cpu_load"], "waited": w}} for e, w in zip(epochs, (0.4, 0.8))]
+    assert cpu_load_figures(waited)["waited_cores"] == 0.7
+    assert "waited_cores" not in cpu_load_figures([waited[0], epochs[1]])
 
 
-def _measured(cores: int, run: float, others: float, steal: float = 0.0) -> dict:
+def _measured(cores: int, run: float, others: float, steal: float = 0.0,
+              waited: float | None = None) -> dict:
     """A record whose timed epoch measured these cores, after a warm-up beside 2 cores'
     other work (not counted: the warm-up's times are not the run's figures)."""
-    warmup = {"train_time_s": 1.0, "cpu_load": {"run": 0.0, "others": 2.0, "steal": 0.0}}
+    warmup = {"train_time_s": 1.0, "cpu_load": {"run": 0.0, "others": 2.0, "steal": 0.0,
+                                                 "waited": 2.0}}
     timed = {"train_time_s": 1.0, "cpu_load": {"run": run, "others": others, "steal": steal}}
+    if waited is not None:
+        timed["cpu_load"]["waited"] = waited
+    else:
+        del warmup["cpu_load"]["waited"]
     return {"cpu_load_sampled": {"cores": cores}, "per_epoch": [warmup, timed]}
+
+
+def _found(rec: dict) -> tuple | None:
+    shared = shared_cores(rec)
+    return None if shared is None else (shared.taken, shared.cores)
 
 
 def test_a_run_is_shared_where_others_took_cores_it_would_have_used():
     """2 cores: others' 0.9 beside the run's 1.0 filled them (flagged); the same 0.9 beside
     a run that used 0.5 left a core idle (not); 0.2 is a daemon's. 64 cores: 2 taken is
-    under 5 % of them. A hypervisor's steal counts as taken."""
-    assert shared_cores(_measured(2, 1.0, 0.9)) == (0.9, 2)
-    assert shared_cores(_measured(2, 0.5, 0.9)) is None
-    assert shared_cores(_measured(2, 1.8, 0.2)) is None
-    assert shared_cores(_measured(64, 62.0, 2.0)) is None
-    assert shared_cores(_measured(2, 1.5, 0.1, steal=0.3)) == (0.4, 2)
-    assert shared_cores({"per_epoch": [{"train_time_s": 1.0}] * 2}) is None  # from before
-    assert shared_cores({**_measured(2, 1.0, 0.9), "cpu_load_sampled": {"cores": "2"}}) is None
+    under 5 % of them. A hypervisor's steal counts as taken. Where the record measured the
+    run's threads' wait for a core, they must have waited as long as the least taken: the
+    cores full but the run's threads never kept waiting (it used fewer than it could) is
+    not shared."""
+    assert _found(_measured(2, 1.0, 0.9)) == (0.9, 2)
+    assert _found(_measured(2, 0.5, 0.9)) is None
+    assert _found(_measured(2, 1.8, 0.2)) is None
+    assert _found(_measured(64, 62.0, 2.0)) is None
+    assert _found(_measured(2, 1.5, 0.1, steal=0.3)) == (0.4, 2)
+    assert _found({"per_epoch": [{"train_time_s": 1.0}] * 2}) is None  # from before
+    assert _found({**_measured(2, 1.0, 0.9), "cpu_load_sampled": {"cores": "2"}}) is None
+    assert _found(_measured(2, 1.0, 0.9, waited=0.02)) is None
+    assert _found(_measured(2, 1.0, 0.9, waited=0.6)) == (0.9, 2)
+    assert shared_cores(_measured(2, 1.0, 0.9, waited=0.6)).waited == 0.6
+    assert _found(_measured(64, 30.0, 32.0, waited=2.0)) is None  # under 5 % of 64: 3.2
+
+
+BUSY = "while :; do :; done"
+
+
+def _load_beside_a_loop(run_loops: int, cores: list[int]) -> dict[str, float]:
+    """``cpu_load`` over 3 s of a run of ``run_loops`` busy shell loops (one process tree,
+    its own session, as bench run is) beside one busy loop of another session, all on
+    ``cores``."""
+    def pin() -> None:
+        os.sched_setaffinity(0, cores)
+
+    run = subprocess.Popen(["sh", "-c", " & ".join([BUSY] * run_loops) + " & wait"],
+                           start_new_session=True, preexec_fn=pin)
+    other = subprocess.Popen(["sh", "-c", BUSY], start_new_session=True, preexec_fn=pin)
+    try:
+        time.sleep(0.5)
+        meter = LoadMeter(run.pid)
+        meter.cores = frozenset(cores)
+        start = meter.sample()
+        time.sleep(3)
+        return meter.between(start, meter.sample())
+    finally:
+        for proc in (run, other):
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.mark.serial  # the waits are the loops' alone: a neighbour's threads would add theirs
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_full_cores_are_shared_only_where_the_run_waited_for_them():
+    """On 2 cores, beside one busy loop of another program: a run of one loop used one core
+    and left the other to it, lost nothing and waited for none (not shared, though the
+    cores were full); a run of two loops wanted both and waited for a core about all the
+    time (shared). Measured: waited 0.001 and 1.0 cores."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    for loops, shared in ((1, False), (2, True)):
+        load = _load_beside_a_loop(loops, cores)
+        assert load["others"] > 0.6 and load["run"] + load["others"] > 1.8, (loops, load)
+        rec = {"cpu_load_sampled": {"cores": 2},
+               "per_epoch": [{"train_time_s": 3.0, "cpu_load": load}] * 2}
+        found = shared_cores(rec)
+        assert (found is not None) == shared, (loops, load)
+        assert load["waited"] > 0.5 if shared else load["waited"] < 0.1, (loops, load)
 
 
 def _busy_loops(count: int) -> list[subprocess.Popen]:
@@ -141,6 +224,7 @@ def test_a_run_beside_other_work_says_so_and_a_quiet_one_does_not(tmp_path):
     assert all(load["others"] < 0.2 for load in loads), loads
     # the rank under torchrun under bench, and its worker: ours, not others'
     assert all(load["run"] > 0.6 for load in loads), loads
+    assert all(load["waited"] >= 0 for load in loads), loads  # the threads' wait, measured
     assert "other processes" not in quiet.stderr, quiet.stderr
 
     loops = _busy_loops(2)
@@ -158,6 +242,7 @@ def test_a_run_beside_other_work_says_so_and_a_quiet_one_does_not(tmp_path):
     # two cores about 1 (the rank's threads take the rest)
     assert taken > 0.4 * min(cores, 2), shared["per_epoch"]
     assert shared["summary"]["run_cores"] + taken > 0.9 * cores
+    assert shared["summary"]["waited_cores"] > 0.25, shared["per_epoch"]  # the loops' cores
     assert "bench: note: other processes kept" in crowded.stderr, crowded.stderr
     report = run_bench("report", "--results", str(tmp_path / "crowded"), "--no-write")
     assert report.returncode == 0, report.stderr
@@ -166,6 +251,8 @@ def test_a_run_beside_other_work_says_so_and_a_quiet_one_does_not(tmp_path):
     # the figure the run recorded (its rank's counters), as the report prints it
     taken = shared["summary"]["others_cores"] + shared["summary"]["steal_cores"]
     kept = f"other processes kept {taken:.1f} of the {terminal.count(cores, 'core')}"
-    assert f"{kept} it ran on" in said and "rerun it on a quiet machine" in said, said
+    waited = f"its threads waited {shared['summary']['waited_cores']:.1f} thread-seconds"
+    assert f"{kept} it could use" in said and waited in said, said
+    assert "rerun it on a quiet machine" in said, said
     quiet_report = run_bench("report", "--results", str(tmp_path / "quiet"), "--no-write")
     assert "shared cores" not in quiet_report.stdout + quiet_report.stderr

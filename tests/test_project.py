@@ -591,7 +591,7 @@ def test_a_run_whose_cores_other_work_took_is_projected_with_a_warning(tmp_path)
         proc = run_bench("project", str(folder.parent), "--gpus", "8")
         assert proc.returncode == 0, proc.stderr
         said = " ".join(proc.stderr.split())
-        warned = "other processes kept 12.0 of its 16 cores busy" in said
+        warned = "other processes kept 12.0 of the 16 cores it could use busy" in said
         assert warned == (name == "shared"), (name, proc.stderr)
         assert ("projection starts from slowed steps" in said) == warned, said
 

@@ -210,10 +210,8 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
         shared = shared_cores(rec)
         if shared is not None:
             lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
-                         f"other processes kept {shared[0]:.1f} of its "
-                         f"{terminal.count(shared[1], 'core')} busy "
-                         "while it trained, leaving none idle, so its projection starts from "
-                         "slowed steps: rerun it on an idle machine before trusting it")
+                         f"{shared.said()}, so its projection starts from slowed steps: "
+                         "rerun it on an idle machine before trusting it")
     return lines
 
 

@@ -65,11 +65,8 @@ def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
     print(ok_line(final.summary, final.data))
     shared = shared_cores(final.data)
     if shared is not None:
-        taken, cores = shared
-        print(terminal.fill(f"bench: note: other processes kept {taken:.1f} of the "
-                            f"{terminal.count(cores, 'core')} this run could use busy while it "
-                            "trained (mean over its timed epochs), leaving none idle: its times "
-                            "are slower than this machine alone gives",
+        print(terminal.fill(f"bench: note: {shared.said()} (means over its timed epochs): its "
+                            "times are slower than this machine alone gives",
                             subsequent_indent="  "), file=sys.stderr)
     feed = final.data.get("loader_alone_images_per_s")
     if input_bound(final.summary.get("median_images_per_s"), feed) and loader == "torch":

@@ -7,10 +7,11 @@ import math
 import re
 import statistics
 from pathlib import PurePath
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.config.run_config import GPU_LOADER_WORKERS
 from bench.models.registry import DEFAULT_MODEL, short_name
+from bench.tools.terminal import count
 
 
 def summarise_epochs(epochs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,32 +67,60 @@ def gpu_clock_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
 def cpu_load_figures(epochs: list[dict[str, Any]]) -> dict[str, Any]:
     """The cores rank 0's machine kept busy over the timed epochs (those that measured it),
     each epoch weighted by its length: the run's processes' (``run_cores``), other
-    processes' (``others_cores``) and the hypervisor's (``steal_cores``)."""
+    processes' (``others_cores``) and the hypervisor's (``steal_cores``); and
+    ``waited_cores``, the run's threads' wait for a core, where every epoch measured it."""
     measured = [e for e in epochs if isinstance(e.get("cpu_load"), dict)
                 and isinstance(e.get("train_time_s"), (int, float)) and e["train_time_s"] > 0]
     seconds = sum(e["train_time_s"] for e in measured)
-    if not measured or not all(isinstance(e["cpu_load"].get(k), (int, float))
-                               for e in measured for k in ("run", "others", "steal")):
+
+    def figure(part: str) -> bool:
+        return all(isinstance(e["cpu_load"].get(part), (int, float))
+                   and not isinstance(e["cpu_load"][part], bool) for e in measured)
+
+    if not measured or not all(figure(part) for part in ("run", "others", "steal")):
         return {}
+    # waited: the run's threads' wait for a core (records from before it, and kernels
+    # without schedstat, have none)
+    parts = ("run", "others", "steal") + (("waited",) if figure("waited") else ())
     return {f"{part}_cores": round(sum(e["cpu_load"][part] * e["train_time_s"]
                                        for e in measured) / seconds, 3)
-            for part in ("run", "others", "steal")}
+            for part in parts}
 
 
 # Cores other processes (and a hypervisor) took from a run before its times count as
 # measured on a shared machine: below it, a machine's own daemons; and the cores must have
-# been full (the run's and the others' together), else the others took nothing from it.
+# been full (the run's and the others' together), else the others took nothing from it;
+# and, where the record measured it, the run's threads must have waited as long for a core
+# (a run using fewer cores than it may, the others busy on the rest, lost nothing: a
+# one-thread run beside a busy loop on 2 cores waited 0.00 cores, a 2-thread one 0.73).
 SHARED_MIN_CORES = 0.25
 SHARED_MIN_SHARE = 0.05  # ... nor below this share of the cores (a 64-core machine's daemons)
 FULL_SHARE = 0.9
 
 
-def shared_cores(rec: dict[str, Any]) -> tuple[float, int] | None:
-    """(the cores other processes and the hypervisor took, on average over the timed epochs,
-    the cores the run could use) for a run whose cores were full (its own processes' and
-    theirs together): its times are slower than the machine alone gives, by a share the
-    figure alone cannot say. None where the run had its cores (or the record did not
-    measure them). Worked out from the epochs, as the report works out every figure."""
+class SharedCores(NamedTuple):
+    """What other work took from a run (means over its timed epochs)."""
+
+    taken: float  # the cores other processes and the hypervisor kept busy
+    cores: int  # the cores the run could use
+    waited: float  # the run's threads' wait for a core, in cores (NaN: not measured)
+
+    def said(self) -> str:
+        """The finding in words, for the run's end, the report and the projection."""
+        waited = ("" if math.isnan(self.waited) else
+                  f", and its threads waited {self.waited:.1f} thread-seconds a second for "
+                  "a core")
+        return (f"other processes kept {self.taken:.1f} of the "
+                f"{count(self.cores, 'core')} it could use busy while it trained, leaving "
+                f"none idle{waited}")
+
+
+def shared_cores(rec: dict[str, Any]) -> SharedCores | None:
+    """What other processes and the hypervisor took from a run whose cores were full (its
+    own processes' and theirs together) and whose threads waited for them (where the record
+    measured it): its times are slower than the machine alone gives, by a share the figures
+    alone cannot say. None where the run had its cores (or the record did not measure
+    them). Worked out from the epochs, as the report works out every figure."""
     sampled, epochs = rec.get("cpu_load_sampled"), rec.get("per_epoch")
     cores = sampled.get("cores") if isinstance(sampled, dict) else None
     epochs = [e for e in epochs if isinstance(e, dict)] if isinstance(epochs, list) else []
@@ -101,10 +130,10 @@ def shared_cores(rec: dict[str, Any]) -> tuple[float, int] | None:
             isinstance(f, (int, float)) and not isinstance(f, bool) for f in figures):
         return None
     run, others, steal = figures
-    taken = others + steal
-    if taken >= max(SHARED_MIN_CORES, SHARED_MIN_SHARE * cores) and (
-            run + taken >= FULL_SHARE * cores):
-        return taken, cores
+    taken, least = others + steal, max(SHARED_MIN_CORES, SHARED_MIN_SHARE * cores)
+    waited = summary.get("waited_cores", math.nan)  # unmeasured: the cores alone judge
+    if taken >= least and run + taken >= FULL_SHARE * cores and not waited < least:
+        return SharedCores(taken, cores, waited)
     return None
 
 

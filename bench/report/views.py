@@ -190,12 +190,9 @@ def plausibility_warnings(table) -> list[str]:
             lines.append(f"{row}: ranks shared GPUs (--backend gloo): its times are not "
                          "comparable with any other row")
         if r.shared_cores:
-            taken, cores = r.shared_cores
-            lines.append(f"{row}: other processes kept {taken:.1f} of the "
-                         f"{terminal.count(cores, 'core')} it ran on busy while it trained, "
-                         "leaving none idle (its busiest run, mean over the timed epochs: "
-                         "cpu_load in its record): its times are slower than this machine "
-                         "alone gives; rerun it on a quiet machine")
+            lines.append(f"{row}: {r.shared_cores.said()} (its busiest run, means over the "
+                         "timed epochs: cpu_load in its record): its times are slower than "
+                         "this machine alone gives; rerun it on a quiet machine")
         for run_id, seconds, median in r.slow_runs:
             lines.append(f"{row}: run {run_id} took {seconds / median:.1f}× the row's median "
                          f"epoch time ({seconds:.2f} s vs {median:.2f} s; a loaded machine, a "
