@@ -13,7 +13,7 @@ import pytest
 from conftest import FAST, ROOT, assert_ok, only_record
 
 from bench.records.describe import cpu_model
-from bench.tools.cores import cpu_quota
+from bench.tools.cores import cpu_quota, slurm_cores
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 
@@ -35,6 +35,16 @@ def _tree(tmp_path: Path, cgroup: str, mountinfo: str, limits: dict[str, dict[st
 V1_MOUNTS = ("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
              "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
              "33 31 0:30 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")
+
+
+def test_a_slurm_jobs_cpus_on_the_node_inside_a_job_only():
+    """SLURM_CPUS_ON_NODE counts inside a job (SLURM_JOB_ID); a leftover one outside a job,
+    or one that is not a positive count, says nothing."""
+    assert slurm_cores({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "3"}) == 3
+    assert slurm_cores({"SLURM_CPUS_ON_NODE": "3"}) is None
+    assert slurm_cores({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "0"}) is None
+    assert slurm_cores({"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "2(x3)"}) is None
+    assert slurm_cores({"SLURM_JOB_ID": "7"}) is None
 
 
 def test_a_v1_quota_is_the_lowest_on_the_way_up(tmp_path):
@@ -117,3 +127,22 @@ def test_a_run_under_a_one_core_quota_gives_its_rank_one_thread(tmp_path):
     assert rec["threads_per_process"] == 1, json.dumps(rec["env"])
     assert rec["env"]["cpu_quota_cores"] == 1.0
     assert cpu_model(rec).endswith(f"({os.cpu_count()} cores, 1 allowed)"), cpu_model(rec)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or os.cpu_count() < 2,
+                    reason="needs 2 cores to pin a run to one of them")
+def test_a_run_pinned_to_one_core_says_so(tmp_path):
+    """Pinned to one of the machine's cores (taskset; a Slurm task's cpuset is the same):
+    the rank takes 1 thread, and the record keeps the cores it could use."""
+    def pin() -> None:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--strategy", "dp", "--gpus", "1", "--cpu",
+         "--data", "synthetic", "--train-limit", "64", "--test-limit", "32", "--epochs", "1",
+         *FAST, "--output", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=pin)
+    assert_ok(proc)
+    rec = only_record(out)
+    assert (rec["threads_per_process"], rec["env"]["usable_cores"]) == (1, 1), rec["env"]

@@ -171,7 +171,8 @@ def test_a_step_whose_tasks_do_not_match_the_ranks_asked_for_is_refused(slurm, t
 
 def test_cores_come_from_the_tasks_own_cpus(slurm, tmp_path):
     """A task given 2 CPUs (--cpus-per-task, inherited by srun through SRUN_CPUS_PER_TASK)
-    trains with 2 threads; bench once divided the machine's cores by the tasks again."""
+    trains with 2 threads; bench once divided the machine's cores by the tasks again. A
+    batch step given 1 trains with 1; it once took the node's every core."""
     env, _ = slurm
     out = tmp_path / "results"
     script = tmp_path / "cpus.sbatch"
@@ -186,6 +187,21 @@ def test_cores_come_from_the_tasks_own_cpus(slurm, tmp_path):
     (rec,) = records(out)
     assert rec["status"] == "ok", (tmp_path / f"cpus-{job}.out").read_text()
     assert rec["threads_per_process"] == 2
+    # a batch step that launches its one rank itself (a sweep's array task does), given 1
+    # CPU of the node's 2 by a Slurm that does not bind tasks (task/none): 1 thread, not the
+    # node's every core, which other jobs share
+    out = tmp_path / "batch"
+    script = tmp_path / "batch.sbatch"
+    script.write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
+        f"#SBATCH --output={tmp_path}/batch-%j.out", f"#SBATCH --chdir={ROOT}",
+        f"{sys.executable} -m bench run --strategy ddp --gpus 1 {' '.join(TINY)} "
+        f"--output {out}", ""]))
+    job = _sbatch(script, env)
+    _wait_for(job, env)
+    (rec,) = records(out)
+    assert rec["status"] == "ok", (tmp_path / f"batch-{job}.out").read_text()
+    assert rec["threads_per_process"] == 1
 
 
 def _submitted(stdout: str) -> list[str]:
@@ -270,6 +286,10 @@ def test_exclusive_array_tasks_take_the_node_whole(slurm, tmp_path):
         logs = "".join(p.read_text() for p in (out / "slurm").glob("*.out"))
         assert [r["status"] for r in records(out)] == ["ok", "ok"], logs
         spans[mode] = _spans(out)
+        # each rank's threads: the task's one core, or the whole node's 2 (this Slurm does
+        # not bind tasks to cores: the job's CPUs on the node say it)
+        threads = {r["threads_per_process"] for r in records(out)}
+        assert threads == ({2} if extra else {1}), (mode, threads)
     (_, first_end), (second_start, _) = spans["packed"]
     assert second_start < first_end, spans  # they ran at once
     (_, first_end), (second_start, _) = spans["whole"]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.tools.cores import cpu_quota
+from bench.tools.cores import cpu_quota, usable_cores
 
 
 def _nvidia_driver() -> str | None:
@@ -99,6 +99,9 @@ def capture_env(device_type: str) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         # the cores' worth of time this process's cgroups allow (a container's --cpus), or None
         "cpu_quota_cores": cpu_quota(),
+        # the cores it may use: its affinity (taskset, a Slurm task's cpuset), the quota and a
+        # Slurm job's CPUs on the node; what its ranks' threads were sized to
+        "usable_cores": usable_cores(),
         "cuda": torch.version.cuda,
         "cudnn": None,
         "nccl": None,

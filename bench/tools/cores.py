@@ -1,9 +1,11 @@
-"""The cores a process may run on, and the CPU time its cgroups allow it."""
+"""The cores a process may run on, the CPU time its cgroups allow it, and the CPUs its
+Slurm job holds on the node."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -12,13 +14,26 @@ def usable_cores() -> int:
     or the machine's where the system cannot say (not on Linux); fewer where its cgroups'
     CPU quota allows less time than that (a container's --cpus, a Kubernetes CPU limit),
     rounded down: threads beyond the quota are throttled, not run (2 threads of a rank under
-    a 1-core quota trained 1.3x slower than 1, here)."""
+    a 1-core quota trained 1.3x slower than 1, here); and no more than a Slurm job was given
+    on this node (``slurm_cores``)."""
     try:
         cores = len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
     quota = cpu_quota()
-    return min(cores, max(1, int(quota))) if quota is not None else cores
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return min(cores, slurm_cores() or cores)
+
+
+def slurm_cores(env: Mapping[str, str] | None = None) -> int | None:
+    """The CPUs a Slurm job holds on this node (SLURM_CPUS_ON_NODE, inside a job), or None.
+    Where Slurm binds tasks (task/affinity, task/cgroup) the affinity says as much; where it
+    does not (task/none), the affinity is the whole node, which the job shares with others:
+    two one-core array tasks on the local Slurm's 2-core node each trained on 2 threads."""
+    env = os.environ if env is None else env
+    value = env.get("SLURM_CPUS_ON_NODE", "")
+    return int(value) if env.get("SLURM_JOB_ID") and value.isdigit() and int(value) > 0 else None
 
 
 def _unescaped(path: str) -> str:
