@@ -174,34 +174,23 @@ def test_cores_come_from_the_tasks_own_cpus(slurm, tmp_path):
     trains with 2 threads; bench once divided the machine's cores by the tasks again. A
     batch step given 1 trains with 1; it once took the node's every core."""
     env, _ = slurm
-    out = tmp_path / "results"
-    script = tmp_path / "cpus.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=2",
-        f"#SBATCH --output={tmp_path}/cpus-%j.out", f"#SBATCH --chdir={ROOT}",
-        'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"',
-        f"srun {sys.executable} -m bench run --strategy ddp --gpus 1 {' '.join(TINY)} "
-        f"--output {out}", ""]))
-    job = _sbatch(script, env)
-    _wait_for(job, env)
-    (rec,) = records(out)
-    assert rec["status"] == "ok", (tmp_path / f"cpus-{job}.out").read_text()
-    assert rec["threads_per_process"] == 2
-    # a batch step that launches its one rank itself (a sweep's array task does), given 1
-    # CPU of the node's 2 by a Slurm that does not bind tasks (task/none): 1 thread, not the
-    # node's every core, which other jobs share
-    out = tmp_path / "batch"
-    script = tmp_path / "batch.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH --ntasks=1", "#SBATCH --cpus-per-task=1",
-        f"#SBATCH --output={tmp_path}/batch-%j.out", f"#SBATCH --chdir={ROOT}",
-        f"{sys.executable} -m bench run --strategy ddp --gpus 1 {' '.join(TINY)} "
-        f"--output {out}", ""]))
-    job = _sbatch(script, env)
-    _wait_for(job, env)
-    (rec,) = records(out)
-    assert rec["status"] == "ok", (tmp_path / f"batch-{job}.out").read_text()
-    assert rec["threads_per_process"] == 1
+    # srun's task of 2 CPUs; a batch step that launches its one rank itself (a sweep's
+    # array task does), given 1 CPU of the node's 2 by a Slurm that does not bind tasks
+    # (task/none): 1 thread, not the node's every core, which other jobs share
+    for name, cpus, launch in (("cpus", 2, "srun "), ("batch", 1, "")):
+        out = tmp_path / name
+        script = tmp_path / f"{name}.sbatch"
+        script.write_text("\n".join([
+            "#!/bin/bash", "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={cpus}",
+            f"#SBATCH --output={tmp_path}/{name}-%j.out", f"#SBATCH --chdir={ROOT}",
+            'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"',
+            f"{launch}{sys.executable} -m bench run --strategy ddp --gpus 1 {' '.join(TINY)} "
+            f"--output {out}", ""]))
+        job = _sbatch(script, env)
+        _wait_for(job, env)
+        (rec,) = records(out)
+        assert rec["status"] == "ok", (tmp_path / f"{name}-{job}.out").read_text()
+        assert rec["threads_per_process"] == cpus, name
 
 
 def _submitted(stdout: str) -> list[str]:
