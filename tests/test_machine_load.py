@@ -8,12 +8,19 @@ import dataclasses
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from conftest import FAST, assert_ok, only_record, run_bench
 
-from bench.measure.machine_load import CpuSample, LoadMeter, core_ticks, tree_ticks
+from bench.measure.machine_load import (
+    CpuSample,
+    LoadMeter,
+    core_ticks,
+    thread_waits,
+    tree_ticks,
+)
 from bench.records.describe import cpu_load_figures, shared_cores
 from bench.tools import terminal
 
@@ -85,6 +92,31 @@ def test_a_windows_cores_are_its_ticks_over_its_seconds():
     assert meter.between(start, CpuSample(at=12.0, busy=1150, steal=5, ours=560))[
         "others"] == 0.0
     assert meter.between(start, CpuSample(at=10.005, busy=1000, steal=5, ours=400)) is None
+
+
+def _threads(tmp_path, lines: dict[tuple[int, int], str | None]):
+    """A /proc holding each (pid, tid)'s schedstat line (None: the thread, no file)."""
+    for (pid, tid), line in lines.items():
+        folder = tmp_path / str(pid) / "task" / str(tid)
+        folder.mkdir(parents=True)
+        if line is not None:
+            (folder / "schedstat").write_text(line + "\n")
+    return tmp_path
+
+
+def test_each_threads_wait_is_read_where_the_kernel_keeps_it(tmp_path):
+    """Every thread of the processes asked for, by thread id (the second field); a process
+    gone is skipped. A kernel that keeps none says so: no file, or '0 0 0' for every thread,
+    run time too (a kernel before 5.14 without schedstats), which would read as no wait."""
+    kept = _threads(tmp_path / "kept", {(10, 10): "900 50 3", (10, 11): "400 70 2",
+                                        (12, 12): "100 0 1"})
+    assert thread_waits([10, 12, 99], kept) == {10: 50, 11: 70, 12: 0}
+    zeros = _threads(tmp_path / "zeros", {(10, 10): "0 0 0", (10, 11): "0 0 0"})
+    assert thread_waits([10], zeros) is None
+    absent = _threads(tmp_path / "absent", {(10, 10): None})
+    assert thread_waits([10], absent) is None
+    assert thread_waits([99], kept) == {}  # nothing of it left: nothing waited
+    assert thread_waits([os.getpid()])[threading.get_native_id()] >= 0  # this machine's
 
 
 def test_the_runs_wait_for_a_core_is_each_threads_growth():

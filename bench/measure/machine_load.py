@@ -83,29 +83,33 @@ def tree_ticks(root: int, stats: dict[int, bytes]) -> int:
     return total
 
 
-def thread_waits(pids: Iterable[int]) -> dict[int, int] | None:
+def thread_waits(pids: Iterable[int], proc: Path = PROC) -> dict[int, int] | None:
     """Each thread's run-queue delay (ns) of the processes ``pids``, by thread id; None
-    where the kernel keeps no schedstat (built without CONFIG_SCHED_INFO). A thread costs
-    about 8 us: 0.3 of a 0.7-ms sample for a 2-rank CPU run's 39 threads (a node of 8 GPU
-    ranks and their loader workers may hold 500: 4 ms). A process that ended since it was
-    listed is skipped."""
+    where the kernel keeps no schedstat: built without CONFIG_SCHED_INFO (no file), or a
+    kernel before 5.14 without schedstats or delay accounting on, which writes '0 0 0' for
+    every thread (its run time too, which no thread that ran has). A thread costs about
+    8 us: 0.3 of a 0.7-ms sample for a 2-rank CPU run's 39 threads (a node of 8 GPU ranks
+    and their loader workers may hold 500: 4 ms). A process that ended since it was listed
+    is skipped. ``proc``: where /proc is (a test's tree)."""
     waits: dict[int, int] = {}
+    ran = 0
     for pid in pids:
         try:
-            threads = os.listdir(f"/proc/{pid}/task")
+            threads = os.listdir(proc / str(pid) / "task")
         except OSError:
             continue
         for tid in threads:
-            text = _read(f"/proc/{pid}/task/{tid}/schedstat")
+            text = _read(str(proc / str(pid) / "task" / tid / "schedstat"))
             if text is None:
-                if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                if not (proc / str(pid) / "task" / tid).exists():
                     continue  # ended
                 return None
             fields = text.split()
             if len(fields) < 2:
                 return None
+            ran += int(fields[0])
             waits[int(tid)] = int(fields[1])
-    return waits
+    return waits if ran or not waits else None
 
 
 def waited_between(start: dict[int, int], end: dict[int, int]) -> int:
