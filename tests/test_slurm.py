@@ -235,6 +235,28 @@ def test_a_sweep_runs_as_job_arrays_one_record_per_combination(slurm, tmp_path):
     assert logs.count("ok record exists, skipped") == 4, logs
 
 
+def test_exclusive_on_a_partition_that_forces_sharing_is_said_to_do_nothing(slurm, tmp_path):
+    """Slurm ignores --exclusive on a partition of OverSubscribe=FORCE (the local one's
+    default): bench sweep and bench slurm say so, naming it; on the shared partition
+    (OverSubscribe=NO), where it holds, they say nothing. Nothing is submitted."""
+    env, _ = slurm
+    note = "shares its nodes by force (OverSubscribe=FORCE:4): Slurm ignores --exclusive"
+    for partition, forced in ((None, True), ("shared", False), ("local", True)):
+        where = ["--partition", partition] if partition else []
+        sweep = subprocess.run(
+            [sys.executable, "-m", "bench", "sweep", "--slurm", "--dry-run", "--exclusive",
+             *where, "--strategies", "ddp", "--gpus", "1", "--cpu", "--output",
+             str(tmp_path / "sweep")], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert sweep.returncode == 0, sweep.stderr
+        said = " ".join(sweep.stderr.split())
+        assert (f"partition local {note}" in said) == forced, (partition, said)
+    one = subprocess.run(
+        [sys.executable, "-m", "bench", "slurm", "--nodes", "1", "--gpus", "1", "--cpu",
+         "--strategy", "ddp", "--exclusive", "--out", str(tmp_path / "job.sbatch")],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert one.returncode == 0 and note in " ".join(one.stderr.split()), one.stderr
+
+
 def _spans(out: Path) -> list[tuple[str, str]]:
     """Each record's (started_at, finished_at), earliest first (ISO times of one zone sort
     as text)."""

@@ -35,6 +35,33 @@ class SlurmTask:
         return 20000 + int(digits) % 12768
 
 
+def forced_sharing(partition: str | None) -> str | None:
+    """A note where ``partition`` (None: the cluster's default) shares its nodes by force
+    (``OverSubscribe=FORCE``): Slurm then ignores a job's --exclusive, and other jobs share
+    its nodes' cores while it is timed. None where it does not, or where ``scontrol`` cannot
+    say (not on a Slurm machine)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("scontrol") is None:
+        return None
+    try:
+        shown = subprocess.run(["scontrol", "-o", "show", "partition", *filter(None, [partition])],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in shown.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if partition is None and fields.get("Default") != "YES":
+            continue
+        if fields.get("OverSubscribe", "").startswith("FORCE"):
+            return (f"partition {fields.get('PartitionName', partition)} shares its nodes by "
+                    f"force (OverSubscribe={fields['OverSubscribe']}): Slurm ignores "
+                    "--exclusive there, and other jobs share the nodes' cores while they are "
+                    "timed; choose another --partition")
+    return None
+
+
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm node list: ``gpu[03-05,07],cpu1`` -> ``gpu03``."""
     head = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
