@@ -6,12 +6,10 @@ import argparse
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from bench.config.options import config_from_args, given, run_options_for
 from bench.records.files import write_text_atomic
-from bench.tools import terminal
 from bench.tools.errors import ConfigError
 from bench.tools.folders import file_to_write
 
@@ -47,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     from bench.launch.preflight import check_srun_task, resolve_strategy
-    from bench.launch.slurm import forced_sharing, sbatch_script
+    from bench.launch.slurm import note_forced_sharing, sbatch_script
 
     for flag in ("--nodes", "--gpus", "--strategy", "--node-rank", "--rdzv-endpoint"):
         if given(passed_on, flag):
@@ -85,10 +83,8 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
                           "--submit and copy the script there")
     write_text_atomic(file_to_write("--out", args.out, "job.sbatch"), script)
     print(f"wrote {args.out}")
-    forced = forced_sharing(args.partition) if args.exclusive else None
-    if forced:
-        print(terminal.fill(f"bench slurm: note: {forced}", subsequent_indent="  "),
-              file=sys.stderr)
+    if args.exclusive:
+        note_forced_sharing("bench slurm", args.partition)
     if args.submit:
         return subprocess.run(["sbatch", args.out]).returncode
     return 0

@@ -24,7 +24,7 @@ from bench.config.options import config_from_args, given, parse_list, run_option
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan, check_data
 from bench.launch.preflight import check_output_writable
-from bench.launch.slurm import forced_sharing, in_batch_step
+from bench.launch.slurm import in_batch_step, note_forced_sharing
 from bench.records.claims import Claim
 from bench.records.files import (
     records_by_tag,
@@ -352,10 +352,8 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
                             cpu=base.cpu,
                             workdir=str(Path.cwd()), output=output, nodes=base.nodes,
                             exclusive=args.exclusive)
-    forced = forced_sharing(args.partition) if args.exclusive else None
-    if forced:
-        print(terminal.fill(f"bench sweep: note: {forced}", subsequent_indent="  "),
-              file=sys.stderr)
+    if args.exclusive:
+        note_forced_sharing("bench sweep", args.partition)
     if args.dry_run:
         for n, text in scripts.items():
             shape = (f"{terminal.count(n, 'rank')} a node on {base.nodes} nodes"

@@ -35,6 +35,17 @@ class SlurmTask:
         return 20000 + int(digits) % 12768
 
 
+def note_forced_sharing(command: str, partition: str | None) -> None:
+    """Where ``partition`` shares its nodes by force, ``command`` (bench sweep, bench
+    slurm) says on stderr that the --exclusive it was given does nothing there."""
+    from bench.tools import terminal
+
+    forced = forced_sharing(partition)
+    if forced:
+        print(terminal.fill(f"{command}: note: {forced}", subsequent_indent="  "),
+              file=sys.stderr)
+
+
 def forced_sharing(partition: str | None) -> str | None:
     """A note where ``partition`` (None: the cluster's default) shares its nodes by force
     (``OverSubscribe=FORCE``): Slurm then ignores a job's --exclusive, and other jobs share

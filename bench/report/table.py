@@ -199,7 +199,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": oversubscribed(rec),
-                "shared_cores": shared_cores(rec),  # (others' cores, the cores) or None
+                "shared_cores": shared_cores(rec),  # what others took (SharedCores) or None
                 "clock_share": as_number(figures.get("gpu_clock_share")),
                 "gpu_util": as_number(figures.get("gpu_util_median")),
                 "images_per_joule": as_number(figures.get("images_per_joule")),
