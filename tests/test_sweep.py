@@ -48,7 +48,7 @@ def test_sweep_resumes_after_sigterm_without_duplicates(cifar_dir, tmp_path):
     assert proc.returncode == 130, out
     first = _ok_records(tmp_path)
     ok_before = {r["run_id"] for r in first if r["status"] == "ok"}
-    assert 2 <= len(ok_before) < 4
+    assert len(ok_before) == 2  # of 3: dp N=2 on CPU is dp N=1's run, left out
     assert not list((tmp_path / "runs").glob("*.tmp"))
 
     again = run_bench(*args)
@@ -58,9 +58,9 @@ def test_sweep_resumes_after_sigterm_without_duplicates(cifar_dir, tmp_path):
     assert all(r["status"] == "ok" for r in final)
     # Exactly one ok record per combination, the earlier ones untouched.
     combos = [(r["strategy"], r["gpus_requested"]) for r in final]
-    assert sorted(combos) == [("ddp", 1), ("ddp", 2), ("dp", 1), ("dp", 2)]
+    assert sorted(combos) == [("ddp", 1), ("ddp", 2), ("dp", 1)]
     assert ok_before <= {r["run_id"] for r in final}
-    assert len({r["tag"] for r in final}) == 4
+    assert len({r["tag"] for r in final}) == 3
 
 
 @pytest.mark.serial  # how far a run gets in 5 s: no neighbour's load
@@ -115,6 +115,24 @@ def test_a_combination_named_twice_runs_once(tmp_path):
     assert "[sweep 1/1] ddp N=1 repeat 1" in proc.stdout and "skipped" not in proc.stdout
     assert proc.stdout.strip().endswith("bench sweep: 1/1 ok")
     assert len(records(tmp_path)) == 1
+
+
+def test_dp_beyond_one_cpu_replica_is_left_out_not_run_as_a_second_row(tmp_path):
+    """nn.DataParallel without CUDA is one replica in one process: `--strategies dp --gpus
+    1,2 --cpu` ran dp twice, and the second, labelled N=2, was a repeat of N=1's row. It is
+    left out, with a line saying why; on GPUs dp N=2 is two replicas and stays."""
+    cpu = run_bench("sweep", "--strategies", "dp,ddp", "--gpus", "1,2", "--cpu", "--slurm",
+                    "--dry-run", "--output", str(tmp_path))
+    assert cpu.returncode == 0, cpu.stderr
+    said = " ".join(cpu.stderr.split())
+    assert ("dp N=2 left out: on cpu it is 1 replica in 1 process, the same run as dp N=1"
+            in said), said
+    arrays = re.findall(r"#SBATCH --array=(\S+)", cpu.stdout)
+    assert arrays == ["0,1%4", "2%4"], arrays  # dp 1, ddp 1 | ddp 2
+    gpu = run_bench("sweep", "--strategies", "dp", "--gpus", "1,2", "--slurm", "--dry-run",
+                    "--output", str(tmp_path))
+    assert gpu.returncode == 0 and "left out" not in gpu.stderr, gpu.stderr
+    assert re.findall(r"#SBATCH --array=(\S+)", gpu.stdout) == ["0%4", "1%4"], gpu.stdout
 
 
 def test_a_sweep_run_again_under_another_torch_says_what_it_skipped(tmp_path):

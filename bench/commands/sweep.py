@@ -24,7 +24,12 @@ from bench.config.options import config_from_args, given, parse_list, run_option
 from bench.config.run_config import RunConfig
 from bench.launch.plan import RunPlan, check_data
 from bench.launch.preflight import check_output_writable
-from bench.launch.slurm import in_batch_step, note_forced_sharing
+from bench.launch.slurm import (
+    SRUN_CPUS_LINES,
+    in_batch_step,
+    note_forced_sharing,
+    sbatch_header,
+)
 from bench.records.claims import Claim
 from bench.records.files import (
     records_by_tag,
@@ -92,23 +97,38 @@ def sweep_key(cfg: RunConfig) -> str:
 
 def plan_combos(base: RunConfig, strategies: list[str], gpus: list[int],
                 repeats: int, srun_steps: bool = False, data: bool = False,
-                elsewhere: bool = False) -> list[Combo]:
+                elsewhere: bool = False, left_out: list[str] | None = None) -> list[Combo]:
     """Every combination, validated before anything runs (bad input: ConfigError);
     ``srun_steps``: as the srun steps of a job array over several nodes; ``data``: the data
     is made ready here (read once, CIFAR-100 fetched if absent) and each run's share of it
     checked, as each run would before it starts (a sweep that runs here: data missing
     would otherwise fail every run in turn, after writing its folders); ``elsewhere``: for
-    a Slurm job's nodes, not this machine (its GPUs, or their absence, are not theirs)."""
+    a Slurm job's nodes, not this machine (its GPUs, or their absence, are not theirs).
+
+    A combination that would run what an earlier one of its strategy runs (dp at N > 1 on
+    CPU: nn.DataParallel without CUDA is one replica in one process) is left out, and
+    ``left_out`` gets a line saying so: its record would be a second, mislabelled repeat of
+    the other's row."""
     if repeats < 1:
         raise ConfigError(f"--repeats must be at least 1 (got {repeats})")
     combos, plans = [], []
+    shapes: dict[tuple[str, int, int], int] = {}  # (strategy, replicas, processes): first N
     for strategy in strategies:
         for n in gpus:
             cfg = base.derive(strategy=strategy, gpus=n)
             if base.batch_fits_in:  # each run's batch is found later; one that splits here
                 cfg = cfg.derive(batch_size=n)
-            plans.append(RunPlan(cfg, probe_output=False, srun_step=srun_steps,
-                                 elsewhere=elsewhere))
+            plan = RunPlan(cfg, probe_output=False, srun_step=srun_steps, elsewhere=elsewhere)
+            shape = (strategy, plan.replicas, plan.processes)
+            if shapes.setdefault(shape, n) != n:
+                if left_out is not None:
+                    left_out.append(
+                        f"{strategy} N={n} left out: on {plan.device_type} it is "
+                        f"{terminal.count(plan.replicas, 'replica')} in "
+                        f"{terminal.count(plan.processes, 'process', 'processes')}, the same "
+                        f"run as {strategy} N={shapes[shape]}")
+                continue
+            plans.append(plan)
             key = sweep_key(cfg)
             combos.extend(Combo(strategy, n, r, key) for r in range(repeats))
     if data:  # after the options' checks: a misspelt name must not wait for a download
@@ -149,9 +169,14 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
               only: int | None = None, largest: LargestBatch | None = None) -> int:
     """Every combination in order (``only``: the one of that index, a Slurm array task's;
     ``largest``: each at the largest batch that fits, --batch-size max)."""
+    left_out: list[str] = []
     combos = plan_combos(base, strategies, gpus, repeats,
-                        srun_steps=base.nodes > 1 and in_batch_step(), data=True)
-    if only is not None:
+                        srun_steps=base.nodes > 1 and in_batch_step(), data=True,
+                        left_out=left_out)
+    if only is None:  # an array task's log: said once, when the arrays were written
+        for line in left_out:
+            print(terminal.fill(f"bench sweep: {line}", subsequent_indent="  "), flush=True)
+    else:
         if not 0 <= only < len(combos):
             raise ConfigError(f"--only {only}: this sweep has combinations 0 to "
                               f"{len(combos) - 1}")
@@ -290,19 +315,15 @@ def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, 
         by_shape.setdefault(combo.gpus, []).append(i)
     scripts = {}
     for n, indices in by_shape.items():
-        shape = (["#SBATCH --nodes=1", "#SBATCH --ntasks=1",
-                  f"#SBATCH --cpus-per-task={cpus_per_rank * n}"] if nodes == 1 else
-                 [f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={n}",
-                  f"#SBATCH --cpus-per-task={cpus_per_rank}"])
-        lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}-n{n}",
-                 f"#SBATCH --array={','.join(map(str, indices))}%{max_parallel}",
-                 *shape, *([] if cpu else [f"#SBATCH --gpus-per-node={n}"]),
-                 f"#SBATCH --time={time}", f"#SBATCH --chdir={workdir}",
-                 f"#SBATCH --output={output}/slurm/%x-%A_%a.out"]
-        if partition:
-            lines.append(f"#SBATCH --partition={partition}")
-        if exclusive:
-            lines.append("#SBATCH --exclusive")
+        shape = ((("nodes", 1), ("ntasks", 1), ("cpus-per-task", cpus_per_rank * n))
+                 if nodes == 1 else
+                 (("nodes", nodes), ("ntasks-per-node", n), ("cpus-per-task", cpus_per_rank)))
+        lines = sbatch_header(
+            ("job-name", f"{job_name}-n{n}"),
+            ("array", f"{','.join(map(str, indices))}%{max_parallel}"), *shape,
+            ("gpus-per-node", None if cpu else n), ("time", time), ("chdir", workdir),
+            ("output", f"{output}/slurm/%x-%A_%a.out"), ("partition", partition),
+            ("exclusive", exclusive))
         lines += [
             "",
             f"# Combination $SLURM_ARRAY_TASK_ID of this sweep's {len(combos)} (those of "
@@ -314,9 +335,7 @@ def array_scripts(combos: list[Combo], sweep_args: list[str], *, job_name: str, 
              f"# the sweep's own path, resumable; its run is one srun step across the job's "
              f"{nodes} nodes."),
             "set -euo pipefail",
-            *([] if nodes == 1 else
-              ["# since Slurm 22.05 srun inherits --cpus-per-task only through this variable",
-               'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"']),
+            *([] if nodes == 1 else SRUN_CPUS_LINES),
             " ".join([sys.executable, "-m", "bench", "sweep", *map(shlex.quote, sweep_args),
                       "--only", '"$SLURM_ARRAY_TASK_ID"']),
             "",
@@ -337,8 +356,11 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
     if args.submit and shutil.which("sbatch") is None:
         raise ConfigError("sbatch is not on PATH: run this on a Slurm login node, or use "
                           "--dry-run and copy the scripts there")
+    left_out: list[str] = []
     combos = plan_combos(base, names, gpus, args.repeats, srun_steps=base.nodes > 1,
-                         elsewhere=True)
+                         elsewhere=True, left_out=left_out)
+    for line in left_out:
+        print(terminal.fill(f"bench sweep: {line}", subsequent_indent="  "), file=sys.stderr)
     output = str(Path(base.output).resolve())
     sweep_args = ["--strategies", args.strategies, "--gpus", args.gpus, "--repeats",
                   str(args.repeats), *(["--force"] if args.force else []),

@@ -166,6 +166,24 @@ def default_rdzv_id(endpoint: str, config: dict[str, Any]) -> str:
     return "rdzv" + hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
+def sbatch_header(*options: tuple[str, str | int | bool | None]) -> list[str]:
+    """A script's first lines: ``#!/bin/bash``, then ``#SBATCH --name=value`` for each
+    (name, value) given a value, ``#SBATCH --name`` for each given True, in order (None and
+    False: the option left out). One writer for bench slurm's script and bench sweep's
+    arrays, so both ask Slurm in the same words."""
+    lines = ["#!/bin/bash"]
+    for name, value in options:
+        if value is True:
+            lines.append(f"#SBATCH --{name}")
+        elif value is not None and value is not False:
+            lines.append(f"#SBATCH --{name}={value}")
+    return lines
+
+
+SRUN_CPUS_LINES = ["# since Slurm 22.05 srun inherits --cpus-per-task only through this variable",
+                   'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"']
+
+
 def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: str,
                   run_args: list[str], partition: str | None = None,
                   cpus_per_task: int | None = None, python: str | None = None,
@@ -177,30 +195,19 @@ def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: 
     none, on the compute nodes), unless ``python`` names another. ``exclusive``: the
     nodes whole, shared with no other job."""
     python = python or sys.executable
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nodes}",
-        f"#SBATCH --ntasks-per-node={gpus}",
-        *([] if cpu else [f"#SBATCH --gpus-per-node={gpus}"]),
-        f"#SBATCH --time={time}",
-    ]
-    if cpus_per_task:
-        lines.append(f"#SBATCH --cpus-per-task={cpus_per_task}")
-    if partition:
-        lines.append(f"#SBATCH --partition={partition}")
-    if exclusive:
-        lines.append("#SBATCH --exclusive")
-    if workdir:  # relative paths in the run's options mean what they meant here
-        lines.append(f"#SBATCH --chdir={workdir}")
+    lines = sbatch_header(
+        ("job-name", job_name), ("nodes", nodes), ("ntasks-per-node", gpus),
+        ("gpus-per-node", None if cpu else gpus), ("time", time),
+        ("cpus-per-task", cpus_per_task or None), ("partition", partition),
+        ("exclusive", exclusive),
+        ("chdir", workdir or None),  # relative paths in the run's options mean what they meant here
+        ("output", "%x-%j.out"))
     lines += [
-        "#SBATCH --output=%x-%j.out",
         "",
         "# Each srun task is one rank; bench maps SLURM_PROCID / SLURM_STEP_NUM_TASKS /",
         "# SLURM_LOCALID to rank / world size / local rank and rendezvouses on the first node.",
         "set -euo pipefail",
-        *(["# since Slurm 22.05 srun inherits --cpus-per-task only through this variable",
-           "export SRUN_CPUS_PER_TASK=\"${SLURM_CPUS_PER_TASK}\""] if cpus_per_task else []),
+        *(SRUN_CPUS_LINES if cpus_per_task else []),
         " ".join(
             ["srun", python, "-m", "bench", "run", "--strategy", strategy,
              "--gpus", str(gpus), "--nodes", str(nodes), *map(shlex.quote, run_args)]
