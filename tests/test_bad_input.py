@@ -130,6 +130,10 @@ CASES = {
     "project: more GPUs than any cluster": (
         ["project", "{here}", "--gpus", "8,99999999999999999999"],
         "--gpus goes up to 1,048,576"),
+    # it named no command: the probe it needs is `bench probe --output` into that folder
+    "project: a probe's network without a probe": (
+        ["project", "results/gpu-check/2026-11-27-h200/accuracy", "--network", "probe"],
+        "run `bench probe --output results/gpu-check/2026-11-27-h200/accuracy` on the runs'"),
     "project: a node of 4,096 GPUs": (["project", "{here}", "--gpus-per-node", "4096"],
                                       "--gpus-per-node goes up to 1,024"),
     "report: reference at N=0": (["report", "--results", "{here}", "--reference", "ddp:0"],

@@ -7,6 +7,7 @@ import argparse
 import csv
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,14 +48,18 @@ from bench.tools.folders import file_to_write
 
 
 def resolve_network(name: str | None, intra: float | None, inter: float | None,
-                    probes: list[dict[str, Any]]) -> Network:
+                    probes: list[dict[str, Any]], root: Path = Path("RESULTS")) -> Network:
+    """The network the projection prices communication on; ``root``: the results folder
+    whose probes/ a probe is looked for in."""
     if intra is not None or inter is not None:
         if intra is None or inter is None or intra <= 0 or inter <= 0:
             raise ConfigError("--intra-busbw and --inter-busbw go together, in GB/s > 0")
         return Network("custom", intra, inter, "nvlink", "given on the command line")
     if name == "probe":
         if not probes:
-            raise ConfigError("--network probe needs a `bench probe` record in RESULTS/probes")
+            raise ConfigError(f"--network probe needs a `bench probe` record in {root}/probes; "
+                              f"run `bench probe --output {shlex.quote(str(root))}` on the "
+                              "runs' machine first (with --cpu --gpus N for CPU runs)")
         return network_from_probe(probes[-1])
     if name not in NETWORKS:
         raise ConfigError(f"--network must be one of {', '.join([*NETWORKS, 'probe'])}")
@@ -112,7 +117,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
         print(f"bench project: {line}", file=sys.stderr)
     if validate:
         return validate_records(records, probes, root)
-    net = resolve_network(network, intra, inter, probes)
+    net = resolve_network(network, intra, inter, probes, root)
     by_probe = network == "probe" and intra is None
     # A GPU network preset projects GPU runs; probes the runs of the machines they measured
     # (gloo between CPU processes says nothing of NCCL between GPUs, nor one machine's
