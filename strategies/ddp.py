@@ -17,11 +17,31 @@ from torch.nn.parallel import DistributedDataParallel
 from bench.config.strategy_parts import DDPOptions, Features, Topology
 from bench.tools.errors import ConfigError
 from bench.tools.faults import slow_communication_note
+from bench.tools.restarts import restarts_allowed
 from strategies.base import Strategy, SyncOff
 from strategies.cpu_syncbn import CpuSyncBatchNorm
 from strategies.precision import Precision
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store | None:
+    """Where torchrun may start the ranks again (--max-restarts), the store this attempt's
+    process group meets in: torchrun keeps one store for the whole job (its static
+    rendezvous), and a restarted group read the keys the failed attempt left there, gloo's
+    peer addresses among them, and connected to a dead rank ('Gloo connectFullMesh failed
+    ... Connection refused', or a wait until --timeout). Each rank counts its own starts in
+    the store; every attempt starts every rank, so the counts agree, and each attempt's
+    keys go under a prefix of its own. None without restarts allowed: env:// as torch
+    does it."""
+    if not restarts_allowed():
+        return None
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          world_size, is_master=rank == 0 and not agent_hosts,
+                          timeout=timeout, multi_tenant=True)
+    attempt = store.add(f"bench/starts/rank{rank}", 1)
+    return dist.PrefixStore(f"bench/attempt{attempt}/", store)
 
 
 def _env_int(name: str) -> int:
@@ -214,12 +234,14 @@ class DDPStrategy(Strategy):
                               shared=topology.gpu_shared)
             torch.cuda.set_device(index)
             self.device = torch.device("cuda", index)
+        timeout = timedelta(seconds=topology.timeout)
+        store = attempt_store(self.rank, self.world_size, timeout)
         dist.init_process_group(
             topology.backend,
-            init_method="env://",
+            **({"store": store} if store is not None else {"init_method": "env://"}),
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=topology.timeout),
+            timeout=timeout,
         )
 
     def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:

@@ -60,6 +60,43 @@ def test_a_rank_dying_after_the_record_is_finished_leaves_the_run_ok(tmp_path):
         rec["notes"])
 
 
+def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
+    """`--max-restarts 1` with a rank that fails once (the fault fires in the first attempt
+    only): torchrun starts both ranks again. They met in torchrun's store, which keeps the
+    failed attempt's keys, gloo's peer addresses among them: the restarted group connected
+    to a dead rank ('Gloo connectFullMesh failed ... Connection refused', or a wait until
+    --timeout) and the run failed. Where it did come through, the record held each
+    attempt's notes and nothing said it had restarted. Now it trains again to the end, ok,
+    and the record counts the restart and says once what its figures are."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--max-restarts", "1", "--timeout", "20", "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "raise:1:3"}, timeout=240)
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    assert [e["epoch"] for e in rec["per_epoch"]] == [1, 2]
+    said = [n for n in rec["notes"] if n.startswith("torchrun restarted the ranks once")]
+    assert len(said) == 1 and "the last attempt's" in said[0], rec["notes"]
+    assert len(set(rec["notes"])) == len(rec["notes"]), rec["notes"]
+    assert "bench: note: torchrun restarted the ranks 1x after a rank failed" in proc.stderr
+
+
+def test_a_failure_is_named_by_the_last_attempt_of_a_restarted_run(tmp_path):
+    """An attempt's error files stay in the scratch folder when torchrun restarts the
+    ranks: one whose rank did not fail again (rank 0, a peer of the first failure) was
+    the oldest, and named the run's end after the last attempt failed otherwise."""
+    from bench.train.scratch import RankError, Scratch
+
+    scratch = Scratch(tmp_path)
+    scratch.write_error(0, RankError("RuntimeError: Connection reset by peer", False, "", 0))
+    os.utime(scratch.error(0), (time.time() - 60, time.time() - 60))
+    scratch.write_error(1, RankError("timeout: its DataLoader workers ...", True, "", 1))
+    assert [rank for rank, _ in scratch.errors()] == ["1"]
+    # where no rank restarted, every error counts, oldest first
+    scratch.write_error(1, RankError("RuntimeError: injected fault", False, "", 0))
+    assert [rank for rank, _ in scratch.errors()] == ["0", "1"]
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp", "horovod"])
 def test_a_raising_rank_prints_its_own_traceback_once_and_keeps_it(strategy, tmp_path):
     """What the terminal shows of a rank that raised: its traceback once, then one line.

@@ -63,6 +63,11 @@ def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
     print(ok_line(final.summary, final.data))
+    restarts = final.data.get("restarts") or 0
+    if restarts:
+        print(terminal.fill(f"bench: note: torchrun restarted the ranks {restarts}x after a rank "
+                            "failed (its output above): the figures are the last attempt's",
+                            subsequent_indent="  "), file=sys.stderr)
     shared = shared_cores(final.data)
     if shared is not None:
         print(terminal.fill(f"bench: note: {shared.said()} (means over its timed epochs): its "

@@ -6,6 +6,7 @@ The launching process opens it (``skeleton``: what the plan knows) and closes it
 
 from __future__ import annotations
 
+import datetime as _dt
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,7 @@ class RunRecord:
             "config": cfg.to_dict(),
             "env": capture_env(device_type),
             "notes": [],
+            "restarts": 0,  # torchrun's, --max-restarts: the epochs are the last attempt's
             "per_epoch": [],
             "summary": {},
         })
@@ -181,6 +183,26 @@ class RunRecord:
 
     def set_rendezvous(self, rendezvous: dict[str, Any]) -> None:
         self.data["rendezvous"] = rendezvous
+
+    def restarted(self, count: int, launched: dict[str, Any], limit: int) -> None:
+        """torchrun started the ranks again after one failed (restart ``count`` of ``limit``,
+        --max-restarts): the record is the launcher's skeleton again (the attempt before
+        left its epochs and notes in it, and each attempt's notes piled up), with the
+        restarts counted and said; the epochs to come are this attempt's, which trains from
+        the start. The time the attempts before took stays in the record's wall time
+        (``started_at`` is the launch's)."""
+        lost = (_dt.datetime.now(_dt.timezone.utc)
+                - _dt.datetime.fromisoformat(launched["started_at"])).total_seconds()
+        self.data.clear()
+        self.data.update(launched)
+        self.data["restarts"] = count
+        self.data["notes"] = [
+            *launched.get("notes", []),
+            f"torchrun restarted the ranks {'once' if count == 1 else f'{count} times'} "
+            f"(--max-restarts {limit}) after a rank failed, {lost:.0f} s into the run: its "
+            "epochs, times and top-1 are the last attempt's, which trained from the start "
+            "again (time to target counts from that attempt's first step)"]
+        self.write()
 
     def unavailable(self, reason: str) -> None:
         self.data.update(status="unavailable", error=reason, finished_at=utc_now())

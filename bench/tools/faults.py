@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bench.tools.errors import ConfigError
+from bench.tools.restarts import restart_count
 
 if TYPE_CHECKING:  # torch is imported where a fault fires, not with this module
     import torch
@@ -26,14 +27,16 @@ class Fault:
     before trying, with a message that has none); ``abort`` (it raises, and once it has
     said its error dies of SIGABRT, as a rank whose gloo group aborts it in its teardown);
     ``exit`` (STEP 0: the rank exits with 1 once its run is over, its record finished, as
-    a rank that crashes in its teardown)."""
+    a rank that crashes in its teardown). Each fires in the run's first attempt only: ranks
+    that torchrun starts again (--max-restarts) run clean, as a restart after a passing
+    fault would."""
 
     events: tuple[tuple[str, int, int], ...]
 
     @classmethod
     def from_env(cls) -> Fault | None:
         text = os.environ.get("BENCH_FAULT")
-        if not text:
+        if not text or restart_count():
             return None
         events = []
         for part in text.split(","):

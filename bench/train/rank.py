@@ -38,6 +38,7 @@ from bench.models.registry import mlperf_model_name
 from bench.records.run_record import RunRecord
 from bench.tools.errors import CannotWrite, ConfigError
 from bench.tools.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
+from bench.tools.restarts import restart_count
 from bench.train.build import build_model_and_optimizer
 from bench.train.mllog import MLPerfLog
 from bench.train.out_of_memory import is_out_of_memory, out_of_memory_line
@@ -68,6 +69,8 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
     if strategy.is_main:
         record = (RunRecord.load(spec.record_path) if spec.record_path.exists()
                   else RunRecord(spec.record_path, dict(spec.record)))
+        if restart_count():
+            record.restarted(restart_count(), dict(spec.record), cfg.max_restarts)
         if spec.scratch.exists():  # tells this machine's launcher that global rank 0 ran here
             spec.scratch.rank0_here.touch()
         if cfg.mllog and cfg.verify_steps is None:
@@ -144,7 +147,8 @@ def _rank_error(exc: BaseException, spec: WorkerSpec, strategy: Strategy,
                            "--find-unused-parameters"), True
     if "timed out" in line.lower() or "timeout" in line.lower():
         line, explained = f"timeout: {line}", True
-    return RankError(f"{line} [in {phase}]", explained, traceback.format_exc())
+    return RankError(f"{line} [in {phase}]", explained, traceback.format_exc(),
+                     attempt=restart_count())
 
 
 def _launched_rank(default: str) -> str:

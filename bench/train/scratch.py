@@ -159,9 +159,18 @@ class Scratch:
         return next(self.root.glob("error-rank*.json"), None) is not None
 
     def errors(self) -> list[tuple[str, Path]]:
-        """(rank, error file), oldest first: the first is the failure, the rest followed."""
+        """(rank, error file), oldest first: the first is the failure, the rest followed.
+        Where torchrun restarted the ranks, the last attempt's alone: the files of an
+        attempt before (a rank of it that failed and did not fail again) would name its
+        failure as the run's."""
         files = sorted(self.root.glob("error-rank*.json"), key=lambda p: p.stat().st_mtime)
-        return [(p.stem.removeprefix("error-rank"), p) for p in files]
+        attempts = {}
+        for path in files:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                attempts[path] = RankError.read(path).attempt
+        last = max(attempts.values(), default=0)
+        return [(p.stem.removeprefix("error-rank"), p) for p in files
+                if attempts.get(p, last) == last]
 
 
 @dataclass(frozen=True)
@@ -173,11 +182,13 @@ class RankError:
     line: str
     explained: bool
     traceback: str
+    attempt: int = 0  # torchrun's restart count when it failed (--max-restarts)
 
     @classmethod
     def read(cls, path: Path) -> RankError:
         data = json.loads(path.read_text())
-        return cls(str(data["line"]), bool(data["explained"]), str(data["traceback"]))
+        return cls(str(data["line"]), bool(data["explained"]), str(data["traceback"]),
+                   int(data.get("attempt", 0)))
 
 
 class Heartbeat:
