@@ -82,6 +82,11 @@ CASES = {
         ["run", "--strategy", "fsdp", *BASE, "--gpus", "2", "--optimizer-impl", "fused"],
         "--optimizer-impl foreach"),
     "tf32 value": (["run", "--strategy", "ddp", *BASE, "--tf32", "maybe"], "--tf32"),
+    # both ran, and switched nothing, while the command line and a sweep's key said so
+    "tf32 on cpu": (["run", "--strategy", "ddp", *BASE, "--tf32", "on"],
+                    "--tf32 is a CUDA switch"),
+    "cudnn benchmark off on cpu": (["run", "--strategy", "ddp", *BASE, "--no-cudnn-benchmark"],
+                                   "--no-cudnn-benchmark is a CUDA switch"),
     "target out of range": (["run", "--strategy", "dp", *BASE, "--target-top1", "120"],
                             "--target-top1"),
     "stop without target": (["run", "--strategy", "dp", *BASE, "--stop-at-target"],

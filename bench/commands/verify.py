@@ -262,10 +262,11 @@ def _ranks(base: RunConfig) -> str:
 def _verify_base(base: RunConfig, steps: int) -> RunConfig:
     if steps < 1:
         raise ConfigError(f"--steps must be at least 1 (got {steps})")
-    # TF32 off: an fp32 GPU check must compute in fp32 (float64 runs never use TF32 anyway).
+    # TF32 off: an fp32 GPU check must compute in fp32 (float64 runs never use TF32 anyway;
+    # on CPU there is no such switch, and a run refuses it).
     return base.derive(train_limit=steps * base.batch_size, epochs=1, warmup_epochs=0.0,
                        progress=False, lr=VERIFY_LR if base.lr is None else base.lr,
-                       tf32="off")
+                       tf32=None if base.cpu else "off")
 
 
 def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
