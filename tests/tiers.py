@@ -47,6 +47,8 @@ LONG = {
     r"test_verify.py::test_verify_passes_every_cpu_strategy": "verify of every strategy",
     r"test_model_rows.py::test_verify_checks_powersgd": "verify of the hooks",
     r"test_model_rows.py::test_the_self_test_keeps_its_power": "verify's power under a hook",
+    r"test_cpu_syncbn.py::test_bench_verify_holds_bf16": "verify's power under bf16 and "
+                                                         "bench's CPU SyncBatchNorm",
     r"test_model_rows.py::test_verify_passes_fsdp_without_resharding": "verify of an fsdp "
                                                                        "option",
     r"test_model_rows.py::test_fsdp_without_resharding_is_recorded": "an fsdp option",
@@ -85,6 +87,12 @@ LONG = {
     r"test_sampler.py::test_order_digest_hashes": "the order digest under every loader",
     r"test_sampler.py::test_horovod_serves": "horovod's data order",
     r"test_fsdp.py::test_fsdp_uneven": "fsdp's padded test shards",
+    r"test_cpu_syncbn.py::test_bf16_with_cpu_syncbn_compiles": "torch.compile of bench's "
+                                                               "CPU SyncBatchNorm in bf16",
+    r"test_cpu_syncbn.py::test_batchnorm_without_weight_and_bias": "CPU SyncBatchNorm "
+                                                                   "without affine weights",
+    r"test_verify.py::test_bf16_at_three_ranks": "verify at three ranks (two stay)",
+    r"test_images.py::test_a_sweep_of_another_image_folder": "a second image folder's sweep",
     r"test_fsdp.py::test_fsdp_bf16": "fsdp's bf16",
     r"test_models.py::test_a_torchvision_model_trains": "a torchvision model",
     r"test_images.py::test_a_loader_worker_that_never_serves": "a loader worker's timeout",
