@@ -95,9 +95,13 @@ def test_down_ends_the_steps_and_tasks_of_a_job_still_running(tmp_path):
 
 def test_bench_slurm_submits_a_job_whose_two_tasks_train_as_two_ranks(slurm, tmp_path):
     """`bench slurm --cpu ... --submit` on a real cluster: sbatch runs its script, srun its
-    two tasks, which form one gloo group; the record says slurm, 2 ranks, the job's id."""
+    two tasks, which form one gloo group; the record says slurm, 2 ranks, the job's id.
+    From a folder with a space in its name, which the script's --chdir names: sbatch refused
+    the script ('Invalid directive found in batch script') until the value was quoted."""
     env, pids = slurm
     assert pids["seconds"] < 30  # the cluster came up (sinfo: idle) within seconds
+    tmp_path = tmp_path / "my jobs"
+    tmp_path.mkdir()
     out = tmp_path / "results"
     script = tmp_path / "job.sbatch"
     proc = subprocess.run(

@@ -176,8 +176,21 @@ def sbatch_header(*options: tuple[str, str | int | bool | None]) -> list[str]:
         if value is True:
             lines.append(f"#SBATCH --{name}")
         elif value is not None and value is not False:
-            lines.append(f"#SBATCH --{name}={value}")
+            lines.append(f"#SBATCH --{name}={sbatch_value(name, str(value))}")
     return lines
+
+
+def sbatch_value(name: str, value: str) -> str:
+    """``value`` as an #SBATCH line holds it: in double quotes where it has a space (sbatch
+    splits the line at spaces otherwise, and refused a script whose --chdir or --output
+    lay under a folder with a space in its name: 'Invalid directive found in batch script');
+    a value with a double quote or a line break cannot be written there (ConfigError)."""
+    from bench.tools.errors import ConfigError
+
+    if '"' in value or "\n" in value or "\r" in value:
+        raise ConfigError(f"--{name} {value!r}: an sbatch script cannot hold a double quote or "
+                          "a line break in it; choose a path without one")
+    return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
 SRUN_CPUS_LINES = ["# since Slurm 22.05 srun inherits --cpus-per-task only through this variable",
@@ -209,7 +222,7 @@ def sbatch_script(*, strategy: str, nodes: int, gpus: int, time: str, job_name: 
         "set -euo pipefail",
         *(SRUN_CPUS_LINES if cpus_per_task else []),
         " ".join(
-            ["srun", python, "-m", "bench", "run", "--strategy", strategy,
+            ["srun", shlex.quote(python), "-m", "bench", "run", "--strategy", strategy,
              "--gpus", str(gpus), "--nodes", str(nodes), *map(shlex.quote, run_args)]
         ),
         "",
