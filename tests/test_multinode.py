@@ -215,6 +215,28 @@ def test_first_host(nodelist, host):
     assert first_host(nodelist) == host
 
 
+def test_an_sbatch_script_holds_paths_with_spaces_as_the_shell_and_sbatch_read_them():
+    """An interpreter, a working folder or an output under a folder with a space in its
+    name: the srun line split the interpreter's path in two, and sbatch refused the
+    #SBATCH line ('Invalid directive'; a real Slurm takes the quoted one, test_slurm.py)."""
+    from bench.commands.sweep import Combo, array_scripts
+    from bench.launch.slurm import sbatch_script
+
+    text = sbatch_script(strategy="ddp", nodes=1, gpus=2, time="00:10:00", job_name="j",
+                         run_args=["--output", "/data/my runs"], python="/opt/my env/bin/python",
+                         workdir="/home/me/my jobs", cpu=True)
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert shlex.split(srun)[1] == "/opt/my env/bin/python", srun
+    assert shlex.split(srun)[-1] == "/data/my runs", srun
+    assert '#SBATCH --chdir="/home/me/my jobs"' in text.splitlines(), text
+    arrays = array_scripts([Combo("ddp", 1, 0, "k")], ["--strategies", "ddp"], job_name="s",
+                           time="00:10:00", partition=None, max_parallel=1, cpus_per_rank=1,
+                           cpu=True, workdir="/home/me/my jobs", output="/data/my runs")
+    lines = arrays[1].splitlines()
+    assert '#SBATCH --output="/data/my runs/slurm/%x-%A_%a.out"' in lines, lines
+    assert shlex.split(lines[-1])[0] == sys.executable, lines[-1]
+
+
 def test_sbatch_script(tmp_path):
     out = tmp_path / "job.sbatch"
     proc = run_bench("slurm", "--nodes", "2", "--gpus", "4", "--strategy", "ddp", "--time",

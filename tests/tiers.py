@@ -92,6 +92,10 @@ LONG = {
     r"test_cpu_syncbn.py::test_batchnorm_without_weight_and_bias": "CPU SyncBatchNorm "
                                                                    "without affine weights",
     r"test_verify.py::test_bf16_at_three_ranks": "verify at three ranks (two stay)",
+    r"test_cpu_syncbn.py::test_the_bf16_reference_cuts": "the bf16 reference's convolutions "
+                                                         "(its batch norm stays)",
+    r"test_multinode.py::test_nodes_that_differ_only": "two nodes met without an id (the "
+                                                       "two-node run stays)",
     r"test_images.py::test_a_sweep_of_another_image_folder": "a second image folder's sweep",
     r"test_fsdp.py::test_fsdp_bf16": "fsdp's bf16",
     r"test_models.py::test_a_torchvision_model_trains": "a torchvision model",
