@@ -235,6 +235,12 @@ def test_an_sbatch_script_holds_paths_with_spaces_as_the_shell_and_sbatch_read_t
     lines = arrays[1].splitlines()
     assert '#SBATCH --output="/data/my runs/slurm/%x-%A_%a.out"' in lines, lines
     assert shlex.split(lines[-1])[0] == sys.executable, lines[-1]
+    # a double quote cannot be written in an #SBATCH line: refused, naming the folder
+    from bench.tools.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="use a folder without one"):
+        sbatch_script(strategy="ddp", nodes=1, gpus=2, time="00:10:00", job_name="j",
+                      run_args=[], workdir='/home/me/"quoted"', cpu=True)
 
 
 def test_sbatch_script(tmp_path):

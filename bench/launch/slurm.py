@@ -188,8 +188,8 @@ def sbatch_value(name: str, value: str) -> str:
     from bench.tools.errors import ConfigError
 
     if '"' in value or "\n" in value or "\r" in value:
-        raise ConfigError(f"--{name} {value!r}: an sbatch script cannot hold a double quote or "
-                          "a line break in it; choose a path without one")
+        raise ConfigError(f"#SBATCH --{name} cannot be written for {value!r}: an sbatch line "
+                          "cannot hold a double quote or a line break; use a folder without one")
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
