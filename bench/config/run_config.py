@@ -311,6 +311,12 @@ class RunConfig:
                               f"{self.target_top1})")
         if self.cpu and self.backend == "nccl":
             raise ConfigError("--backend nccl needs CUDA GPUs; drop it with --cpu (gloo)")
+        if self.cpu and (self.tf32 is not None or not self.cudnn_benchmark):
+            # each switched nothing on CPU, while the run's command line (and a sweep's
+            # key) said it had
+            flag = "--tf32" if self.tf32 is not None else "--no-cudnn-benchmark"
+            raise ConfigError(f"{flag} is a CUDA switch (cuDNN, TF32 on Ampere+ GPUs) and "
+                              "changes nothing on CPU: drop it with --cpu")
         if self.profile_steps < 0:
             raise ConfigError(f"--profile-steps must be 0 or more (got {self.profile_steps})")
         if self.comm_probe_steps < 0:

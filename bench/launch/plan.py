@@ -98,12 +98,6 @@ class RunPlan:
         }
         if resolved["precision"] == "fp16" and self.device_type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
-        if self.device_type != "cuda" and (cfg.tf32 is not None or not cfg.cudnn_benchmark):
-            # each switched nothing on CPU, while the run's command line (and a sweep's
-            # key) said it had
-            flag = "--tf32" if cfg.tf32 is not None else "--no-cudnn-benchmark"
-            raise ConfigError(f"{flag} is a CUDA switch (cuDNN, TF32 on Ampere+ GPUs) and "
-                              "changes nothing on CPU: drop it with --cpu")
         self.slurm = slurm_task() if cfg.use_slurm else None
         self.slurm_note = slurm_note() if cfg.use_slurm else None
         self.launcher = self.strategy.launcher
