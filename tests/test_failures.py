@@ -67,7 +67,9 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
     to a dead rank ('Gloo connectFullMesh failed ... Connection refused', or a wait until
     --timeout) and the run failed. Where it did come through, the record held each
     attempt's notes and nothing said it had restarted. Now it trains again to the end, ok,
-    and the record counts the restart and says once what its figures are."""
+    and the record counts the restart and says once what failed and what its figures are;
+    the terminal says the failure once (it showed both ranks' tracebacks and torchrun's
+    lines), and the report flags the row."""
     proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
                      "--max-restarts", "1", "--timeout", "20", "--output", str(tmp_path),
                      env={"BENCH_FAULT": "raise:1:3"}, timeout=240)
@@ -77,22 +79,43 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
     assert [e["epoch"] for e in rec["per_epoch"]] == [1, 2]
     said = [n for n in rec["notes"] if n.startswith("torchrun restarted the ranks once")]
     assert len(said) == 1 and "the last attempt's" in said[0], rec["notes"]
+    assert ("after rank 1: RuntimeError: injected fault (BENCH_FAULT) at step 3 [in train "
+            "epoch 1 step 3]") in said[0], said
     assert len(set(rec["notes"])) == len(rec["notes"]), rec["notes"]
-    assert "bench: note: torchrun restarted the ranks 1x after a rank failed" in proc.stderr
+    assert rec["restart_lost_s"] > 0, rec
+    # the terminal: one account of the failure, not both ranks' tracebacks and torchrun's
+    err = proc.stderr
+    assert err.count("bench: rank 1 failed: RuntimeError: injected fault") == 1, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "bench: torchrun starts the ranks again (restart 1 of --max-restarts 1)" in err, err
+    for noise in ("Connection closed", "closing signal", "failed (exitcode"):
+        assert noise not in err, err
+    assert "bench: note: torchrun restarted the ranks 1x after a rank failed" in err
+    # the report flags the row: its time to target leaves the failed attempt out
+    report = run_bench("report", "--results", str(tmp_path), "--no-write")
+    assert report.returncode == 0, report.stderr
+    assert "⚠ restarted" in report.stdout, report.stdout
+    assert "torchrun started its ranks again (1 restart" in report.stderr, report.stderr
 
 
 def test_a_failure_is_named_by_the_last_attempt_of_a_restarted_run(tmp_path):
     """An attempt's error files stay in the scratch folder when torchrun restarts the
     ranks: one whose rank did not fail again (rank 0, a peer of the first failure) was
-    the oldest, and named the run's end after the last attempt failed otherwise."""
+    the oldest, and named the run's end after the last attempt failed otherwise. The
+    attempt is the one that started last (its ranks write it): a rank of it killed without
+    a word leaves no file, and the attempt before's must not answer for it."""
     from bench.train.scratch import RankError, Scratch
 
     scratch = Scratch(tmp_path)
     scratch.write_error(0, RankError("RuntimeError: Connection reset by peer", False, "", 0))
     os.utime(scratch.error(0), (time.time() - 60, time.time() - 60))
+    scratch.start_attempt(1)  # as the ranks of the attempt after do
+    assert not scratch.has_errors() and scratch.errors() == []  # the attempt running: none
     scratch.write_error(1, RankError("timeout: its DataLoader workers ...", True, "", 1))
-    assert [rank for rank, _ in scratch.errors()] == ["1"]
+    assert [rank for rank, _ in scratch.errors()] == ["1"] and scratch.has_errors()
+    assert [rank for rank, _ in scratch.errors(0)] == ["0"]  # the attempt before's
     # where no rank restarted, every error counts, oldest first
+    scratch.attempt_file.unlink()
     scratch.write_error(1, RankError("RuntimeError: injected fault", False, "", 0))
     assert [rank for rank, _ in scratch.errors()] == ["0", "1"]
 

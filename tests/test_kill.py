@@ -18,7 +18,12 @@ from conftest import ROOT, alive, descendants, only_record, run_bench, still_run
 
 from bench.launch import job
 from bench.launch import launchers as launch
-from bench.launch.output import HorovodLines, TorchrunLines, torchrun_root_cause
+from bench.launch.output import (
+    HorovodLines,
+    RestartLines,
+    TorchrunLines,
+    torchrun_root_cause,
+)
 from bench.train.scratch import RankError, Scratch
 from strategies.horovod import HorovodStrategy
 
@@ -151,7 +156,8 @@ def test_what_torchrun_logs_after_a_ranks_death_is_held_back(tmp_path):
     test met once under load: torchrun's 'closing signal' lines and ChildFailedError report
     came before bench's line). What the ranks wrote before passes, in order, whether the
     output comes in one piece or line by line; what the agent logs from the death on is held
-    back whole, for bench to show where it finds no cause."""
+    back whole, for bench to show where it finds no cause. The death is named from
+    torchrun's report, in a restarted run's last attempt too."""
     script = tmp_path / "two_ranks.py"
     script.write_text(
         "import os, signal, sys, time\n"
@@ -176,6 +182,82 @@ def test_what_torchrun_logs_after_a_ranks_death_is_held_back(tmp_path):
     assert shown + whole.withheld() == proc.stderr == shown + pieces.withheld()
     assert "ChildFailedError" in whole.withheld()
     assert torchrun_root_cause(proc.stderr) == (1, signal.SIGKILL)
+    # the last attempt of a restarted run (--max-restarts): rank 1's error file is its first
+    # attempt's (it raised then), and said nothing of this death, which its peer's broken
+    # connection did not cause either (before, that connection was named as the run's end)
+    scratch = Scratch(tmp_path / "scratch")
+    scratch.root.mkdir()
+    scratch.write_error(1, RankError("RuntimeError: injected [in train epoch 1 step 3]", False,
+                                     "", 0))
+    scratch.start_attempt(1)
+    scratch.write_error(0, RankError("RuntimeError: Connection reset by peer", False, "", 1))
+    job.find_root_cause(proc.stderr, scratch, torchrun_root_cause(proc.stderr))
+    assert scratch.root_cause.read_text().startswith("rank 1 was killed by signal 9 (SIGKILL)")
+
+
+# torchrun's agent's lines once a rank has ended, as torch 2.x logs them
+_AGENT_ENDED = ("W1130 13:11:17.064000 29365 torch/distributed/elastic/multiprocessing/api.py:"
+                "1028] Sending process 29367 closing signal SIGTERM\n"
+                "E1130 13:11:17.097000 29365 torch/distributed/elastic/multiprocessing/api.py:"
+                "1002] failed (exitcode: {code}) local_rank: {rank} (pid: 29368) of binary: "
+                "/usr/bin/python3\n")
+
+
+def test_a_restarted_attempts_failure_is_said_once_and_the_next_attempt_flows(tmp_path):
+    """With --max-restarts, an attempt's failure is bench's account of it, not the ranks'
+    tracebacks and torchrun's lines, and what the next attempt prints passes again. The
+    cause is not the rank torchrun's line names: it logs one rank's end, the first it saw
+    (the lower rank where two end in one poll), and a rank killed outright writes nothing,
+    while its peer writes its broken connection. The last attempt torchrun allows is held
+    for the run's end."""
+    scratch = Scratch(tmp_path)
+    for rank in (0, 1):
+        scratch.pid(rank).write_text(str(100 + rank))
+    scratch.beat(1).write_text("train epoch 2 step 5")
+    lines = RestartLines(scratch, restarts=2)
+    assert lines("[ddp] a note of attempt 0\n") == "[ddp] a note of attempt 0\n"
+    scratch.write_error(0, RankError("RuntimeError: Read error [127.0.0.1]:6532: Connection "
+                                     "reset by peer [in train epoch 2 step 5]", False, "Tb"))
+    assert lines("Traceback (most recent call last):\nRuntimeError: ... reset by peer\n") == ""
+    said = lines(_AGENT_ENDED.format(code=1, rank=0))
+    assert " ".join(said.split()).startswith(
+        "bench: rank 1 ended without a word, as one killed by a signal does (kill -9, the OOM "
+        "killer) [in train epoch 2 step 5] bench: torchrun"), said
+    assert "rank 0" not in said, said
+    assert said.endswith("bench: torchrun starts the ranks again (restart 1 of --max-restarts "
+                         "2); the record will hold the last attempt's epochs\n"), said
+    assert lines("[W] torchrun's agent, still about the failure\n") == ""
+    scratch.start_attempt(1)  # the next attempt's ranks start
+    assert lines("[ddp] a note of attempt 1\n") == "[ddp] a note of attempt 1\n"
+    # a rank killed while its peer waited: torchrun names it, with its signal
+    said = lines(_AGENT_ENDED.format(code=-9, rank=1))
+    assert said.startswith("bench: rank 1 was killed by signal 9 (SIGKILL) [in train epoch 2 "
+                           "step 5]\nbench: torchrun starts the ranks again (restart 2 of "), said
+    scratch.start_attempt(2)
+    assert lines("[ddp] attempt 2\n") == "[ddp] attempt 2\n"
+    # the last attempt: nothing said now, all held for the run's end to show if it must
+    scratch.write_error(1, RankError("RuntimeError: boom [in eval batch 1]", False, "Tb", 2))
+    assert lines("Traceback (most recent call last):\n") == ""
+    assert lines(_AGENT_ENDED.format(code=1, rank=1)) == ""
+    assert lines.withheld().startswith("Traceback (most recent call last):\nW1130")
+
+
+def test_a_restarted_attempts_error_names_its_rank_with_its_traceback(tmp_path):
+    """A rank that raised: its line, and its traceback where the line does not say what to
+    do, once; the peer's broken connection is a consequence, whichever torchrun names."""
+    scratch = Scratch(tmp_path)
+    for rank in (0, 1):
+        scratch.pid(rank).write_text(str(100 + rank))
+    lines = RestartLines(scratch, restarts=1)
+    scratch.write_error(1, RankError("RuntimeError: injected [in train epoch 1 step 3]", False,
+                                     "Traceback (most recent call last):\nRuntimeError: x\n"))
+    scratch.write_error(0, RankError("RuntimeError: Connection closed by peer [in train epoch "
+                                     "1 step 3]", False, "Tb"))
+    assert lines("Traceback (most recent call last):\n") == ""
+    said = lines(_AGENT_ENDED.format(code=1, rank=0))
+    assert said.startswith("bench: rank 1 failed: RuntimeError: injected [in train epoch 1 step "
+                           "3]\nbench: the traceback of rank 1:\nTraceback (most recent call "
+                           "last):\nRuntimeError: x\nbench: torchrun starts"), said
 
 
 @pytest.mark.serial  # both deaths must land in one of torchrun's 2 s polls: no load

@@ -135,7 +135,7 @@ def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | Non
         scratch.root_cause.write_text(no_rendezvous + "\n")
     elif timed_out is not None and not scratch.has_errors():
         scratch.collective_timeout(*timed_out)
-    elif killed is not None and not scratch.error(killed[0]).exists():
+    elif killed is not None and str(killed[0]) not in {rank for rank, _ in scratch.errors()}:
         # A rank that said its error and then died of a signal died in its teardown (gloo
         # aborts now and then as a group goes while a peer waits in a collective): its
         # error is the cause, and the signal hid it (a full disk read as SIGABRT).

@@ -22,6 +22,7 @@ from bench.launch.inline import launch_inline
 from bench.launch.job import AFTER_FAILURE_S, POLL_S, Launch, child_env, find_root_cause, stop_group
 from bench.launch.output import (
     HorovodLines,
+    RestartLines,
     TorchrunLines,
     horovod_root_cause,
     tee,
@@ -53,8 +54,9 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
     echo = threading.Event()
     echo.set()
     quiet_after_failure = launch.scratch if not launch.max_restarts else None
-    # With restarts allowed, a rank's death is not the run's end: its output flows on
-    held = None if launch.max_restarts else TorchrunLines()
+    # With restarts allowed, a rank's death is not the run's end: bench says it and goes on
+    held = (RestartLines(launch.scratch, launch.max_restarts, launch.nnodes)
+            if launch.max_restarts else TorchrunLines())
     streams = [(proc.stderr, sys.stderr, HorovodLines(False) if horovodrun else held)]
     if horovodrun:
         streams.append((proc.stdout, sys.stdout, HorovodLines(True)))

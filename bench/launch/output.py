@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
-from bench.train.scratch import Scratch
+from bench.tools import terminal
+from bench.train.scratch import RankError, Scratch
 
 Rewrite = Callable[[str], str]
 
@@ -193,6 +194,95 @@ class TorchrunLines:
 
     def withheld(self) -> str:
         return "".join(self.held)
+
+
+# What a rank raises once a peer has died: a consequence, not the failure
+_BROKEN_CONNECTION = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe")
+# torchrun's agent's line for a rank that ended (its local rank, exit code: minus a signal)
+_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+
+class RestartLines:
+    """torchrun's stderr where it may start the ranks again (--max-restarts): passed on,
+    but from an attempt's failure to the next attempt's start, one account of it instead of
+    what the failure printed (the rank's traceback, its peers' broken connections, the
+    agent's lines): which rank failed and why, its traceback where its line does not say
+    enough, and the restart. The last attempt torchrun allows fails as any run does: its
+    output is held, and bench names the cause at the end (``withheld`` if it cannot)."""
+
+    def __init__(self, scratch: Scratch, restarts: int, nodes: int = 1) -> None:
+        self.scratch, self.restarts, self.nodes = scratch, restarts, nodes
+        self.attempt = 0  # torchrun's restart count of the attempt running (or that failed)
+        self.failed = False  # quiet until the next attempt starts
+        self.said = False  # the failure is accounted for
+        self.held: list[str] = []
+
+    def __call__(self, text: str) -> str:
+        if self.failed:
+            if self.scratch.attempt() <= self.attempt:
+                self.held.append(text)
+                return self._account()
+            self.failed, self.held = False, []
+        # the attempt running: one of several machines restarts where another's rank failed
+        self.attempt = max(self.attempt, self.scratch.attempt())
+        death = _AGENT_AFTER_A_DEATH.search(text)
+        if death is None and self.scratch.failure_of(self.attempt) is None:
+            return text
+        self.failed, self.said = True, False
+        self.held.append(text)
+        return (text[:death.start()] if death is not None else "") + self._account()
+
+    def _account(self) -> str:
+        """The failure, said once the agent has logged it (so the cause is known: the
+        rank that died of a signal, not the peer whose broken connection came first) and
+        where torchrun starts the ranks again; "" until then, and after."""
+        if self.said or self.attempt >= self.restarts:
+            return ""  # the last attempt's failure: the run's end says it
+        agent = _AGENT_FAILED.search("".join(self.held))
+        if agent is None:
+            return ""
+        self.said = True
+        code, local = int(agent.group(1)), agent.group(2)
+        who = f"local rank {local}" if self.nodes > 1 else f"rank {local}"
+        try:
+            errors = [(rank, RankError.read(path)) for rank, path in
+                      self.scratch.errors(self.attempt)]
+        except (OSError, ValueError, KeyError):  # a file went away, or is not whole
+            errors = []
+        said = {rank for rank, _ in errors}  # a rank that said it, then died in its teardown
+        causes = [(rank, e) for rank, e in errors if not _BROKEN_CONNECTION.search(e.line)]
+        silent = sorted(set(self.scratch.ranks()) - said, key=int)
+        if own_death(-code) and (self.nodes > 1 or local not in said):
+            where = f" [in {self.scratch.last_phase(local)}]" if self.nodes == 1 else ""
+            lines = [f"bench: {who} was killed by signal {-code} ({_signal_name(-code)}){where}"]
+        elif causes or (errors and not silent):
+            rank, error = (causes or errors)[0]
+            lines = [f"bench: rank {rank} failed: {error.line}"]
+            if not error.explained and error.traceback.strip():
+                lines.append(f"bench: the traceback of rank {rank}:\n"
+                             + error.traceback.strip()[-20_000:])
+        elif silent:  # torchrun logs one rank's end: the first it saw, not the cause
+            lines = [terminal.fill(f"bench: rank {rank} ended without a word, as one killed by "
+                                   "a signal does (kill -9, the OOM killer) "
+                                   f"[in {self.scratch.last_phase(rank)}]",
+                                   subsequent_indent="  ") for rank in silent]
+        else:
+            lines = [f"bench: {who} exited with code {code} without saying why"]
+        lines.append(terminal.fill(
+            f"bench: torchrun starts the ranks again (restart {self.attempt + 1} of "
+            f"--max-restarts {self.restarts}); the record will hold the last attempt's epochs",
+            subsequent_indent="  "))
+        return "\n".join(lines) + "\n"
+
+    def withheld(self) -> str:
+        return "".join(self.held)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
 
 
 # horovodrun's own lines, in the order it sees its ranks end (each rank runs under a shell:

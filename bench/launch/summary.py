@@ -66,7 +66,7 @@ def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
     restarts = final.data.get("restarts") or 0
     if restarts:
         print(terminal.fill(f"bench: note: torchrun restarted the ranks {restarts}x after a rank "
-                            "failed (its output above): the figures are the last attempt's",
+                            "failed (said above): the figures are the last attempt's",
                             subsequent_indent="  "), file=sys.stderr)
     shared = shared_cores(final.data)
     if shared is not None:

@@ -171,6 +171,7 @@ class RunRecord:
             "env": capture_env(device_type),
             "notes": [],
             "restarts": 0,  # torchrun's, --max-restarts: the epochs are the last attempt's
+            "restart_lost_s": None,  # launch to the last attempt's start: what restarts cost
             "per_epoch": [],
             "summary": {},
         })
@@ -184,25 +185,29 @@ class RunRecord:
     def set_rendezvous(self, rendezvous: dict[str, Any]) -> None:
         self.data["rendezvous"] = rendezvous
 
-    def restarted(self, count: int, launched: dict[str, Any], limit: int) -> None:
-        """torchrun started the ranks again after one failed (restart ``count`` of ``limit``,
-        --max-restarts): the record is the launcher's skeleton again (the attempt before
-        left its epochs and notes in it, and each attempt's notes piled up), with the
-        restarts counted and said; the epochs to come are this attempt's, which trains from
-        the start. The time the attempts before took stays in the record's wall time
-        (``started_at`` is the launch's)."""
+    @classmethod
+    def restarted(cls, path: Path, launched: dict[str, Any], count: int, limit: int,
+                  cause: str | None) -> RunRecord:
+        """The record of an attempt torchrun started after a rank failed (restart ``count``
+        of ``limit``, --max-restarts; ``cause``: that rank's line, where known): the
+        launcher's skeleton again (the attempt before left its epochs and notes in the
+        file, and each attempt's notes piled up), with the restarts counted and said. The
+        epochs to come are this attempt's, which trains from the start. The time the
+        attempts before took stays in the record's wall time (``started_at`` is the
+        launch's)."""
         lost = (_dt.datetime.now(_dt.timezone.utc)
                 - _dt.datetime.fromisoformat(launched["started_at"])).total_seconds()
-        self.data.clear()
-        self.data.update(launched)
-        self.data["restarts"] = count
-        self.data["notes"] = [
+        record = cls(path, launched)
+        record.data["restarts"] = count
+        record.data["restart_lost_s"] = round(lost, 1)
+        record.data["notes"] = [
             *launched.get("notes", []),
             f"torchrun restarted the ranks {'once' if count == 1 else f'{count} times'} "
-            f"(--max-restarts {limit}) after a rank failed, {lost:.0f} s into the run: its "
-            "epochs, times and top-1 are the last attempt's, which trained from the start "
-            "again (time to target counts from that attempt's first step)"]
-        self.write()
+            f"(--max-restarts {limit}) after {cause or 'a rank failed'}, {lost:.0f} s into "
+            "the run: its epochs, times and top-1 are the last attempt's, which trained from "
+            "the start again (time to target counts from that attempt's first step)"]
+        record.write()
+        return record
 
     def unavailable(self, reason: str) -> None:
         self.data.update(status="unavailable", error=reason, finished_at=utc_now())

@@ -177,6 +177,8 @@ def row_flags(r) -> str:
         flags.append("GPU " + " / ".join(r.abnormal_slowdowns))
     if r.slow_runs:
         flags.append(f"{len(r.slow_runs)} slow run{'s' * (len(r.slow_runs) > 1)}")
+    if r.restarted:
+        flags.append("restarted")
     if r.other_batches:
         flags.append(ABOUT_TOP1[0])
     if r.other_start:

@@ -43,7 +43,7 @@ from bench.train.build import build_model_and_optimizer
 from bench.train.mllog import MLPerfLog
 from bench.train.out_of_memory import is_out_of_memory, out_of_memory_line
 from bench.train.schedule import BatchSplit
-from bench.train.scratch import Heartbeat, RankError
+from bench.train.scratch import Heartbeat, RankError, Scratch
 from bench.train.spec import WorkerSpec
 from bench.train.trainer import Trainer
 from bench.train.verify_steps import run_verify
@@ -67,10 +67,12 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
         inject_defect(defect, parts, loaders.sampler, strategy)
     record, mllog = None, None
     if strategy.is_main:
-        record = (RunRecord.load(spec.record_path) if spec.record_path.exists()
-                  else RunRecord(spec.record_path, dict(spec.record)))
-        if restart_count():
-            record.restarted(restart_count(), dict(spec.record), cfg.max_restarts)
+        if restart_count():  # the attempt before left its epochs in the record: start anew
+            record = RunRecord.restarted(spec.record_path, dict(spec.record), restart_count(),
+                                         cfg.max_restarts, _failure_before(spec.scratch))
+        else:
+            record = (RunRecord.load(spec.record_path) if spec.record_path.exists()
+                      else RunRecord(spec.record_path, dict(spec.record)))
         if spec.scratch.exists():  # tells this machine's launcher that global rank 0 ran here
             spec.scratch.rank0_here.touch()
         if cfg.mllog and cfg.verify_steps is None:
@@ -168,6 +170,14 @@ SPURIOUS_STRIDES = (
     r"bucket_view\.sizes\(\) = \[\1, \2, 1, 1\], strides\(\) = \[\3, \4, \d+, \d+\]")
 
 
+def _failure_before(scratch: Scratch) -> str | None:
+    """What ended the attempt before this one (torchrun restarted the ranks): the first
+    error a rank of it wrote, where it ran on this machine; None if none did (a rank killed
+    by a signal could not)."""
+    found = scratch.failure_of(restart_count() - 1) if scratch.exists() else None
+    return f"rank {found[0]}: {found[1].line}" if found else None
+
+
 def run_rank(spec_path: str | Path) -> None:
     """Everything one rank does, whatever started it."""
     # FSDP2 calls torch's own deprecated reduce_scatter_tensor (torch 2.14): a warning from
@@ -182,6 +192,8 @@ def run_rank(spec_path: str | Path) -> None:
     strategy = strategies.get(cfg.strategy, cfg.strategy_options)
     if scratch.exists():
         scratch.pid(_launched_rank("0")).write_text(str(os.getpid()))
+        if restart_count():  # before this rank says anything: its launcher reads it then
+            scratch.start_attempt(restart_count())
     heartbeat = Heartbeat(scratch)
     clean = False
     try:

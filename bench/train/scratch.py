@@ -52,7 +52,8 @@ def remove_orphans() -> None:
 class Scratch:
     """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
     ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.json`` (its
-    ``RankError``), ``rank0-here`` (global rank 0 ran on this machine) and
+    ``RankError``), ``attempt`` (torchrun's restart count, once it has restarted the
+    ranks), ``rank0-here`` (global rank 0 ran on this machine) and
     ``root-cause.txt`` (how a rank died that could not say so, from its launcher's output)."""
 
     root: Path
@@ -142,6 +143,10 @@ class Scratch:
     def pids(self) -> list[Path]:
         return list(self.root.glob("pid-rank*"))
 
+    def ranks(self) -> list[str]:
+        """The ranks that started here (their pid files)."""
+        return [p.name.removeprefix("pid-rank") for p in self.pids()]
+
     def rank_pids(self) -> list[int]:
         """The pids the ranks wrote (unreadable or half-written files skipped)."""
         pids = []
@@ -154,23 +159,60 @@ class Scratch:
         """(rank, heartbeat file) for every rank that has beaten."""
         return [(p.name.removeprefix("beat-rank"), p) for p in self.root.glob("beat-rank*")]
 
-    def has_errors(self) -> bool:
-        """Whether a rank has written its error file (cheaper than ``errors``)."""
-        return next(self.root.glob("error-rank*.json"), None) is not None
+    @property
+    def attempt_file(self) -> Path:
+        """torchrun's restart count of the attempt that started last (--max-restarts),
+        written by its ranks as they start; no file: the first attempt."""
+        return self.root / "attempt"
 
-    def errors(self) -> list[tuple[str, Path]]:
+    def start_attempt(self, attempt: int) -> None:
+        part = self.root / f"part-attempt-{os.getpid()}"
+        part.write_text(str(attempt))
+        part.replace(self.attempt_file)
+
+    def attempt(self) -> int:
+        """The attempt running, or the last that ran (0: the first)."""
+        try:
+            return int(self.attempt_file.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def has_errors(self) -> bool:
+        """Whether a rank of the attempt running has written its error file (cheaper than
+        ``errors`` where torchrun never restarted the ranks)."""
+        if not self.attempt_file.exists():
+            return next(self.root.glob("error-rank*.json"), None) is not None
+        with contextlib.suppress(OSError):
+            return bool(self.errors())
+        return False
+
+    def errors(self, attempt: int | None = None) -> list[tuple[str, Path]]:
         """(rank, error file), oldest first: the first is the failure, the rest followed.
-        Where torchrun restarted the ranks, the last attempt's alone: the files of an
-        attempt before (a rank of it that failed and did not fail again) would name its
-        failure as the run's."""
+        Where torchrun restarted the ranks, those of ``attempt`` (0: the first), of the
+        last attempt that started by default: the files of an attempt before (a rank that
+        failed and then ran clean, or was killed without a word) would name its failure
+        as the run's."""
         files = sorted(self.root.glob("error-rank*.json"), key=lambda p: p.stat().st_mtime)
+        if attempt is None:
+            attempt = self.attempt()
         attempts = {}
         for path in files:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 attempts[path] = RankError.read(path).attempt
-        last = max(attempts.values(), default=0)
         return [(p.stem.removeprefix("error-rank"), p) for p in files
-                if attempts.get(p, last) == last]
+                if attempts.get(p, attempt) == attempt]
+
+    def failure_of(self, attempt: int) -> tuple[str, RankError] | None:
+        """(rank, its error) of the first rank of ``attempt`` that wrote one; None if none
+        did (killed by a signal: it could not) or the files went away."""
+        try:
+            found = self.errors(attempt)
+        except OSError:  # a file went away while the folder was read
+            return None
+        for rank, path in found:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                return rank, RankError.read(path)
+        return None
 
 
 @dataclass(frozen=True)
