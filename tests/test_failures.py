@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, ROOT, alive, assert_ok, only_record, run_bench
 
+from bench.tools.cores import usable_cores
 from strategies.horovod import HorovodStrategy
 
 # The tests look for their own run's processes (`alive(run_id)`) and bound how long a
@@ -69,13 +70,17 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
     attempt's notes and nothing said it had restarted. Now it trains again to the end, ok,
     and the record counts the restart and says once what failed and what its figures are;
     the terminal says the failure once (it showed both ranks' tracebacks and torchrun's
-    lines), and the report flags the row."""
-    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
-                     "--max-restarts", "1", "--timeout", "20", "--output", str(tmp_path),
+    lines), and the report flags the row. Three ranks: on 2 cores the launcher marks the
+    record oversubscribed, which the restarted attempt's record kept not."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "3", "--epochs", "2", *SMALL,
+                     "--batch-size", "30", "--max-restarts", "1", "--timeout", "20",
+                     "--output", str(tmp_path),
                      env={"BENCH_FAULT": "raise:1:3"}, timeout=240)
     assert_ok(proc)
     rec = only_record(tmp_path)
     assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    if usable_cores() < 3:  # what the launcher wrote before the ranks started stays (it went)
+        assert rec["oversubscribed"] == {"processes": 3, "cores": usable_cores()}, rec
     assert [e["epoch"] for e in rec["per_epoch"]] == [1, 2]
     said = [n for n in rec["notes"] if n.startswith("torchrun restarted the ranks once")]
     assert len(said) == 1 and "the last attempt's" in said[0], rec["notes"]
@@ -92,10 +97,25 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
         assert noise not in err, err
     assert "bench: note: torchrun restarted the ranks 1x after a rank failed" in err
     # the report flags the row: its time to target leaves the failed attempt out
-    report = run_bench("report", "--results", str(tmp_path), "--no-write")
+    report = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
     assert report.returncode == 0, report.stderr
-    assert "⚠ restarted" in report.stdout, report.stdout
-    assert "torchrun started its ranks again (1 restart" in report.stderr, report.stderr
+    assert "restarted" in report.stdout.splitlines()[1], report.stdout
+
+
+def test_a_stopped_rank_does_not_keep_torchrun_from_restarting(tmp_path):
+    """--max-restarts with rank 1 stopped (SIGSTOP: a debugger, a suspended job): rank 0's
+    collective times out, and torchrun SIGTERMs rank 1, which a stopped process never acts
+    on; torchrun waits 30 s for it, and the watchdog ended the whole run before
+    (`timeout: rank 1 made no progress for 10 s`), restarts left. bench resumes a failed
+    attempt's ranks, so torchrun's signal ends them and the next attempt trains."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
+                     "--max-restarts", "1", "--timeout", "5", "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "stop:1:3"}, timeout=240)
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    assert "bench: timeout: rank 0: " in proc.stderr, proc.stderr
+    assert not alive(rec["run_id"])
 
 
 def test_a_failure_is_named_by_the_last_attempt_of_a_restarted_run(tmp_path):

@@ -37,6 +37,8 @@ LONG = {
     r"closed[12]\]": "stdin closed is the case kept; stdout and stderr closed repeat it",
     r"test_out_of_memory_is_one_line_naming_the_batch_and_the_fix\[2": "the 2-rank variant",
     r"test_watchdog_ends_a_rank_that_stops_without_a_collective\[dp\]": "the dp variant",
+    r"test_a_stopped_rank_does_not_keep_torchrun_from_restarting": "a restart's second "
+    "path (a stopped rank; the first: a rank that raised)",
     r"test_eval_counts_each_test_image_once\[[23]\]": "3 and 2 ranks (1 rank stays)",
     r"test_knobs_change_what_ddp_is_built_with\[defaults\]": "defaults (the set knobs stay)",
     r"test_a_probe_across_two_nodes_measures_the_rate_of_their_link\[200\]":

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from bench.commands.largest_batch import LargestBatch, take_max
 from bench.config.options import config_from_args, given, parse_list, run_options_for
@@ -164,6 +165,13 @@ def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
         proc.wait()
 
 
+def say_left_out(lines: list[str], out: TextIO) -> None:
+    """The combinations ``plan_combos`` left out, one wrapped line each."""
+    for line in lines:
+        print(terminal.fill(f"bench sweep: {line}", subsequent_indent="  "), file=out,
+              flush=True)
+
+
 def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus: list[int],
               repeats: int = 1, force: bool = False, run_timeout: float | None = None,
               only: int | None = None, largest: LargestBatch | None = None) -> int:
@@ -174,8 +182,7 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
                         srun_steps=base.nodes > 1 and in_batch_step(), data=True,
                         left_out=left_out)
     if only is None:  # an array task's log: said once, when the arrays were written
-        for line in left_out:
-            print(terminal.fill(f"bench sweep: {line}", subsequent_indent="  "), flush=True)
+        say_left_out(left_out, sys.stdout)
     else:
         if not 0 <= only < len(combos):
             raise ConfigError(f"--only {only}: this sweep has combinations 0 to "
@@ -360,8 +367,7 @@ def slurm_sweep(args: argparse.Namespace, base: RunConfig, passed_on: list[str],
     left_out: list[str] = []
     combos = plan_combos(base, names, gpus, args.repeats, srun_steps=base.nodes > 1,
                          elsewhere=True, left_out=left_out)
-    for line in left_out:
-        print(terminal.fill(f"bench sweep: {line}", subsequent_indent="  "), file=sys.stderr)
+    say_left_out(left_out, sys.stderr)
     output = str(Path(base.output).resolve())
     sweep_args = ["--strategies", args.strategies, "--gpus", args.gpus, "--repeats",
                   str(args.repeats), *(["--force"] if args.force else []),

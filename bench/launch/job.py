@@ -69,6 +69,14 @@ class Launch:
                     f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
                 )
 
+    def let_a_failed_attempt_end(self) -> None:
+        """Where torchrun may restart the ranks: once a rank of the attempt has failed, its
+        stopped ranks (SIGSTOP, a debugger) run again, so that torchrun's SIGTERM ends them
+        and the next attempt starts; the attempt waited on them until the watchdog ended the
+        whole run, restarts left or not."""
+        if self.max_restarts and self.scratch.has_errors():
+            resume_ranks(self.scratch)
+
     def failed_long_ago(self, after_s: float = AFTER_FAILURE_S) -> bool:
         """A rank failed more than ``after_s`` ago and no restart can follow: a launcher
         still running then waits on a rank that cannot stop (torchrun gives a SIGTERMed rank

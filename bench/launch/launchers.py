@@ -71,6 +71,7 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
                 rc = proc.wait(timeout=POLL_S)
                 break
             except subprocess.TimeoutExpired:
+                launch.let_a_failed_attempt_end()
                 launch.check_progress()
                 if launch.failed_long_ago():
                     print(f"bench: a rank failed {AFTER_FAILURE_S:g} s ago and the launcher "

@@ -257,7 +257,9 @@ class RestartLines:
             lines = [f"bench: {who} was killed by signal {-code} ({_signal_name(-code)}){where}"]
         elif causes or (errors and not silent):
             rank, error = (causes or errors)[0]
-            lines = [f"bench: rank {rank} failed: {error.line}"]
+            lines = [f"bench: timeout: rank {rank}: {error.line.removeprefix('timeout: ')}"
+                     if error.line.startswith("timeout: ")
+                     else f"bench: rank {rank} failed: {error.line}"]
             if not error.explained and error.traceback.strip():
                 lines.append(f"bench: the traceback of rank {rank}:\n"
                              + error.traceback.strip()[-20_000:])

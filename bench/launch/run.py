@@ -210,12 +210,13 @@ def launch_ranks(plan: RunPlan, record: RunRecord) -> Outcome:
     cfg = plan.cfg
     scratch = Scratch.create(plan.run_id)
     try:  # until the launcher's own clean-up below takes over, nothing of it may stay
+        print_start(plan, record)  # first: what it adds to the record (oversubscribed) is
+        # the launcher's, which a restarted attempt's record starts from again (the spec's)
         spec_path = WorkerSpec(
             config=cfg, topology=plan.topology, record_path=plan.record_path.resolve(),
             scratch=scratch, workers_per_process=plan.workers_per_process,
             record=record.data,
         ).write()
-        print_start(plan, record)
     except BaseException:
         scratch.remove()
         raise

@@ -194,6 +194,9 @@ def run_rank(spec_path: str | Path) -> None:
         scratch.pid(_launched_rank("0")).write_text(str(os.getpid()))
         if restart_count():  # before this rank says anything: its launcher reads it then
             scratch.start_attempt(restart_count())
+            # the attempt before's beat: the watchdog times this one from its first own,
+            # as it timed the first attempt (its start-up is torchrun's to bound)
+            scratch.beat(_launched_rank("0")).unlink(missing_ok=True)
     heartbeat = Heartbeat(scratch)
     clean = False
     try:
