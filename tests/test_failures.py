@@ -134,10 +134,31 @@ def test_a_failure_is_named_by_the_last_attempt_of_a_restarted_run(tmp_path):
     scratch.write_error(1, RankError("timeout: its DataLoader workers ...", True, "", 1))
     assert [rank for rank, _ in scratch.errors()] == ["1"] and scratch.has_errors()
     assert [rank for rank, _ in scratch.errors(0)] == ["0"]  # the attempt before's
+    rank, error = scratch.cause_of(0)  # a broken connection alone: it names no cause
+    assert rank == "0" and error.peer_gone()
     # where no rank restarted, every error counts, oldest first
     scratch.attempt_file.unlink()
     scratch.write_error(1, RankError("RuntimeError: injected fault", False, "", 0))
     assert [rank for rank, _ in scratch.errors()] == ["0", "1"]
+    # the cause: the first error that is not a peer's broken connection, older or not
+    assert scratch.cause_of(0)[0] == "1" and not scratch.cause_of(0)[1].peer_gone()
+
+
+def test_a_peers_broken_connection_written_first_is_not_the_runs_cause(tmp_path):
+    """A rank that lost its peer can write its error before the peer that failed writes
+    its own (both within one collective's end): the oldest error is then a consequence,
+    and named the run's end over the cause beside it."""
+    from bench.launch.run import _first_failure
+    from bench.train.scratch import RankError, Scratch
+
+    scratch = Scratch(tmp_path)
+    scratch.write_error(0, RankError("RuntimeError: [gloo/pair.cc:561] Connection closed by "
+                                     "peer [127.0.0.1]:30130 [in train epoch 1 step 3]",
+                                     False, ""))
+    os.utime(scratch.error(0), (time.time() - 1, time.time() - 1))
+    scratch.write_error(1, RankError("RuntimeError: injected [in train epoch 1 step 3]", False,
+                                     ""))
+    assert _first_failure(scratch)[0] == "rank 1: RuntimeError: injected [in train epoch 1 step 3]"
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "dp", "horovod"])

@@ -281,6 +281,12 @@ def test_sbatch_refuses_what_cannot_run_as_tasks(tmp_path):
     proc = run_bench("slurm", "--nodes", "2", "--gpus", "4", "--strategy", "ddp-spawn",
                      "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and not (tmp_path / "x").exists()
+    # torchrun's restarts: each srun task would refuse them once the job had queued
+    proc = run_bench("slurm", "--nodes", "2", "--gpus", "4", "--strategy", "ddp",
+                     "--max-restarts", "1", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and not (tmp_path / "x").exists(), proc.stderr
+    assert proc.stderr.strip() == ("bench: error: --max-restarts is a torchrun option; ddp "
+                                   "runs as srun tasks here: drop it"), proc.stderr
 
 
 @pytest.mark.parametrize("strategy", ["dp", "ddp-spawn", "ddp-launch"])

@@ -344,6 +344,12 @@ def test_a_gpu_sweep_for_slurm_is_written_on_a_login_node_without_a_gpu(tmp_path
     bad = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", "--slurm", "--dry-run",
                     "--precision", "fp16", "--batch-size", "3", "--output", str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    # over several nodes each run is an srun step whose tasks are its ranks: torchrun's
+    # restarts would be refused by each, once the job had queued
+    bad = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", "--nodes", "2", "--slurm",
+                    "--dry-run", "--max-restarts", "1", "--output", str(tmp_path))
+    assert bad.returncode == 2 and "--max-restarts is a torchrun option" in bad.stderr, (
+        bad.stderr)
     # --cpu: a core a process, as before
     cpu = run_bench("sweep", "--strategies", "ddp", "--gpus", "2", "--cpu", "--slurm",
                     "--dry-run", "--output", str(tmp_path))

@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
-    from bench.launch.preflight import check_srun_task, resolve_strategy
+    from bench.launch.preflight import check_launch_options, check_srun_task, resolve_strategy
     from bench.launch.slurm import note_forced_sharing, sbatch_script
 
     for flag in ("--nodes", "--gpus", "--strategy", "--node-rank", "--rdzv-endpoint"):
@@ -63,7 +63,9 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
                                     *passed_on])
     cfg = config_from_args(run)
     cfg.validate()
-    check_srun_task(resolve_strategy(cfg))
+    strategy = resolve_strategy(cfg)
+    check_srun_task(strategy)
+    check_launch_options(cfg, strategy, "slurm")  # what each task would refuse, after the queue
     if args.nodes < 1 or args.gpus < 1:
         raise ConfigError("--nodes and --gpus must be at least 1")
     cfg.check_batch_split(args.nodes * args.gpus)

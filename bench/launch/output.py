@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from bench.tools import terminal
-from bench.train.scratch import RankError, Scratch
+from bench.train.scratch import Scratch, first_cause
 
 Rewrite = Callable[[str], str]
 
@@ -196,8 +196,6 @@ class TorchrunLines:
         return "".join(self.held)
 
 
-# What a rank raises once a peer has died: a consequence, not the failure
-_BROKEN_CONNECTION = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe")
 # torchrun's agent's line for a rank that ended (its local rank, exit code: minus a signal)
 _AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
@@ -226,7 +224,7 @@ class RestartLines:
         # the attempt running: one of several machines restarts where another's rank failed
         self.attempt = max(self.attempt, self.scratch.attempt())
         death = _AGENT_AFTER_A_DEATH.search(text)
-        if death is None and self.scratch.failure_of(self.attempt) is None:
+        if death is None and not self.scratch.said_errors(self.attempt):
             return text
         self.failed, self.said = True, False
         self.held.append(text)
@@ -244,19 +242,15 @@ class RestartLines:
         self.said = True
         code, local = int(agent.group(1)), agent.group(2)
         who = f"local rank {local}" if self.nodes > 1 else f"rank {local}"
-        try:
-            errors = [(rank, RankError.read(path)) for rank, path in
-                      self.scratch.errors(self.attempt)]
-        except (OSError, ValueError, KeyError):  # a file went away, or is not whole
-            errors = []
+        errors = self.scratch.said_errors(self.attempt)
         said = {rank for rank, _ in errors}  # a rank that said it, then died in its teardown
-        causes = [(rank, e) for rank, e in errors if not _BROKEN_CONNECTION.search(e.line)]
+        cause = first_cause(errors)
         silent = sorted(set(self.scratch.ranks()) - said, key=int)
         if own_death(-code) and (self.nodes > 1 or local not in said):
             where = f" [in {self.scratch.last_phase(local)}]" if self.nodes == 1 else ""
             lines = [f"bench: {who} was killed by signal {-code} ({_signal_name(-code)}){where}"]
-        elif causes or (errors and not silent):
-            rank, error = (causes or errors)[0]
+        elif cause is not None and (not cause[1].peer_gone() or not silent):
+            rank, error = cause
             lines = [f"bench: timeout: rank {rank}: {error.line.removeprefix('timeout: ')}"
                      if error.line.startswith("timeout: ")
                      else f"bench: rank {rank} failed: {error.line}"]

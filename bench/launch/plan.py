@@ -125,7 +125,8 @@ class RunPlan:
         )
         self.strategy.check(self.topology, cfg.features)
         check_strategy_options(cfg, self.strategy)
-        check_launch_options(cfg, self.strategy, self.launcher)
+        # an srun step's tasks are its ranks, as under a job's srun here
+        check_launch_options(cfg, self.strategy, "slurm" if srun_step else self.launcher)
         self.processes = self.strategy.num_processes(self.topology)
         self.replicas = self.strategy.num_replicas(self.topology)
         self.local_processes = self.processes

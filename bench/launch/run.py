@@ -39,7 +39,7 @@ from bench.tools.errors import (
 from bench.tools.folders import remove_created
 from bench.tools.lifetime import kill_children
 from bench.tools.ports import free_port, port_in_use, release_port
-from bench.train.scratch import RankError, Scratch
+from bench.train.scratch import RankError, Scratch, first_cause
 from bench.train.spec import WorkerSpec
 
 
@@ -70,15 +70,15 @@ class Outcome:
 def _first_failure(scratch: Scratch) -> tuple[str | None, RankError | None]:
     """The failure that ended the run: what the launcher's output told of a rank that could
     not say it (killed by a signal, its collective ended by NCCL's watchdog; its peers then
-    fail with broken connections, a consequence), else the first error a rank wrote, its
-    line prefixed with the rank; (None, None) if neither."""
+    fail with broken connections, a consequence), else the first error a rank wrote that
+    is not a broken connection (else the first), its line prefixed with the rank; (None,
+    None) if neither."""
     if scratch.root_cause.exists():
         return scratch.root_cause.read_text().strip(), None
-    errors = scratch.errors()
-    if not errors:
+    found = first_cause(scratch.said_errors())
+    if found is None:
         return None, None
-    rank, path = errors[0]
-    error = RankError.read(path)
+    rank, error = found
     if error.line.startswith("timeout: "):
         return f"timeout: rank {rank}: {error.line.removeprefix('timeout: ')}", error
     return f"rank {rank}: {error.line}", error

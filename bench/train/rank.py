@@ -171,11 +171,11 @@ SPURIOUS_STRIDES = (
 
 
 def _failure_before(scratch: Scratch) -> str | None:
-    """What ended the attempt before this one (torchrun restarted the ranks): the first
-    error a rank of it wrote, where it ran on this machine; None if none did (a rank killed
-    by a signal could not)."""
-    found = scratch.failure_of(restart_count() - 1) if scratch.exists() else None
-    return f"rank {found[0]}: {found[1].line}" if found else None
+    """What ended the attempt before this one (torchrun restarted the ranks), as a rank of
+    it on this machine said it; None if none did (a rank killed by a signal could not, and
+    its peers' broken connections do not name it)."""
+    found = scratch.cause_of(restart_count() - 1) if scratch.exists() else None
+    return f"rank {found[0]}: {found[1].line}" if found and not found[1].peer_gone() else None
 
 
 def run_rank(spec_path: str | Path) -> None:

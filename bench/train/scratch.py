@@ -23,6 +23,8 @@ from bench.tools.lifetime import still_running
 # its name is one that ``Scratch.create`` gives (a run id's date, mkdtemp's suffix).
 _UNOWNED_S = 600
 _SCRATCH_NAME = re.compile(r"bench-\d{8}\S*-[a-z0-9_]{8}")
+# What a rank raises once a peer has died (gloo's transport; a pipe to it)
+_BROKEN_CONNECTION = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe")
 
 
 def remove_orphans() -> None:
@@ -202,17 +204,30 @@ class Scratch:
         return [(p.stem.removeprefix("error-rank"), p) for p in files
                 if attempts.get(p, attempt) == attempt]
 
-    def failure_of(self, attempt: int) -> tuple[str, RankError] | None:
-        """(rank, its error) of the first rank of ``attempt`` that wrote one; None if none
-        did (killed by a signal: it could not) or the files went away."""
+    def said_errors(self, attempt: int | None = None) -> list[tuple[str, RankError]]:
+        """(rank, its error) of ``attempt`` (``errors``'s default: the attempt running),
+        oldest first; a file that went away or is not whole is left out."""
         try:
             found = self.errors(attempt)
         except OSError:  # a file went away while the folder was read
-            return None
+            return []
+        said = []
         for rank, path in found:
             with contextlib.suppress(OSError, ValueError, KeyError):
-                return rank, RankError.read(path)
-        return None
+                said.append((rank, RankError.read(path)))
+        return said
+
+    def cause_of(self, attempt: int) -> tuple[str, RankError] | None:
+        """(rank, its error) of the rank whose failure ended ``attempt``, as its ranks said
+        it: the first that is not a broken connection (a peer's death, a consequence), else
+        the first; None where no rank said one (a rank killed by a signal cannot)."""
+        return first_cause(self.said_errors(attempt))
+
+
+def first_cause(said: list[tuple[str, RankError]]) -> tuple[str, RankError] | None:
+    """Of the errors ranks said, oldest first: the first that is not a broken connection
+    (a peer's death, a consequence), else the first; None for none."""
+    return next((found for found in said if not found[1].peer_gone()), said[0] if said else None)
 
 
 @dataclass(frozen=True)
@@ -225,6 +240,10 @@ class RankError:
     explained: bool
     traceback: str
     attempt: int = 0  # torchrun's restart count when it failed (--max-restarts)
+
+    def peer_gone(self) -> bool:
+        """Whether it is what a rank raises once a peer has died: a consequence."""
+        return _BROKEN_CONNECTION.search(self.line) is not None
 
     @classmethod
     def read(cls, path: Path) -> RankError:
