@@ -242,6 +242,80 @@ def test_a_restarted_attempts_failure_is_said_once_and_the_next_attempt_flows(tm
     assert lines.withheld().startswith("Traceback (most recent call last):\nW1130")
 
 
+def test_a_warning_every_rank_logs_is_shown_once():
+    """torch's C++ warnings come once per rank, each with its rank and time: the first is
+    passed on, the others not; another warning, or the same one from another source line,
+    is its own."""
+    from bench.launch.output import OnceAcrossRanks
+
+    def warning(rank: int, where: str, what: str) -> str:
+        return f"[rank{rank}]:[W1130 14:19:16.63901859{rank} {where}] Warning: {what}\n"
+
+    unused = "find_unused_parameters=True was specified in DDP constructor, but ..."
+    once = OnceAcrossRanks()
+    first = warning(0, "reducer.cpp:1529", unused)
+    assert once("[ddp] a line\n" + first + warning(1, "reducer.cpp:1529", unused)) == (
+        "[ddp] a line\n" + first)
+    other = warning(1, "reducer.cpp:400", "Grad strides do not match")
+    assert once(warning(2, "reducer.cpp:1529", unused) + other) == other
+    assert once(warning(3, "api.cpp:9", unused)) == warning(3, "api.cpp:9", unused)
+
+
+class _Chunks:
+    """A launcher's stderr as ``tee`` reads it: each chunk after its ``before()`` ran (what
+    the ranks did to the scratch folder by then)."""
+
+    def __init__(self, chunks):
+        self.chunks = list(chunks)
+
+    def read1(self, size):
+        if not self.chunks:
+            return b""
+        before, text = self.chunks.pop(0)
+        before()
+        return text.encode()
+
+
+def test_bench_lines_after_a_progress_bar_start_a_line_of_their_own(tmp_path):
+    """A progress bar redraws its line without ending it: bench's line after a failure
+    (a restart's account, the run's end) was glued to the bar's end on a terminal
+    ('| 3/16 [00:00<00:00, 23.09step/s]bench: rank 1 failed: ...')."""
+    import collections
+    import io
+    import threading
+
+    from bench.launch.output import end_open_line, tee
+
+    scratch = Scratch(tmp_path)
+    for rank in (0, 1):
+        scratch.pid(rank).write_text(str(100 + rank))
+    bar = "\repoch 1/2:  19%|#         | 3/16 [00:00<00:00, 23.09step/s]"
+
+    def fails() -> None:  # rank 1 writes its error, then prints its traceback
+        scratch.write_error(1, RankError("RuntimeError: boom [in train epoch 1 step 5]", True,
+                                         "Tb"))
+
+    out, echo = io.StringIO(), threading.Event()
+    echo.set()
+    tee(_Chunks([(lambda: None, bar), (fails, "Traceback (most recent call last):\n"),
+                 (lambda: None, _AGENT_ENDED.format(code=1, rank=1))]),
+        collections.deque(), echo, None, out, RestartLines(scratch, restarts=1))
+    assert out.getvalue().startswith(bar + "\nbench: rank 1 failed: RuntimeError: boom"), (
+        out.getvalue())
+    # the run's end: the line a bar left open is ended first, once
+    out = io.StringIO()
+    tee(_Chunks([(lambda: None, bar)]), collections.deque(), echo, None, out)
+    end_open_line(out)
+    end_open_line(out)
+    assert out.getvalue() == bar + "\n"
+    # a bar cleared to the line's start ("\r") leaves no line open
+    out = io.StringIO()
+    tee(_Chunks([(lambda: None, bar + "\r" + " " * 60 + "\r")]), collections.deque(), echo,
+        None, out)
+    end_open_line(out)
+    assert not out.getvalue().endswith("\n")
+
+
 def test_a_restarted_attempts_error_names_its_rank_with_its_traceback(tmp_path):
     """A rank that raised: its line, and its traceback where the line does not say what to
     do, once; the peer's broken connection is a consequence, whichever torchrun names."""

@@ -24,6 +24,7 @@ from bench.launch.output import (
     HorovodLines,
     RestartLines,
     TorchrunLines,
+    end_open_line,
     horovod_root_cause,
     tee,
     torchrun_root_cause,
@@ -74,6 +75,7 @@ def _run_child(cmd: list[str] | AgentCall, launch: Launch, horovodrun: bool = Fa
                 launch.let_a_failed_attempt_end()
                 launch.check_progress()
                 if launch.failed_long_ago():
+                    end_open_line()
                     print(f"bench: a rank failed {AFTER_FAILURE_S:g} s ago and the launcher "
                           "still waits on the others; stopping them", file=sys.stderr)
                     stop_group(proc, launch.scratch, echo)

@@ -21,6 +21,20 @@ from bench.train.scratch import Scratch, first_cause
 Rewrite = Callable[[str], str]
 
 
+class _EchoedLine:
+    """Whether what the ranks printed last left a line open (a progress bar's redraw ends
+    without a newline): bench's own line after it would be glued to the bar's end."""
+
+    open = False
+
+
+def end_open_line(out: TextIO | None = None) -> None:
+    """End the line the ranks' output left open, before bench prints its own."""
+    if _EchoedLine.open:
+        (out or sys.stderr).write("\n")
+        _EchoedLine.open = False
+
+
 def tee(stream, tail: collections.deque[str], echo: threading.Event,
         quiet_after_failure: Scratch | None = None, out: TextIO | None = None,
         rewrite: Rewrite | None = None) -> None:
@@ -47,6 +61,7 @@ def tee(stream, tail: collections.deque[str], echo: threading.Event,
             target = out or sys.stderr
             target.write(text)
             target.flush()
+            _EchoedLine.open = text[-1] not in "\r\n"
         if not chunk:
             return
 
@@ -76,7 +91,8 @@ class InheritedStderr:
         self._terminal = terminal = os.fdopen(os.dup(2), "w", errors="replace")
         self._pump = threading.Thread(
             target=tee, args=(_UntilDone(self._read_fd, self._done), self.tail, self.echo,
-                              self._quiet_after_failure, terminal), daemon=True)
+                              self._quiet_after_failure, terminal, OnceAcrossRanks()),
+            daemon=True)
         self._pump.start()
         os.dup2(write_fd, 2)
         os.close(write_fd)
@@ -172,6 +188,30 @@ _AGENT_AFTER_A_DEATH = re.compile(
     r"|failed \(exitcode: -?\d+\))", re.M)
 
 
+# A warning torch's C++ logs in a rank ("[rank1]:[W1130 14:19:16.639759459 reducer.cpp:1529]
+# Warning: find_unused_parameters=True was specified ..."): every rank logs the same one
+_RANK_WARNING = re.compile(r"^\[rank\d+\]:\[W\d{4} \S+ (\S+)\] ([^\n]*)\n", re.M)
+
+
+class OnceAcrossRanks:
+    """Each warning torch's C++ logs, once for all the ranks (the first rank's line): every
+    rank logs it (DDP's `find_unused_parameters=True was specified ... but did not find any
+    unused parameters`, 8 copies of a long line at 8 ranks)."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, str]] = set()
+
+    def __call__(self, text: str) -> str:
+        def first(found: re.Match) -> str:
+            key = (found.group(1), found.group(2))
+            if key in self.seen:
+                return ""
+            self.seen.add(key)
+            return found.group(0)
+
+        return _RANK_WARNING.sub(first, text)
+
+
 class TorchrunLines:
     """torchrun's stderr, passed on until its agent logs that a rank has ended, then held
     back: what follows (its report, the peers' tracebacks of a broken connection) only buries
@@ -181,8 +221,10 @@ class TorchrunLines:
 
     def __init__(self) -> None:
         self.held: list[str] = []
+        self.once = OnceAcrossRanks()
 
     def __call__(self, text: str) -> str:
+        text = self.once(text)
         if self.held:
             self.held.append(text)
             return ""
@@ -214,12 +256,15 @@ class RestartLines:
         self.failed = False  # quiet until the next attempt starts
         self.said = False  # the failure is accounted for
         self.held: list[str] = []
+        self.once = OnceAcrossRanks()
 
     def __call__(self, text: str) -> str:
+        text = self.once(text)
         if self.failed:
             if self.scratch.attempt() <= self.attempt:
                 self.held.append(text)
-                return self._account()
+                account = self._account()
+                return "\n" + account if account and _EchoedLine.open else account
             self.failed, self.held = False, []
         # the attempt running: one of several machines restarts where another's rank failed
         self.attempt = max(self.attempt, self.scratch.attempt())
@@ -228,7 +273,12 @@ class RestartLines:
             return text
         self.failed, self.said = True, False
         self.held.append(text)
-        return (text[:death.start()] if death is not None else "") + self._account()
+        before = text[:death.start()] if death is not None else ""
+        account = self._account()
+        if account and (before[-1:] not in ("", "\n", "\r")
+                        or (not before and _EchoedLine.open)):
+            account = "\n" + account  # not glued to a progress bar's end
+        return before + account
 
     def _account(self) -> str:
         """The failure, said once the agent has logged it (so the cause is known: the

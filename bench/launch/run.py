@@ -15,6 +15,7 @@ from typing import NoReturn
 from bench.config.run_config import RunConfig
 from bench.launch import launchers
 from bench.launch.job import Launch, RunTimeout
+from bench.launch.output import end_open_line
 from bench.launch.plan import RunPlan, watchdog_timeout
 from bench.launch.preflight import prepare_data
 from bench.launch.summary import print_ok, print_start
@@ -318,6 +319,7 @@ def close_record(plan: RunPlan, outcome: Outcome) -> int:
     if status == "ok":
         print_ok(final, plan.cfg.loader, plan.workers_per_replica)
         return EXIT_OK
+    end_open_line()  # a progress bar the ranks left: bench's lines start their own
     if status == "failed" and outcome.traceback and not outcome.rank_error.explained:
         print(f"bench: the traceback of {error.split(':', 1)[0]}:\n{outcome.traceback}",
               file=sys.stderr)
