@@ -88,6 +88,8 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
             "epoch 1 step 3]") in said[0], said
     assert len(set(rec["notes"])) == len(rec["notes"]), rec["notes"]
     assert rec["restart_lost_s"] > 0, rec
+    assert rec["restart_cause"] == ("rank 1: RuntimeError: injected fault (BENCH_FAULT) at step "
+                                    "3 [in train epoch 1 step 3]"), rec
     # the terminal: one account of the failure, not both ranks' tracebacks and torchrun's
     err = proc.stderr
     assert err.count("bench: rank 1 failed: RuntimeError: injected fault") == 1, err

@@ -276,17 +276,20 @@ def test_a_restarted_run_is_flagged_with_what_its_time_to_target_leaves_out(tmp_
     """A run torchrun started again after a rank failed (--max-restarts) has the last
     attempt's figures, and a time to target counted from that attempt's start: a strategy
     that needed a restart read as fast as one that did not. Its row is flagged, and a line
-    says what its time leaves out (the record's restart_lost_s), in 120 columns."""
+    says what failed and what its time leaves out (the record's restart_cause, written out
+    as text where it holds a control character, and restart_lost_s), in 120 columns."""
     base = record("a", "ddp", 1, [2.0, 2.0], [0.1, 0.2])
     again = {**record("b", "ddp", 2, [1.0, 1.0], [0.1, 0.2]), "restarts": 1,
-             "restart_lost_s": 42.4}
+             "restart_lost_s": 42.4,
+             "restart_cause": "rank 1: RuntimeError: boom\x1b[2J [in train epoch 1 step 3]"}
     proc = run_bench("report", "--results", str(write_runs(tmp_path, [base, again])),
                      "--no-write")
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == ["ddp", "2"])
     assert row.endswith("ok ⚠ restarted"), proc.stdout
     said = " ".join(proc.stderr.split())
-    assert ("run b failed and torchrun started its ranks again (1 restart, --max-restarts): "
-            "its figures are its last attempt's, and its time to target leaves out the 42 s "
-            "from its launch to that attempt's start") in said, proc.stderr
+    assert ("run b failed (rank 1: RuntimeError: boom\\x1b[2J [in train epoch 1 step 3]) "
+            "and torchrun started its ranks again (1 restart, --max-restarts): its figures are "
+            "its last attempt's, and its time to target leaves out the 42 s from its launch to "
+            "that attempt's start") in said, proc.stderr
     assert max(len(line) for line in proc.stderr.splitlines()) <= 120, proc.stderr

@@ -172,6 +172,7 @@ class RunRecord:
             "notes": [],
             "restarts": 0,  # torchrun's, --max-restarts: the epochs are the last attempt's
             "restart_lost_s": None,  # launch to the last attempt's start: what restarts cost
+            "restart_cause": None,  # what ended the attempt before, as a rank of it said it
             "per_epoch": [],
             "summary": {},
         })
@@ -200,6 +201,7 @@ class RunRecord:
         record = cls(path, launched)
         record.data["restarts"] = count
         record.data["restart_lost_s"] = round(lost, 1)
+        record.data["restart_cause"] = cause
         record.data["notes"] = [
             *launched.get("notes", []),
             f"torchrun restarted the ranks {'once' if count == 1 else f'{count} times'} "

@@ -34,7 +34,7 @@ RECORD_FIELDS = (
     "gradient_buckets", "compressed_gradient_elements",
     "train_flops_per_image", "peak_tflops_per_gpu",
     "profile_steps", "profile_trace", "data_order_rule", "memory_parts", "cpu_load_sampled",
-    "restarts", "restart_lost_s",
+    "restarts", "restart_lost_s", "restart_cause",
 )
 
 
@@ -78,7 +78,8 @@ _OPTIONAL = {
          "per_rank_batch": int, "lr": NUMBER, "backend": str, "data_order_rule": str,
          "memory_parts": dict, "base_lr": NUMBER, "lr_reference_batch": NUMBER,
          "warmup_epochs": NUMBER, "profile_trace": str, "cpu_load_sampled": dict,
-         "restarts": int, "restart_lost_s": NUMBER},
+         "restarts": int, "restart_lost_s": NUMBER,
+         "restart_cause": str},
     # what a row's options name (records.describe.speed_options) and projections read
     ("ddp_options",): {"bucket_cap_mb": NUMBER, "gradient_as_bucket_view": bool,
                        "static_graph": bool, "find_unused_parameters": bool,

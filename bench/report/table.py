@@ -201,6 +201,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "oversubscribed": oversubscribed(rec),
                 "restarts": rec.get("restarts") or 0,  # torchrun's (--max-restarts)
                 "restart_lost_s": as_number(rec.get("restart_lost_s")),
+                "restart_cause": rec.get("restart_cause"),
                 "shared_cores": shared_cores(rec),  # what others took (SharedCores) or None
                 "clock_share": as_number(figures.get("gpu_clock_share")),
                 "gpu_util": as_number(figures.get("gpu_util_median")),
@@ -273,8 +274,9 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             oversubscribed=bool(ok["oversubscribed"].any()),
             shared_cores=max((s for s in ok["shared_cores"] if s), default=None),
             slow_runs=slow_runs(ok),
-            restarted=[(i, n, lost) for i, n, lost in
-                       zip(ok["run_id"], ok["restarts"], ok["restart_lost_s"]) if n],
+            restarted=[(i, n, lost, cause) for i, n, lost, cause in
+                       zip(ok["run_id"], ok["restarts"], ok["restart_lost_s"],
+                           ok["restart_cause"]) if n],
             other_batches=[(i, *differ[i]) for i in ok["run_id"] if i in differ],
             other_start=[(i, started[i]) for i in ok["run_id"] if i in started],
             torches=mixed_torch(ok),

@@ -193,14 +193,14 @@ def plausibility_warnings(table) -> list[str]:
             lines.append(f"{row}: {r.shared_cores.said()} (its busiest run, means over the "
                          "timed epochs: cpu_load in its record): its times are slower than "
                          "this machine alone gives; rerun it on a quiet machine")
-        for run_id, restarts, lost in r.restarted:
+        for run_id, restarts, lost, cause in r.restarted:
             cost = (f"the {lost:.0f} s from its launch to that attempt's start" if lost == lost
                     else "what the attempts before took")
-            lines.append(f"{row}: run {run_id} failed and torchrun started its ranks again "
-                         f"({terminal.count(restarts, 'restart')}, --max-restarts): its figures "
-                         f"are its last attempt's, and its time to target leaves out {cost} "
-                         "(its record's notes say what failed); a strategy that needs restarts "
-                         "is slower than its row says")
+            why = f" ({terminal.printable(cause)})" if isinstance(cause, str) else ""
+            lines.append(f"{row}: run {run_id} failed{why} and torchrun started its ranks "
+                         f"again ({terminal.count(restarts, 'restart')}, --max-restarts): its "
+                         f"figures are its last attempt's, and its time to target leaves out "
+                         f"{cost}; a strategy that needs restarts is slower than its row says")
         for run_id, seconds, median in r.slow_runs:
             lines.append(f"{row}: run {run_id} took {seconds / median:.1f}× the row's median "
                          f"epoch time ({seconds:.2f} s vs {median:.2f} s; a loaded machine, a "
