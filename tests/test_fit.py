@@ -183,6 +183,8 @@ def test_bench_fit_says_when_its_answer_is_a_lower_bound():
     (["--strategy", "ddp", "--cpu", "--memory-limit", "1", "--batch-size", "8"],
      "bench fit sets --batch-size itself"),
     (["--strategy", "ddp", "--cpu", "--gpu-memory", "8"], "--gpu-memory takes GiB above 0 and"),
+    (["--strategy", "ddp", "--cpu", "--memory-limit", "1", "--max-restarts", "1"],
+     "bench fit takes no --max-restarts: a try that ran out of memory would only run out"),
 ])
 def test_what_bench_fit_cannot_do_is_one_line(args, says):
     proc = run_bench("fit", *args)

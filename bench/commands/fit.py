@@ -36,6 +36,9 @@ MAX_TRIES, MAX_MINUTES = 12, 20.0  # the search's bounds unless told otherwise
 # Run options each try sets itself (a user's are refused; a sweep's are left out of a try)
 TRY_SETS = ("--batch-size", "--epochs", "--train-limit", "--test-limit", "--output",
             "--strategy", "--gpus")
+# torchrun's restarts: a try that ran out of memory would only run out again, the search
+# waiting each time (a sweep's are left out of its tries; a user's are refused)
+TRY_NEVER = ("--max-restarts",)
 # A CPU try's processes give freed blocks of 1 MiB or more back to the system at once
 # (glibc's mmap threshold fixed; setting it stops glibc raising it to 32 MiB as blocks are
 # freed). Otherwise freed blocks stay resident, and a strategy that frees and gathers again
@@ -344,6 +347,10 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     for flag in TRY_SETS:
         if given(passed_on, flag):
             raise ConfigError(f"bench fit sets {flag} itself for each try")
+    for flag in TRY_NEVER:
+        if given(passed_on, flag):
+            raise ConfigError(f"bench fit takes no {flag}: a try that ran out of memory would "
+                              "only run out again; drop it")
     if args.start < 1 or args.max_tries < 1 or args.max_minutes <= 0:
         raise ConfigError("--start and --max-tries must be at least 1, --max-minutes above 0")
     run_args = ["--strategy", args.strategy, "--gpus", str(args.gpus), *passed_on]

@@ -14,6 +14,7 @@ from pathlib import Path
 from bench.commands.fit import (
     MAX_MINUTES,
     MAX_TRIES,
+    TRY_NEVER,
     TRY_SETS,
     as_json,
     fits_in,
@@ -87,7 +88,8 @@ class LargestBatch:
             why = found.get("unclosed")
             return lo * replicas, (f"{lo} per replica, found before ({path})"
                                    + (f"; not closed in: {why}" if why else ""))
-        args = ["--strategy", strategy, "--gpus", str(gpus), *without(run_args, TRY_SETS)]
+        args = ["--strategy", strategy, "--gpus", str(gpus),
+                *without(run_args, TRY_SETS + TRY_NEVER)]
         lo, tries = search(self.start, replicas, args, self.limit_bytes, self.gpu_memory,
                            MAX_TRIES, 60 * MAX_MINUTES, say=say)
         if lo is None:
