@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from bench.tools import terminal
-from bench.train.scratch import Scratch, first_cause
+from bench.train.scratch import Scratch, first_cause, signal_name
 
 Rewrite = Callable[[str], str]
 
@@ -263,8 +263,7 @@ class RestartLines:
         if self.failed:
             if self.scratch.attempt() <= self.attempt:
                 self.held.append(text)
-                account = self._account()
-                return "\n" + account if account and _EchoedLine.open else account
+                return self._account()
             self.failed, self.held = False, []
         # the attempt running: one of several machines restarts where another's rank failed
         self.attempt = max(self.attempt, self.scratch.attempt())
@@ -274,16 +273,19 @@ class RestartLines:
         self.failed, self.said = True, False
         self.held.append(text)
         before = text[:death.start()] if death is not None else ""
-        account = self._account()
-        if account and (before[-1:] not in ("", "\n", "\r")
-                        or (not before and _EchoedLine.open)):
-            account = "\n" + account  # not glued to a progress bar's end
-        return before + account
+        return before + self._account(after=before)
 
-    def _account(self) -> str:
+    def _account(self, after: str = "") -> str:
         """The failure, said once the agent has logged it (so the cause is known: the
         rank that died of a signal, not the peer whose broken connection came first) and
-        where torchrun starts the ranks again; "" until then, and after."""
+        where torchrun starts the ranks again, on a line of its own (not glued to a progress
+        bar's end, in ``after`` or passed on before); "" until then, and after."""
+        account = self._said()
+        line_open = after[-1:] not in "\n\r" if after else _EchoedLine.open
+        return "\n" + account if account and line_open else account
+
+    def _said(self) -> str:
+        """The account's lines, once (``_account``)."""
         if self.said or self.attempt >= self.restarts:
             return ""  # the last attempt's failure: the run's end says it
         agent = _AGENT_FAILED.search("".join(self.held))
@@ -293,20 +295,18 @@ class RestartLines:
         code, local = int(agent.group(1)), agent.group(2)
         who = f"local rank {local}" if self.nodes > 1 else f"rank {local}"
         errors = self.scratch.said_errors(self.attempt)
-        said = {rank for rank, _ in errors}  # a rank that said it, then died in its teardown
+        ranks_said = {rank for rank, _ in errors}  # one may have said it, then died of a signal
         cause = first_cause(errors)
-        silent = sorted(set(self.scratch.ranks()) - said, key=int)
-        if own_death(-code) and (self.nodes > 1 or local not in said):
-            where = f" [in {self.scratch.last_phase(local)}]" if self.nodes == 1 else ""
-            lines = [f"bench: {who} was killed by signal {-code} ({_signal_name(-code)}){where}"]
+        silent = sorted(set(self.scratch.ranks()) - ranks_said, key=int)
+        if own_death(-code) and (self.nodes > 1 or local not in ranks_said):
+            lines = [f"bench: {who} was killed by signal {-code} ({signal_name(-code)})"
+                     if self.nodes > 1 else f"bench: {self.scratch.killed_line(local, -code)}"]
         elif cause is not None and (not cause[1].peer_gone() or not silent):
             rank, error = cause
-            lines = [f"bench: timeout: rank {rank}: {error.line.removeprefix('timeout: ')}"
-                     if error.line.startswith("timeout: ")
+            lines = [f"bench: {error.said_by(rank)}" if error.line.startswith("timeout: ")
                      else f"bench: rank {rank} failed: {error.line}"]
-            if not error.explained and error.traceback.strip():
-                lines.append(f"bench: the traceback of rank {rank}:\n"
-                             + error.traceback.strip()[-20_000:])
+            if not error.explained and error.traceback_tail():
+                lines.append(f"bench: the traceback of rank {rank}:\n{error.traceback_tail()}")
         elif silent:  # torchrun logs one rank's end: the first it saw, not the cause
             lines = [terminal.fill(f"bench: rank {rank} ended without a word, as one killed by "
                                    "a signal does (kill -9, the OOM killer) "
@@ -322,13 +322,6 @@ class RestartLines:
 
     def withheld(self) -> str:
         return "".join(self.held)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return "unknown signal"
 
 
 # horovodrun's own lines, in the order it sees its ranks end (each rank runs under a shell:

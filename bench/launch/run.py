@@ -65,7 +65,7 @@ class Outcome:
         """The end of the failing rank's traceback (where the cause is), if it raised."""
         if self.rank_error is None:
             return None
-        return self.rank_error.traceback.strip()[-20_000:] or None
+        return self.rank_error.traceback_tail() or None
 
 
 def _first_failure(scratch: Scratch) -> tuple[str | None, RankError | None]:
@@ -80,9 +80,7 @@ def _first_failure(scratch: Scratch) -> tuple[str | None, RankError | None]:
     if found is None:
         return None, None
     rank, error = found
-    if error.line.startswith("timeout: "):
-        return f"timeout: rank {rank}: {error.line.removeprefix('timeout: ')}", error
-    return f"rank {rank}: {error.line}", error
+    return error.said_by(rank), error
 
 
 def reap_ranks(scratch: Scratch) -> None:

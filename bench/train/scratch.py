@@ -106,12 +106,12 @@ class Scratch:
 
     def signal_death(self, rank: int | str, signum: int) -> None:
         """Record that ``rank`` was killed by ``signum``, with the phase it last reported."""
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = "unknown signal"
-        self.root_cause.write_text(
-            f"rank {rank} was killed by signal {signum} ({name}) [in {self.last_phase(rank)}]\n")
+        self.root_cause.write_text(self.killed_line(rank, signum) + "\n")
+
+    def killed_line(self, rank: int | str, signum: int) -> str:
+        """'rank 1 was killed by signal 9 (SIGKILL) [in the phase it last reported]'."""
+        return (f"rank {rank} was killed by signal {signum} ({signal_name(signum)}) "
+                f"[in {self.last_phase(rank)}]")
 
     def collective_timeout(self, rank: int | str, operation: str, waited_s: float) -> None:
         """Record that NCCL's watchdog ended ``rank``'s collective (it aborts the process,
@@ -188,40 +188,52 @@ class Scratch:
             return bool(self.errors())
         return False
 
+    def _errors(self, attempt: int | None) -> list[tuple[str, Path, RankError | None]]:
+        """(rank, error file, its error; None where it could not be read) of ``attempt``
+        (None: the last attempt that started), oldest first, each file read once; one that
+        cannot be read counts as the attempt's."""
+        files = sorted(self.root.glob("error-rank*.json"), key=lambda p: p.stat().st_mtime)
+        if attempt is None:
+            attempt = self.attempt()
+        found = []
+        for path in files:
+            error = None
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                error = RankError.read(path)
+            if error is None or error.attempt == attempt:
+                found.append((path.stem.removeprefix("error-rank"), path, error))
+        return found
+
     def errors(self, attempt: int | None = None) -> list[tuple[str, Path]]:
         """(rank, error file), oldest first: the first is the failure, the rest followed.
         Where torchrun restarted the ranks, those of ``attempt`` (0: the first), of the
         last attempt that started by default: the files of an attempt before (a rank that
         failed and then ran clean, or was killed without a word) would name its failure
         as the run's."""
-        files = sorted(self.root.glob("error-rank*.json"), key=lambda p: p.stat().st_mtime)
-        if attempt is None:
-            attempt = self.attempt()
-        attempts = {}
-        for path in files:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                attempts[path] = RankError.read(path).attempt
-        return [(p.stem.removeprefix("error-rank"), p) for p in files
-                if attempts.get(p, attempt) == attempt]
+        return [(rank, path) for rank, path, _ in self._errors(attempt)]
 
     def said_errors(self, attempt: int | None = None) -> list[tuple[str, RankError]]:
         """(rank, its error) of ``attempt`` (``errors``'s default: the attempt running),
         oldest first; a file that went away or is not whole is left out."""
         try:
-            found = self.errors(attempt)
+            return [(rank, error) for rank, _, error in self._errors(attempt)
+                    if error is not None]
         except OSError:  # a file went away while the folder was read
             return []
-        said = []
-        for rank, path in found:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                said.append((rank, RankError.read(path)))
-        return said
 
     def cause_of(self, attempt: int) -> tuple[str, RankError] | None:
         """(rank, its error) of the rank whose failure ended ``attempt``, as its ranks said
         it: the first that is not a broken connection (a peer's death, a consequence), else
         the first; None where no rank said one (a rank killed by a signal cannot)."""
         return first_cause(self.said_errors(attempt))
+
+
+def signal_name(signum: int) -> str:
+    """SIGKILL for 9; 'unknown signal' for a number no signal has."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
 
 
 def first_cause(said: list[tuple[str, RankError]]) -> tuple[str, RankError] | None:
@@ -240,6 +252,17 @@ class RankError:
     explained: bool
     traceback: str
     attempt: int = 0  # torchrun's restart count when it failed (--max-restarts)
+
+    def said_by(self, rank: int | str) -> str:
+        """Its line with the rank that said it: 'rank 1: RuntimeError: ... [in ...]', and
+        'timeout: rank 0: ...' for a timeout (the run's error and the terminal read so)."""
+        if self.line.startswith("timeout: "):
+            return f"timeout: rank {rank}: {self.line.removeprefix('timeout: ')}"
+        return f"rank {rank}: {self.line}"
+
+    def traceback_tail(self) -> str:
+        """The end of its traceback (where the cause is), "" where it has none."""
+        return self.traceback.strip()[-20_000:]
 
     def peer_gone(self) -> bool:
         """Whether it is what a rank raises once a peer has died: a consequence."""
