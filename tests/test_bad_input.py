@@ -40,6 +40,8 @@ CASES = {
                        "--frobnicate; see `bench run --help`"),
     "unknown option to report": (["report", "--frobnicate", "--results", "{here}"],
                                  "see `bench report --help`"),
+    "report: two folders": (["report", "{here}", "--results", "{here}/other"],
+                            "two results given"),
     "unknown option to a sweep": (
         ["sweep", "--strategies", "ddp", "--gpus", "1", "--frobnicate", *BASE],
         "--frobnicate; neither `bench sweep --help` nor `bench run --help` lists it"),

@@ -84,6 +84,16 @@ def test_report_of_a_single_run(tmp_path):
     assert not (folder / "scaling.png").exists()  # one world size: nothing to scale
 
 
+def test_the_folder_is_named_bare_as_bench_compare_and_project_take_it(tmp_path):
+    """`bench report r1` (as `bench project r1` and `bench compare a b`) read r1; it was
+    refused as 'unrecognized arguments: r1'."""
+    write_runs(tmp_path, [record("only", "ddp", 2, [2.0], [0.3])])
+    bare = run_bench("report", str(tmp_path), "--no-write", "--format", "csv")
+    named = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout == named.stdout and "ddp" in bare.stdout, bare.stdout
+
+
 def test_readme_table_matches_the_committed_records():
     records, warnings = load_records(ROOT / "results")
     assert records, "results/runs/ must hold the records behind the README table"

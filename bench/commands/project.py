@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.commands import results_argument, results_source
 from bench.config.options import parse_list
 from bench.project.from_records import (
     MAX_GPUS,
@@ -298,10 +299,7 @@ def _count(value: int | None) -> str:
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench project``'s options (``help``: its line in ``bench --help``)."""
     proj = sub.add_parser("project", help=help)
-    proj.add_argument("source", nargs="?", default=None,
-                      help="results folder or one record (default results)")
-    proj.add_argument("--results", default=None, metavar="DIR",
-                      help="the same as SOURCE, as `bench report` names it")
+    results_argument(proj, "results folder or one record (default results)")
     proj.add_argument("--gpus", default="8,64,512,4096",
                       help="GPU counts, comma-separated (default 8,64,512,4096)")
     proj.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
@@ -326,10 +324,6 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
-    if args.source is not None and args.results is not None and args.source != args.results:
-        raise ConfigError(f"two results given ({args.source} and --results {args.results}); "
-                          "name one")
-    source = args.source or args.results or "results"
-    return cmd_project(source, parse_list(args.gpus, "--gpus", int), args.gpus_per_node,
-                       args.network, args.intra_busbw, args.inter_busbw, args.format,
-                       args.validate, args.plot, args.gpu_memory)
+    return cmd_project(results_source(args), parse_list(args.gpus, "--gpus", int),
+                       args.gpus_per_node, args.network, args.intra_busbw,
+                       args.inter_busbw, args.format, args.validate, args.plot, args.gpu_memory)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench.commands import results_argument, results_source
 from bench.records.files import load_records, remove_dead_temporaries, runs_dir, write_text_atomic
 from bench.records.provenance import current_status
 from bench.report.accuracy import parse_reference
@@ -40,8 +41,8 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
     if readme is not None:
         check_readme(Path(readme))
     if not Path(results).is_dir():
-        raise ConfigError(f"--results {results} is not a folder; point it at a results folder "
-                          "(the one `bench run --output` wrote)")
+        raise ConfigError(f"{results} is not a folder; name a results folder (the one "
+                          "`bench run --output` wrote)")
     records, warnings = load_records(results)
     for rec in records:
         status, error = current_status(rec)
@@ -111,8 +112,7 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
 def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     """``bench report``'s options (``help``: its line in ``bench --help``)."""
     report = sub.add_parser("report", help=help)
-    report.add_argument("--results", default="results",
-                        help="the results folder: a run's or a sweep's --output (default "
+    results_argument(report, "the results folder: a run's or a sweep's --output (default "
                              "results)")
     report.add_argument("--reference", default=None,
                         help="STRATEGY[:N]: the row each workload's top-1 is compared with "
@@ -131,5 +131,5 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
-    return cmd_report(args.results, args.format, write=not args.no_write,
+    return cmd_report(results_source(args), args.format, write=not args.no_write,
                       readme=args.update_readme, reference=args.reference, html=args.html)
