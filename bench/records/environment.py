@@ -84,6 +84,25 @@ def torchvision_version() -> str | None:
         return None
 
 
+# Environment variables that change how fast the same code trains, by prefix: the OpenMP
+# runtimes' (OMP_WAIT_POLICY=PASSIVE puts a process's threads to sleep between operations),
+# MKL's, the collectives' (NCCL_ALGO, NCCL_P2P_DISABLE, GLOO_SOCKET_IFNAME), CUDA's
+# (CUDA_LAUNCH_BLOCKING=1 serialises every kernel) and PyTorch's own (the allocator's,
+# Inductor's). A shell that keeps one set slows every run it starts, and no figure shows why.
+# A cache's folder (TORCHINDUCTOR_CACHE_DIR, which torch itself sets on first use) says
+# where, not how fast: left out.
+TUNING_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "NCCL_", "TORCH_NCCL_", "GLOO_", "CUDA_",
+                   "CUBLAS_", "CUDNN_", "PYTORCH_", "TORCH_", "TORCHINDUCTOR_")
+_TUNING_VALUE_CHARS = 200  # a path list is kept to this much
+
+
+def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The TUNING_PREFIXES variables set in ``environ`` (this process's), sorted by name."""
+    environ = os.environ if environ is None else environ
+    return {k: v[:_TUNING_VALUE_CHARS] for k, v in sorted(environ.items())
+            if k.startswith(TUNING_PREFIXES) and not k.endswith("_CACHE_DIR")}
+
+
 def capture_env(device_type: str) -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
@@ -107,6 +126,8 @@ def capture_env(device_type: str) -> dict[str, Any]:
         "nccl": None,
         "gpus": [],
         "driver": None,
+        # what the shell and bench's launcher set for this rank (its OMP_NUM_THREADS)
+        "tuning": tuning_env(),
     }
     if device_type == "cuda":
         env["cudnn"] = torch.backends.cudnn.version()

@@ -49,6 +49,7 @@ EPOCH_FIELDS = (
 ENV_FIELDS = (
     "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_id", "cpu_count", "cuda",
     "cudnn", "nccl", "gpus", "driver", "cpu_quota_cores", "usable_cores",
+    "tuning",
 )
 
 
@@ -90,7 +91,7 @@ _OPTIONAL = {
     ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER,
                   "hvd_compression": str, "ghost_bn": int, "synthetic_classes": int},
     ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int,
-               "cpu_quota_cores": NUMBER, "usable_cores": int},
+               "cpu_quota_cores": NUMBER, "usable_cores": int, "tuning": dict},
     ("cpu_load_sampled",): {"cores": int},
     ("memory_parts",): {"parameters": int, "gradients": int, "optimizer_state": int,
                         "peak": int, "activations_and_workspace": int},

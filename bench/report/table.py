@@ -199,6 +199,10 @@ def run_rows(records: list[dict[str, Any]]):
                 "backend": rec.get("backend"),
                 "nodes": rec.get("nodes") or 1,
                 "oversubscribed": oversubscribed(rec),
+                # torch's intra-op threads in each process (CPU: the cores over the processes)
+                "threads": as_number(rec.get("threads_per_process")),
+                "omp_wait": str(((rec.get("env") or {}).get("tuning") or {}).get(
+                    "OMP_WAIT_POLICY") or "").lower() or None,
                 "restarts": rec.get("restarts") or 0,  # torchrun's (--max-restarts)
                 "restart_lost_s": as_number(rec.get("restart_lost_s")),
                 "restart_cause": rec.get("restart_cause"),
@@ -272,6 +276,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             projected_efficiency=projected_efficiency(
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) and timed else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
+            threads=median_of(list(ok["threads"])),
+            omp_wait=use["omp_wait"].iloc[-1],
             shared_cores=max((s for s in ok["shared_cores"] if s), default=None),
             slow_runs=slow_runs(ok),
             restarted=[(i, n, lost, cause) for i, n, lost, cause in
@@ -313,6 +319,12 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         for r in table.itertuples()
     ]
     table["efficiency"] = table["speedup"] / table["world_size"]
+    # what the N=1 run's process had against each of this row's: one process on 2 cores
+    # against 2 of 1 thread each is not the same work split (see plausibility_warnings)
+    table["base_threads"] = [bases[family(r)].threads if family(r) in bases else math.nan
+                             for r in table.itertuples()]
+    table["base_omp_wait"] = [bases[family(r)].omp_wait if family(r) in bases else None
+                              for r in table.itertuples()]
     table["fewer_than_asked"] = table["world_size"] < table["gpus_requested"]
     table["efficiency_p"] = [
         efficiency_p(r.run_images_per_s, bases[family(r)].run_images_per_s, r.world_size)

@@ -152,7 +152,17 @@ def plausibility_warnings(table) -> list[str]:
                 "its own")
         if r.workload in accuracy_blocks:
             continue
-        if "efficiency > 100 %" in r.flags:
+        if "efficiency > 100 %" in r.flags and r.device == "cpu" and r.base_threads > r.threads:
+            why = (" under OMP_WAIT_POLICY=passive (threads that sleep between operations: "
+                   "unset it)" if r.base_omp_wait == "passive" else
+                   " (a small model's threads can cost more than they share)")
+            lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %: "
+                         f"its N=1 run trained in one process on {r.base_threads:.0f} threads, "
+                         f"each of its {r.world_size} ranks on {r.threads:.0f} of the same "
+                         f"cores, so the N=1 run's threads trained slower than "
+                         f"{r.threads:.0f} would{why}, or it was slowed (a loaded machine?); "
+                         "rerun both")
+        elif "efficiency > 100 %" in r.flags:
             lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %, "
                          "which no data-parallel run reaches: the N=1 run was slowed (a loaded "
                          "machine?); rerun both")
