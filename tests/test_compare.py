@@ -164,6 +164,37 @@ def test_a_slowdown_at_the_input_pipelines_pace_says_so(tmp_path):
     assert "input-bound" not in json.loads(proc.stdout)[0]["verdict"]
 
 
+def _under(rec, **tuning):
+    """REC run with these environment variables set for rank 0 (env.tuning)."""
+    return {**rec, "env": {**rec["env"], "tuning": tuning}}
+
+
+def test_a_slowdown_under_another_environment_says_which_variables(tmp_path):
+    """B about 20 % slower, run from a shell that kept CUDA_LAUNCH_BLOCKING=1 and
+    OMP_WAIT_POLICY=PASSIVE, A's with NCCL_ALGO=Ring: the regression stands, the variables
+    each side alone had beside it (OMP_NUM_THREADS, which bench's launcher sets from the
+    cores, is not a difference). Sides under the same variables add nothing; a value with a
+    control character prints written out."""
+    a = [_under(_slower(repeat(f"a{i}", "ddp", 2, 50, 10.0), 1 + i / 100), NCCL_ALGO="Ring",
+                OMP_NUM_THREADS="2") for i in range(3)]
+    b = [_under(_slower(repeat(f"b{i}", "ddp", 2, 50, 10.0), 1.2 + i / 100),
+                CUDA_LAUNCH_BLOCKING="1", OMP_WAIT_POLICY="PASSIVE\x1b[2J", OMP_NUM_THREADS="1")
+         for i in range(3)]
+    proc = run_bench("compare", str(write_runs(tmp_path / "a", a)),
+                     str(write_runs(tmp_path / "b", b)), "--format", "json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["verdict"].endswith(
+        "range, B ran under CUDA_LAUNCH_BLOCKING=1, OMP_WAIT_POLICY=PASSIVE\\x1b[2J and A did "
+        "not; A ran under NCCL_ALGO=Ring and B did not"), row["verdict"]
+    text = run_bench("compare", str(tmp_path / "a"), str(tmp_path / "b")).stdout
+    assert "\x1b" not in text and "CUDA_LAUNCH_BLOCKING=1" in text, text
+    same = [_under(r, NCCL_ALGO="Ring") for r in b]
+    proc = run_bench("compare", str(tmp_path / "a"), str(write_runs(tmp_path / "same", same)),
+                     "--format", "json")
+    assert " ran under " not in json.loads(proc.stdout)[0]["verdict"]
+
+
 def test_rows_that_differ_only_in_speed_options_stay_apart(tmp_path):
     """The fastest path (GPU loader, channels_last, compile, fused SGD) and plain ddp-amp are
     two rows of one workload: every format names their options, so they are never read as

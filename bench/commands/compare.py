@@ -169,6 +169,9 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
             if note and (reasons or unsure):
                 (reasons or unsure).append(note)
                 said.append(flag)
+        note = tuning_note(ra, rb) if timed else None
+        if note and (reasons or unsure):
+            (reasons or unsure).append(note)
         flags = [f for f in str(rb.get("flags") or "").split(", ")
                  if f and not any(f.startswith(s) for s in said)
                  and (timed or f in ABOUT_TOP1)]  # the others are about times
@@ -218,6 +221,18 @@ def input_note(ra, rb) -> str | None:
     feed_a = ra.get("loader_alone", math.nan)
     return (f"B was input-bound: its loader alone fed {rb['loader_alone']:.0f} img/s"
             + (f", A's {feed_a:.0f}" if feed_a == feed_a else ""))
+
+
+def tuning_note(ra, rb) -> str | None:
+    """When the two sides ran under different speed-changing environment variables
+    (env.tuning: OMP_WAIT_POLICY=PASSIVE, CUDA_LAUNCH_BLOCKING=1 left in one shell), name
+    them beside the change in speed: the same bench and torch, another environment."""
+    a, b = set(ra.get("tuning") or ()), set(rb.get("tuning") or ())
+    if a == b:
+        return None
+    said = [f"{side} ran under {', '.join(sorted(only))} and {other} did not"
+            for side, other, only in (("B", "A", b - a), ("A", "B", a - b)) if only]
+    return terminal.printable("; ".join(said))
 
 
 def one_run_noise(rows: list[dict[str, Any]]) -> tuple[float, str]:

@@ -200,6 +200,21 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     return f"{name} ({cores} cores{allowed})"
 
 
+def tuning(rec: dict[str, Any]) -> tuple[str, ...]:
+    """The speed-changing environment variables rank 0 ran under (env.tuning), as sorted
+    'NAME=value', less OMP_NUM_THREADS, which bench's launcher sets from the cores
+    (threads_per_process says it): what two runs of one command in two shells can differ by.
+    Empty where the record does not say."""
+    said = (rec.get("env") or {}).get("tuning") or {}
+    return tuple(f"{k}={v}" for k, v in sorted(said.items())
+                 if k != "OMP_NUM_THREADS" and isinstance(v, str))
+
+
+def set_in(tuning: tuple[str, ...], name: str) -> str | None:
+    """The value ``tuning`` (records.describe.tuning) gives ``name``, or None."""
+    return next((t.partition("=")[2] for t in tuning if t.partition("=")[0] == name), None)
+
+
 def oversubscribed(rec: dict[str, Any]) -> bool:
     """Whether the run's ranks outnumbered the cores (`make parity`'s 8 ranks on 2 cores):
     its times measure the crowding, so its workload's speed is not compared (the report's

@@ -20,6 +20,7 @@ from bench.records.describe import (
     shared_cores,
     speed_options,
     summarise_epochs,
+    tuning,
     workload,
 )
 from bench.records.provenance import current_status
@@ -201,8 +202,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "oversubscribed": oversubscribed(rec),
                 # torch's intra-op threads in each process (CPU: the cores over the processes)
                 "threads": as_number(rec.get("threads_per_process")),
-                "omp_wait": str(((rec.get("env") or {}).get("tuning") or {}).get(
-                    "OMP_WAIT_POLICY") or "").lower() or None,
+                "tuning": tuning(rec),
                 "restarts": rec.get("restarts") or 0,  # torchrun's (--max-restarts)
                 "restart_lost_s": as_number(rec.get("restart_lost_s")),
                 "restart_cause": rec.get("restart_cause"),
@@ -277,7 +277,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
                 probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) and timed else None),
             oversubscribed=bool(ok["oversubscribed"].any()),
             threads=median_of(list(ok["threads"])),
-            omp_wait=use["omp_wait"].iloc[-1],
+            tuning=use["tuning"].iloc[-1],
             shared_cores=max((s for s in ok["shared_cores"] if s), default=None),
             slow_runs=slow_runs(ok),
             restarted=[(i, n, lost, cause) for i, n, lost, cause in
@@ -323,8 +323,8 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     # against 2 of 1 thread each is not the same work split (see plausibility_warnings)
     table["base_threads"] = [bases[family(r)].threads if family(r) in bases else math.nan
                              for r in table.itertuples()]
-    table["base_omp_wait"] = [bases[family(r)].omp_wait if family(r) in bases else None
-                              for r in table.itertuples()]
+    table["base_tuning"] = [bases[family(r)].tuning if family(r) in bases else ()
+                            for r in table.itertuples()]
     table["fewer_than_asked"] = table["world_size"] < table["gpus_requested"]
     table["efficiency_p"] = [
         efficiency_p(r.run_images_per_s, bases[family(r)].run_images_per_s, r.world_size)
