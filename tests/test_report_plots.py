@@ -184,6 +184,37 @@ def test_rows_that_differ_in_speed_options_are_lines_and_points_of_their_own():
                               "ddp N=1 fp32 gpu-data,compile", "ddp N=2 fp32"], labels
 
 
+def test_a_run_of_other_epochs_is_neither_the_base_nor_a_point_of_the_others_line():
+    """A sweep of 2 epochs (ddp N=1 at 1,000 img/s, N=2 at 2,000) and a 3-epoch ddp N=1 run
+    at 800 added to its folder: the 2-epoch rows were scaled against whichever N=1 row came
+    last (N=2 2.50x, its own N=1 1.25x) and drawn as one line with two points at N=1,
+    joined by a zigzag. Each is scaled against the N=1 run of its own length, and each
+    length is a line of its own, named by it where another line reads alike (not the
+    fastest path's, of other options too); a figure whose lines all ran as many epochs does
+    not name them."""
+    from bench.report import figures_per_workload, summary_table
+
+    def run(run_id, world, epoch_times, **options):
+        return {**record(run_id, "ddp", world, epoch_times, [0.1] * len(epoch_times)),
+                "epochs": len(epoch_times), **options}
+
+    records = [run("two-1", 1, [2.0, 1.0]), run("two-2", 2, [1.0, 0.5]),
+               run("three-1", 1, [2.0, 1.25, 1.25]), run("fast", 1, [2.0, 0.5], loader="gpu")]
+    table = summary_table(records)
+    speedups = {(r.world_size, r.epochs): round(r.speedup, 2) for r in table.itertuples()
+                if r.options == "—"}
+    assert speedups == {(1, 2): 1.0, (2, 2): 2.0, (1, 3): 1.0}, speedups
+    for name in ("scaling", "scaling_efficiency"):
+        figure = figures_per_workload(records)[CPU_BLOCK.format(100)][name]
+        lines = {line.get_label(): list(line.get_xdata())
+                 for line in figure.axes[0].lines if line.get_label()[0] not in "_i"}
+        assert lines == {"ddp fp32 (2 epochs)": [1, 2], "ddp fp32 (3 epochs)": [1],
+                         "ddp fp32 (gpu-data)": [1]}, lines
+    figure = figures_per_workload(records[:2])[CPU_BLOCK.format(100)]["scaling"]
+    assert [line.get_label() for line in figure.axes[0].lines
+            if line.get_label()[0] != "_"] == ["ddp fp32"]
+
+
 def _many_records(results, workloads: int = 6):
     """Six workloads of three strategies at N = 1, 2, 4: a report draws for seconds."""
     recs = [{**record(f"r{w}{s}{n}", s, n, [3.0, 1.0 + 0.1 * w * n], [0.1, 0.2 + 0.01 * w]),

@@ -13,6 +13,7 @@ from bench.report.plot_labels import (
     FLAG,
     SERIES,
     legend,
+    line_label,
     n_label,
     ring_flagged,
     series_label,
@@ -144,7 +145,7 @@ def efficiency_figure(ok):
     for key, grp in ok.groupby(SERIES):
         grp = grp[grp["efficiency"].notna()].sort_values("world_size")
         if len(grp):
-            ax.plot(grp["world_size"], 100 * grp["efficiency"], label=series_label(*key),
+            ax.plot(grp["world_size"], 100 * grp["efficiency"], label=line_label(key, ok),
                     **line_look(drawn))
             drawn += 1
             ring_flagged(ax, list(grp.itertuples()), grp["world_size"],
@@ -192,9 +193,12 @@ def accuracy_vs_n_figure(ok):
         # lines side by side around each N, so that points and bars at one N do not hide
         # one another (a factor on the log axis)
         dodge = 2 ** (0.035 * (i - (len(groups) - 1) / 2))
+        # its epochs where a line alike but for them ran another number
+        lengths = {k[-2] for k, _ in groups if (k[:-2], k[-1]) == (key[:-2], key[-1])}
         ax.errorbar(grp["world_size"] * dodge, deltas, yerr=cis, fmt="o-", capsize=3,
-                    markersize=4, label=series_label(key[0], key[1], options, *key[3:-1])
-                    + norm)
+                    markersize=4, label=series_label(
+                        key[0], key[1], options, *key[3:-2],
+                        epochs=key[-2] if len(lengths) > 1 else None) + norm)
         reach += [d + c for d, c in zip(deltas, cis)] + [d - c for d, c in zip(deltas, cis)]
     ax.set_xscale("log", base=2)
     ax.set_xticks(worlds, [str(n) for n in worlds])

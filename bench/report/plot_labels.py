@@ -75,13 +75,28 @@ def short_row_label(r) -> str:
 # A line over N: the rows that differ only in N (one way of working, its options included:
 # the fastest path at N=1 is not a point of plain bf16's line; a row that ran fewer
 # replicas than asked is not a point of its strategy's line either, which would rise
-# straight up at N=1 from the row asked for 1).
-SERIES = ["strategy", "precision", "options", "grad_accum", "gpu_shared", "fewer_than_asked"]
+# straight up at N=1 from the row asked for 1; nor is a run of 3 epochs a point of the line
+# of 2-epoch runs: its N=1 point sat beside theirs, joined to it by a zigzag).
+SERIES = ["strategy", "precision", "options", "grad_accum", "gpu_shared", "fewer_than_asked",
+          "epochs"]
 
 
 def series_label(strategy: str, precision: str, options: str, grad_accum: int,
-                  gpu_shared: bool, fewer_than_asked: bool = False) -> str:
+                  gpu_shared: bool, fewer_than_asked: bool = False,
+                  epochs: int | None = None) -> str:
+    """A line's name; ``epochs`` where lines of the figure ran different numbers (None: the
+    figure's lines all ran the same, which the name then leaves out)."""
     extra = [] if options == "—" else [short_options(options)]
     extra += [f"accum {grad_accum}"] * (grad_accum > 1) + ["shared GPU"] * gpu_shared
     extra += ["fewer replicas than asked"] * fewer_than_asked
+    extra += [f"{epochs} epochs"] * (epochs is not None)
     return f"{strategy} {precision}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def line_label(key: tuple, rows) -> str:
+    """The name of the line whose SERIES values are ``key`` among ``rows`` (a figure's):
+    its epochs said only where another line of the figure would read as it does (the
+    fastest path's 6 epochs beside plain rows of 4 is named by its options already)."""
+    alike = rows[[(tuple(r) == tuple(key[:-1]))
+                  for r in rows[SERIES[:-1]].itertuples(index=False)]]
+    return series_label(*key[:-1], epochs=key[-1] if alike["epochs"].nunique() > 1 else None)

@@ -28,9 +28,9 @@ from bench.report.plot_labels import (
     SERIES,
     at_least_points,
     legend,
+    line_label,
     ring_flagged,
     row_label,
-    series_label,
     short_row_label,
 )
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
@@ -75,7 +75,7 @@ def make_figures(records: list[dict[str, Any]],
     ceiling_label = f"loader alone (drawn within {CEILING_SHOWN:g}× of training)"
     for i, (key, grp) in enumerate(ok.groupby(SERIES)):
         grp = grp.sort_values("world_size")
-        (line,) = ax.plot(grp["world_size"], grp["images_per_s"], label=series_label(*key),
+        (line,) = ax.plot(grp["world_size"], grp["images_per_s"], label=line_label(key, ok),
                           **line_look(i))
         near = grp[grp["loader_alone"] <= CEILING_SHOWN * grp["images_per_s"]]
         if len(near):  # the input pipeline's ceiling, where it was close to limiting

@@ -308,7 +308,10 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
 
     def family(r) -> tuple:
         # a row over a network is scaled against one process of the same work (no network)
-        return (r.workload_here, r.strategy, r.device, r.precision, r.options, r.grad_accum)
+        # and of as many epochs: beside a 3-epoch N=1 run, a sweep's 2-epoch rows were all
+        # scaled against it, whichever came last (its own N=1 row at 1.03x)
+        return (r.workload_here, r.strategy, r.device, r.precision, r.options, r.grad_accum,
+                r.epochs)
 
     bases = {family(r): r for r in table.itertuples()
              if r.world_size == 1 and r.gpus_requested == 1 and r.status == "ok"
