@@ -200,19 +200,24 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     return f"{name} ({cores} cores{allowed})"
 
 
-def tuning(rec: dict[str, Any]) -> tuple[str, ...]:
+def tuning(rec: dict[str, Any]) -> tuple[str, ...] | None:
     """The speed-changing environment variables rank 0 ran under (env.tuning), as sorted
     'NAME=value', less OMP_NUM_THREADS, which bench's launcher sets from the cores
     (threads_per_process says it): what two runs of one command in two shells can differ by.
-    Empty where the record does not say."""
-    said = (rec.get("env") or {}).get("tuning") or {}
+    None where the record does not say (one from before 2026-11-30), which is not 'none'."""
+    from bench.records.environment import is_tuning
+
+    said = (rec.get("env") or {}).get("tuning")
+    if not isinstance(said, dict):
+        return None
     return tuple(f"{k}={v}" for k, v in sorted(said.items())
-                 if k != "OMP_NUM_THREADS" and isinstance(v, str))
+                 if k != "OMP_NUM_THREADS" and is_tuning(str(k)) and isinstance(v, str))
 
 
-def set_in(tuning: tuple[str, ...], name: str) -> str | None:
+def set_in(tuning: tuple[str, ...] | None, name: str) -> str | None:
     """The value ``tuning`` (records.describe.tuning) gives ``name``, or None."""
-    return next((t.partition("=")[2] for t in tuning if t.partition("=")[0] == name), None)
+    return next((t.partition("=")[2] for t in tuning or () if t.partition("=")[0] == name),
+                None)
 
 
 def oversubscribed(rec: dict[str, Any]) -> bool:

@@ -96,11 +96,15 @@ TUNING_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "NCCL_", "TORCH_NCCL_", "GLO
 _TUNING_VALUE_CHARS = 200  # a path list is kept to this much
 
 
+def is_tuning(name: str) -> bool:
+    """Whether the variable ``name`` changes how fast a run trains (TUNING_PREFIXES)."""
+    return name.startswith(TUNING_PREFIXES) and not name.endswith("_CACHE_DIR")
+
+
 def tuning_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The TUNING_PREFIXES variables set in ``environ`` (this process's), sorted by name."""
     environ = os.environ if environ is None else environ
-    return {k: v[:_TUNING_VALUE_CHARS] for k, v in sorted(environ.items())
-            if k.startswith(TUNING_PREFIXES) and not k.endswith("_CACHE_DIR")}
+    return {k: v[:_TUNING_VALUE_CHARS] for k, v in sorted(environ.items()) if is_tuning(k)}
 
 
 def capture_env(device_type: str) -> dict[str, Any]:

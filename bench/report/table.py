@@ -326,7 +326,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     # against 2 of 1 thread each is not the same work split (see plausibility_warnings)
     table["base_threads"] = [bases[family(r)].threads if family(r) in bases else math.nan
                              for r in table.itertuples()]
-    table["base_tuning"] = [bases[family(r)].tuning if family(r) in bases else ()
+    table["base_tuning"] = [bases[family(r)].tuning if family(r) in bases else None
                             for r in table.itertuples()]
     table["fewer_than_asked"] = table["world_size"] < table["gpus_requested"]
     table["efficiency_p"] = [
