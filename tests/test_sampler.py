@@ -51,19 +51,19 @@ def test_global_batches_are_the_same_for_every_world_size(world):
 
 
 def test_repeats_of_a_sweep_train_on_independent_orders(tmp_path):
-    """A sweep's repeats train seeds S, S+1, S+2: every (seed, epoch) must draw an order of
+    """A sweep's repeats train seeds S, S+1, ...: every (seed, epoch) must draw an order of
     its own. Under torch's rule (seed + epoch) seed S's epoch 2 was seed S+1's epoch 1, and
-    5 repeats were shifted copies of one sequence of orders."""
-    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--repeats", "3", "--cpu",
+    5 repeats were shifted copies of one sequence of orders (two repeats show it)."""
+    proc = run_bench("sweep", "--strategies", "ddp", "--gpus", "1", "--repeats", "2", "--cpu",
                      "--epochs", "3", "--data", "synthetic", "--train-limit", "64",
                      "--test-limit", "8", "--image-size", "16", "--width", "0.125",
                      "--batch-size", "32", "--no-progress", "--comm-probe-steps", "0",
                      "--output", str(tmp_path), timeout=600)
     assert_ok(proc)
     recs = records(tmp_path)
-    assert sorted(r["seed"] for r in recs) == [0, 1, 2], [r["seed"] for r in recs]
+    assert sorted(r["seed"] for r in recs) == [0, 1], [r["seed"] for r in recs]
     digests = [e["data_order_sha1"] for r in recs for e in r["per_epoch"]]
-    assert len(digests) == 9 and len(set(digests)) == 9, digests
+    assert len(digests) == 6 and len(set(digests)) == 6, digests
     assert {r["data_order_rule"] for r in recs} == {"sha256(seed, epoch)"}
 
 
