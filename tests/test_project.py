@@ -537,6 +537,23 @@ def test_validation_prints_the_null_models_beside_the_model(tmp_path):
             "again") in said, said
 
 
+def test_a_validation_of_one_run_says_run_not_runs():
+    """A folder of two ddp repeats and two ddp-amp ones at N=2 with one run whose
+    communication was a quarter of its step read '(1 runs)'; one run predicted, 'over 1
+    runs'."""
+    from bench.project.validation import summary_line, validation_summary
+
+    def point(error, comm_share):
+        return {"error_pct": error, "no_communication_error_pct": error - 2,
+                "no_overlap_error_pct": error, "comm_share": comm_share, "spread_pct": None}
+
+    two = [point(-28.2, 0.30), point(-8.6, 0.12)]
+    line = summary_line({**validation_summary(two), "points": two})
+    assert "over 2 runs;" in line and "(1 run), median |error| 28.2 %" in line, line
+    line = summary_line({**validation_summary(two[:1]), "points": two[:1]})
+    assert "over 1 run;" in line and "(1 run)," in line, line
+
+
 def test_the_committed_validation_covers_the_committed_runs():
     """results/projection-validation.json said "over 17 runs" for two days after the
     testbed's 8 runs joined results/: `bench project results` printed it as the validation

@@ -149,6 +149,20 @@ def test_runs_with_more_loader_workers_are_other_rows():
         ("cpu", "2 workers", 3.0), ("cuda", "8 workers", 2.0), ("cuda", "—", 4.0)]
 
 
+def test_one_of_a_thing_is_named_in_the_singular():
+    """A CPU run with one loader worker was the row '1 workers', a run of 1 epoch beside
+    one of 2 '1 epochs' in the verdict and the figures' names."""
+    from bench.report.plot_labels import series_label
+
+    one = {**record("s", "ddp", 1, [5.0, 3.0], [0.1, 0.2]), "workers_per_replica": 1}
+    assert list(summary_table([one])["options"]) == ["1 worker"]
+    short = {**record("t", "ddp", 1, [5.0], [0.1]), "epochs": 1}
+    long = {**record("u", "ddp", 1, [5.0, 3.0], [0.1, 0.2]), "epochs": 2}
+    table = summary_table([short, long])
+    assert sorted(table["apart"]) == ["1 epoch", "2 epochs"], list(table["apart"])
+    assert series_label("ddp", "fp32", "—", 1, False, epochs=1) == "ddp fp32 (1 epoch)"
+
+
 def test_the_reference_row_is_plain_ddp_not_a_compressed_one():
     """Both rows are ddp at N=1 in fp32; the PowerSGD one (sorted first) trained to 30 %,
     plain ddp to 50 %: the deltas are against plain ddp."""

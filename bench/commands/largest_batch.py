@@ -27,6 +27,7 @@ from bench.config.options import without
 from bench.config.run_config import RunConfig
 from bench.records.files import write_text_atomic
 from bench.tools.errors import ConfigError
+from bench.tools.terminal import count
 
 
 def take_max(passed_on: list[str]) -> tuple[bool, list[str]]:
@@ -99,5 +100,6 @@ class LargestBatch:
             {**as_json(strategy, gpus, self.memory_limit, self.gpu_memory, lo, tries),
              "device": self.device, "fits_in": self.fits_in}, indent=1))
         why = unclosed(lo, tries)
-        return lo * replicas, (f"{lo} per replica, found in {len(tries)} tries"
+        return lo * replicas, (f"{lo} per replica, found in "
+                               f"{count(len(tries), 'try', 'tries')}"
                                + (f"; not closed in: {why}" if why else ""))

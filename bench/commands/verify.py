@@ -287,7 +287,8 @@ def run_verify(base: RunConfig, names: list[str], steps: int) -> int:
     dropping = max(plan.random_layers for plan in plans.values())
     off = (f"dropout: off in the ranks and the reference ({terminal.count(dropping, 'layer')}; "
            "each rank would draw its own masks)\n") if dropping else ""
-    print(f"bench verify: {steps} steps, global batch {base.batch_size}, lr {base.lr}, "
+    print(f"bench verify: {terminal.count(steps, 'step')}, global batch {base.batch_size}, "
+          f"lr {base.lr}, "
           f"{f'width {base.width}' if base.model == DEFAULT_MODEL else base.model}, "
           f"{_ranks(base)}, no augmentation\n{off}reference: one plain process with the "
           "strategy's BatchNorm grouping; fp32 strategies run in float64\n" + HEADER,
@@ -358,8 +359,8 @@ def run_self_test(base: RunConfig, name: str, steps: int,
     if (why := cast_not_checkable(plan)) is not None:
         raise ConfigError(f"--self-test: {why}")
     check_data([plan])
-    print(f"bench verify --self-test: {name}, {steps} steps, global batch {base.batch_size}, "
-          f"lr {base.lr}, width {base.width}, {_ranks(base)}", flush=True)
+    print(f"bench verify --self-test: {name}, {terminal.count(steps, 'step')}, global batch "
+          f"{base.batch_size}, lr {base.lr}, width {base.width}, {_ranks(base)}", flush=True)
     # the columns of the check's own table (HEADER): a figure beside its tolerance
     print(f"{'variant':<16}  {'loss diff (tol.)':<16}  {'param diff (tol.)':<17}  result")
     checker = Checker(base, steps)

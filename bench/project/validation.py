@@ -186,7 +186,7 @@ def validation_summary(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summary_line(s: dict[str, Any]) -> str:
     line = (f"median |error| {s['median_error_pct']:.1f} %, worst {s['worst_error_pct']:.1f} "
-            f"% over {len(s['points'])} runs")
+            f"% over {terminal.count(len(s['points']), 'run')}")
     if "no_overlap_worst_error_pct" not in s:  # written before the null models were
         return line
     line += (f"; the null models (median / worst): no communication "
@@ -195,7 +195,7 @@ def summary_line(s: dict[str, Any]) -> str:
              f"{s['no_overlap_median_error_pct']:.1f} / {s['no_overlap_worst_error_pct']:.1f} %")
     if s.get("comm_heavy_runs"):
         line += (f"; where communication is {100 * COMM_HEAVY:.0f} % of the step or more "
-                 f"({s['comm_heavy_runs']} runs), median |error| "
+                 f"({terminal.count(s['comm_heavy_runs'], 'run')}), median |error| "
                  f"{s['comm_heavy_median_error_pct']:.1f} % against no communication "
                  f"{s['no_communication_comm_heavy_median_error_pct']:.1f} % and no overlap "
                  f"{s['no_overlap_comm_heavy_median_error_pct']:.1f} %")

@@ -322,7 +322,7 @@ def speed_options(rec: dict[str, Any]) -> str:
     if rec.get("loader") == "gpu":
         chosen.append("gpu loader")
     elif rec.get("workers_per_replica") not in (None, USUAL_WORKERS.get(rec.get("device"))):
-        chosen.append(f"{rec['workers_per_replica']} workers")
+        chosen.append(count(rec["workers_per_replica"], "worker"))  # not '1 workers'
     if rec.get("channels_last"):
         chosen.append("channels_last")
     if rec.get("compile"):

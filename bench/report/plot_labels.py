@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from bench.records.describe import short_options
+from bench.tools.terminal import count
 
 
 def row_label(r) -> str:
@@ -89,7 +90,7 @@ def series_label(strategy: str, precision: str, options: str, grad_accum: int,
     extra = [] if options == "—" else [short_options(options)]
     extra += [f"accum {grad_accum}"] * (grad_accum > 1) + ["shared GPU"] * gpu_shared
     extra += ["fewer replicas than asked"] * fewer_than_asked
-    extra += [f"{epochs} epochs"] * (epochs is not None)
+    extra += [] if epochs is None else [count(int(epochs), "epoch")]
     return f"{strategy} {precision}" + (f" ({', '.join(extra)})" if extra else "")
 
 

@@ -37,6 +37,7 @@ from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
 from bench.report.verdict import speed_not_comparable
 from bench.tools.cores import usable_cores
 from bench.tools.plot_style import line_look, point_marker
+from bench.tools.terminal import count
 
 CEILING_SHOWN = 2.0  # the loader's ceiling is drawn where it is within this of training's rate
 
@@ -144,7 +145,7 @@ def make_figures(records: list[dict[str, Any]],
         ci = r.final_top1_ci if not math.isnan(r.final_top1_ci) else 0.0
         ax.errorbar(r.total_train_time_s, r.final_top1, yerr=ci, fmt=point_marker(i),
                     color=f"C{i % 10}", capsize=3,
-                    label=short_row_label(r) + (f", {r.epochs:g} epochs" if lengths
+                    label=short_row_label(r) + (f", {count(int(r.epochs), 'epoch')}" if lengths
                                                 and "epochs" not in r.apart_by else "")
                     + (" (1 run)" if repeated and r.runs == 1 else ""))
     at_least_points(ax, [v for r in ok.itertuples() for v in (

@@ -43,7 +43,8 @@ def _parity_cell(r: dict) -> str:
     if r.get("is_reference"):
         return "ref"
     if r.get("other_epochs"):
-        return f"— ({r['other_epochs']:g} epochs)"  # another schedule: not compared
+        # another schedule: not compared
+        return f"— ({terminal.count(int(r['other_epochs']), 'epoch')})"
     delta, p = r.get("delta_top1", math.nan), r.get("p_value", math.nan)
     if delta is None or math.isnan(delta):
         return "—"
