@@ -57,6 +57,8 @@ def _page(tmp_path, results=ROOT / "results"):
 def test_the_page_is_self_contained_and_escapes_what_records_say(tmp_path):
     hostile = record("x", "<img src=x onerror=alert(1)>", 2, [3.0, 1.0], [0.1, 0.5])
     hostile["command"] = ["bench", "run", "</code><script>alert(2)</script>"]
+    hostile["env"] = {**hostile["env"], "tuning": {"OMP_WAIT_POLICY": "<b>",
+                                                   "OMP_X;touch pwned;": "1"}}
     results = write_runs(tmp_path / "results", [record("a", "ddp", 1, [3.0, 2.0], [0.1, 0.5]),
                                                  record("b", "ddp", 2, [3.0, 1.0], [0.1, 0.5]),
                                                  hostile])
@@ -65,6 +67,11 @@ def test_the_page_is_self_contained_and_escapes_what_records_say(tmp_path):
     assert "<script" not in text.lower() and "<img" not in text.lower(), "markup from a record"
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
     assert "&lt;/code&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in text
+    # each run's command under the variables its shell set that change speed (env.tuning):
+    # a shell line (NAME='value', as a shell assigns it): the run as it ran, escaped as any
+    # string from a record
+    assert "<code>OMP_WAIT_POLICY=&#x27;&lt;b&gt;&#x27; bench run " in text, text
+    assert "pwned" not in text  # a name a shell reads as a command too is no variable
     # nothing fetched from anywhere: every href is a fragment inside an inline SVG
     assert not re.findall(r'(?:src|href)="(?!#)', text), re.findall(r'(?:src|href)="[^"]*"', text)
     assert "url(http" not in text and "@import" not in text

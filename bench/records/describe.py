@@ -210,8 +210,11 @@ def tuning(rec: dict[str, Any]) -> tuple[str, ...] | None:
     said = (rec.get("env") or {}).get("tuning")
     if not isinstance(said, dict):
         return None
+    # a name a shell could read as more than a name is none (the report's command lines
+    # put these before the command, where ';' would start another)
     return tuple(f"{k}={v}" for k, v in sorted(said.items())
-                 if k != "OMP_NUM_THREADS" and is_tuning(str(k)) and isinstance(v, str))
+                 if k != "OMP_NUM_THREADS" and re.fullmatch(r"[A-Za-z_]\w*", k, re.ASCII)
+                 and is_tuning(k) and isinstance(v, str))
 
 
 def set_in(tuning: tuple[str, ...] | None, name: str) -> str | None:

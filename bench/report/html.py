@@ -12,6 +12,7 @@ import shlex
 from html import escape
 from typing import Any
 
+from bench.records.describe import tuning
 from bench.report.readme import hardware_lines
 from bench.report.readme_view import workload_blocks
 from bench.report.views import plausibility_warnings
@@ -106,12 +107,17 @@ def _runs(records: list[dict[str, Any]]) -> str:
     rows = []
     for rec in sorted(records, key=lambda r: str(r.get("started_at") or "")):
         command = rec.get("command")
-        line = shlex.join(map(str, command)) if isinstance(command, list) else "—"
+        # under the speed-changing variables its shell set (env.tuning): the line as it ran
+        # (NAME='value': a quoted 'NAME=value' is no assignment to a shell)
+        line = " ".join([*(name + "=" + shlex.quote(value) for name, _, value in (
+            t.partition("=") for t in tuning(rec) or ())), shlex.join(map(str, command))]
+                        ) if isinstance(command, list) else "—"
         rows.append(f"<tr><td>{escape(str(rec.get('run_id')))}</td>"
                     f"<td>{escape(str(rec.get('status')))}</td><td><code>{escape(line)}</code>"
                     "</td></tr>")
     return ("<h2>Runs</h2><details><summary>Each record and the command that made it "
-            f"({len(records)})</summary><div class=\"scroll\"><table><thead><tr><th>run</th>"
+            f"({len(records)}), under the environment variables that change speed its shell "
+            "set</summary><div class=\"scroll\"><table><thead><tr><th>run</th>"
             "<th>status</th><th>command</th></tr></thead><tbody>" + "".join(rows)
             + "</tbody></table></div></details>")
 
