@@ -128,6 +128,37 @@ def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
     assert not _gone_within(10, f"bench-{run_id}-")
 
 
+def test_a_rank_killed_outright_is_the_cause_its_restarted_record_keeps(tmp_path):
+    """--max-restarts 1 and rank 1 SIGKILLed in training: torchrun starts the ranks again
+    and the run ends ok, its record saying what ended the attempt before (restart_cause,
+    the report's line). A rank killed outright writes nothing, and the record's cause was
+    null ('after a rank failed'); it is the launcher's account ('rank 1 was killed by
+    signal 9 (SIGKILL) [in train epoch ...]', or that it ended without a word where
+    torchrun saw its peer's end first)."""
+    cmd = [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "2",
+           *[a if a != "500" else "3" for a in SMALL], "--max-restarts", "1",
+           "--output", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    run_id = _training(tmp_path)
+    scratch = next(Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"))
+    os.kill(int((scratch / "pid-rank1").read_text()), signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    # torchrun names the first end it saw: rank 1's signal, or its peer's exit, after which
+    # rank 1 is the one that said nothing
+    said = next(line for line in err.splitlines() if line.startswith("bench: rank 1 "))
+    assert said.startswith(("bench: rank 1 was killed by signal 9 (SIGKILL) [in train epoch",
+                            "bench: rank 1 ended without a word, as one killed by a signal "
+                            "does")), err
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    assert said.startswith("bench: " + rec["restart_cause"].split(" [in ")[0]), (
+        rec["restart_cause"], err)
+    assert "[in train epoch" in rec["restart_cause"], rec["restart_cause"]
+    assert any(f"after {rec['restart_cause']}" in note for note in rec["notes"]), rec["notes"]
+
+
 def test_what_only_follows_a_ranks_death_is_held_back_under_horovodrun():
     """horovodrun's stderr as it came when rank 1 was SIGKILLed (its shell's report, the
     peer's broken connection), between lines a rank wrote itself: those pass, in order."""
@@ -226,6 +257,10 @@ def test_a_restarted_attempts_failure_is_said_once_and_the_next_attempt_flows(tm
     assert "rank 0" not in said, said
     assert said.endswith("bench: torchrun starts the ranks again (restart 1 of --max-restarts "
                          "2); the record will hold the last attempt's epochs\n"), said
+    # in one line for the next attempt's record, which no rank of this one could tell it
+    assert scratch.failed_attempt(0).read_text() == (
+        "rank 1 ended without a word, as one killed by a signal does (kill -9, the OOM "
+        "killer) [in train epoch 2 step 5]")
     assert lines("[W] torchrun's agent, still about the failure\n") == ""
     scratch.start_attempt(1)  # the next attempt's ranks start
     assert lines("[ddp] a note of attempt 1\n") == "[ddp] a note of attempt 1\n"
@@ -233,6 +268,8 @@ def test_a_restarted_attempts_failure_is_said_once_and_the_next_attempt_flows(tm
     said = lines(_AGENT_ENDED.format(code=-9, rank=1))
     assert said.startswith("bench: rank 1 was killed by signal 9 (SIGKILL) [in train epoch 2 "
                            "step 5]\nbench: torchrun starts the ranks again (restart 2 of "), said
+    assert scratch.failed_attempt(1).read_text() == ("rank 1 was killed by signal 9 (SIGKILL) "
+                                                     "[in train epoch 2 step 5]")
     scratch.start_attempt(2)
     assert lines("[ddp] attempt 2\n") == "[ddp] attempt 2\n"
     # the last attempt: nothing said now, all held for the run's end to show if it must

@@ -132,6 +132,8 @@ LONG = {
                                                            "real Slurm's job stays)",
     r"test_kill.py::test_a_rank_killed_by_a_signal_is_named\[ddp\]": "a rank killed: named "
                                                                        "by the serial test",
+    r"test_kill.py::test_a_rank_killed_outright_is_the_cause": "a restart after a rank "
+    "killed outright (one after a rank that raised stays)",
     # measurements a neighbour's load moves (serial: they run alone)
     r"test_project.py::test_the_model_predicts_measured_runs": "predictions within 15 %",
     r"test_project.py::test_one_process_records_when_each_gradient": "gradient timing",

@@ -314,6 +314,11 @@ class RestartLines:
                                    subsequent_indent="  ") for rank in silent]
         else:
             lines = [f"bench: {who} exited with code {code} without saying why"]
+        # the cause in one line, for the next attempt's record (restart_cause), which a rank
+        # killed outright could not write itself; its traceback is not the cause
+        self.scratch.tell_failed_attempt(self.attempt, "; ".join(
+            " ".join(line.removeprefix("bench: ").split()) for line in lines
+            if not line.startswith("bench: the traceback of ")))
         lines.append(terminal.fill(
             f"bench: torchrun starts the ranks again (restart {self.attempt + 1} of "
             f"--max-restarts {self.restarts}); the record will hold the last attempt's epochs",

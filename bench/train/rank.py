@@ -172,10 +172,18 @@ SPURIOUS_STRIDES = (
 
 def _failure_before(scratch: Scratch) -> str | None:
     """What ended the attempt before this one (torchrun restarted the ranks), as a rank of
-    it on this machine said it; None if none did (a rank killed by a signal could not, and
-    its peers' broken connections do not name it)."""
-    found = scratch.cause_of(restart_count() - 1) if scratch.exists() else None
-    return f"rank {found[0]}: {found[1].line}" if found and not found[1].peer_gone() else None
+    it on this machine said it, else as this machine's launcher told it (a rank killed by a
+    signal says nothing, and its peers' broken connections do not name it: 'rank 1 was
+    killed by signal 9 (SIGKILL) [in train epoch 2 step 5]'); None if neither did."""
+    if not scratch.exists():
+        return None
+    found = scratch.cause_of(restart_count() - 1)
+    if found and not found[1].peer_gone():
+        return f"rank {found[0]}: {found[1].line}"
+    try:
+        return scratch.failed_attempt(restart_count() - 1).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def run_rank(spec_path: str | Path) -> None:

@@ -55,7 +55,8 @@ class Scratch:
     """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
     ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.json`` (its
     ``RankError``), ``attempt`` (torchrun's restart count, once it has restarted the
-    ranks), ``rank0-here`` (global rank 0 ran on this machine) and
+    ranks), ``failed-attempt-{a}`` (the launcher's account of what ended attempt a, for the
+    next attempt's record), ``rank0-here`` (global rank 0 ran on this machine) and
     ``root-cause.txt`` (how a rank died that could not say so, from its launcher's output)."""
 
     root: Path
@@ -166,6 +167,16 @@ class Scratch:
         """torchrun's restart count of the attempt that started last (--max-restarts),
         written by its ranks as they start; no file: the first attempt."""
         return self.root / "attempt"
+
+    def failed_attempt(self, attempt: int) -> Path:
+        """What ended ``attempt`` as its launcher told it (RestartLines): the cause where no
+        rank could say one (a rank killed outright), which the next attempt's record keeps."""
+        return self.root / f"failed-attempt-{attempt}"
+
+    def tell_failed_attempt(self, attempt: int, cause: str) -> None:
+        part = self.root / f"part-failed-{os.getpid()}"
+        part.write_text(cause)
+        part.replace(self.failed_attempt(attempt))
 
     def start_attempt(self, attempt: int) -> None:
         part = self.root / f"part-attempt-{os.getpid()}"
