@@ -106,17 +106,25 @@ def test_kill_9_of_bench_sweep_leaves_nothing_running_and_resumes(tmp_path):
     assert not list(Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "horovod"])
-def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
-    if strategy == "horovod" and HOROVOD:
-        pytest.skip(f"horovod unavailable: {HOROVOD}")
+def _rank_1_killed_in_training(tmp_path: Path, strategy: str, *options: str
+                               ) -> tuple[subprocess.Popen, str]:
+    """A 2-rank run of ``strategy`` into ``tmp_path`` (SMALL, then ``options``), its rank 1
+    SIGKILLed once a rank reports a training step: the run's process and its run id."""
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
-           *SMALL, "--output", str(tmp_path)]
+           *SMALL, *options, "--output", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     run_id = _training(tmp_path)
     scratch = next(Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"))
     os.kill(int((scratch / "pid-rank1").read_text()), signal.SIGKILL)
+    return proc, run_id
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp-spawn", "horovod"])
+def test_a_rank_killed_by_a_signal_is_named(strategy, tmp_path):
+    if strategy == "horovod" and HOROVOD:
+        pytest.skip(f"horovod unavailable: {HOROVOD}")
+    proc, run_id = _rank_1_killed_in_training(tmp_path, strategy)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     rec = only_record(tmp_path)
@@ -135,14 +143,8 @@ def test_a_rank_killed_outright_is_the_cause_its_restarted_record_keeps(tmp_path
     null ('after a rank failed'); it is the launcher's account ('rank 1 was killed by
     signal 9 (SIGKILL) [in train epoch ...]', or that it ended without a word where
     torchrun saw its peer's end first)."""
-    cmd = [sys.executable, "-m", "bench", "run", "--strategy", "ddp", "--gpus", "2",
-           *[a if a != "500" else "3" for a in SMALL], "--max-restarts", "1",
-           "--output", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    run_id = _training(tmp_path)
-    scratch = next(Path(tempfile.gettempdir()).glob(f"bench-{run_id}-*"))
-    os.kill(int((scratch / "pid-rank1").read_text()), signal.SIGKILL)
+    proc, _ = _rank_1_killed_in_training(tmp_path, "ddp", "--epochs", "3",
+                                         "--max-restarts", "1")
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     # torchrun names the first end it saw: rank 1's signal, or its peer's exit, after which

@@ -344,13 +344,11 @@ def as_json(strategy: str, gpus: int, memory_limit: float | None, gpu_memory: fl
 
 
 def main(args: argparse.Namespace, passed_on: list[str]) -> int:
-    for flag in TRY_SETS:
+    for flag in (*TRY_SETS, *TRY_NEVER):
         if given(passed_on, flag):
-            raise ConfigError(f"bench fit sets {flag} itself for each try")
-    for flag in TRY_NEVER:
-        if given(passed_on, flag):
-            raise ConfigError(f"bench fit takes no {flag}: a try that ran out of memory would "
-                              "only run out again; drop it")
+            raise ConfigError(f"bench fit sets {flag} itself for each try" if flag in TRY_SETS
+                              else f"bench fit takes no {flag}: a try that ran out of memory "
+                              "would only run out again; drop it")
     if args.start < 1 or args.max_tries < 1 or args.max_minutes <= 0:
         raise ConfigError("--start and --max-tries must be at least 1, --max-minutes above 0")
     run_args = ["--strategy", args.strategy, "--gpus", str(args.gpus), *passed_on]
