@@ -233,7 +233,8 @@ def tuning_note(ra, rb) -> str | None:
     a, b = set(ra["tuning"]), set(rb["tuning"])
     if a == b:
         return None
-    said = [f"{side} ran under {', '.join(sorted(only))} and {other} did not"
+    said = [f"{side} ran under {', '.join(f'{k}={v}' for k, v in sorted(only))} and {other} "
+            "did not"
             for side, other, only in (("B", "A", b - a), ("A", "B", a - b)) if only]
     return terminal.printable("; ".join(said))
 

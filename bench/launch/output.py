@@ -298,27 +298,30 @@ class RestartLines:
         ranks_said = {rank for rank, _ in errors}  # one may have said it, then died of a signal
         cause = first_cause(errors)
         silent = sorted(set(self.scratch.ranks()) - ranks_said, key=int)
+        traceback = ""  # the failing rank's, where its line does not say enough
+        wrapped = False  # said within 120 columns (a rank's own line is said whole)
         if own_death(-code) and (self.nodes > 1 or local not in ranks_said):
-            lines = [f"bench: {who} was killed by signal {-code} ({signal_name(-code)})"
-                     if self.nodes > 1 else f"bench: {self.scratch.killed_line(local, -code)}"]
+            causes = [f"{who} was killed by signal {-code} ({signal_name(-code)})"
+                      if self.nodes > 1 else self.scratch.killed_line(local, -code)]
         elif cause is not None and (not cause[1].peer_gone() or not silent):
             rank, error = cause
-            lines = [f"bench: {error.said_by(rank)}" if error.line.startswith("timeout: ")
-                     else f"bench: rank {rank} failed: {error.line}"]
+            causes = [error.said_by(rank) if error.line.startswith("timeout: ")
+                      else f"rank {rank} failed: {error.line}"]
             if not error.explained and error.traceback_tail():
-                lines.append(f"bench: the traceback of rank {rank}:\n{error.traceback_tail()}")
+                traceback = f"bench: the traceback of rank {rank}:\n{error.traceback_tail()}"
         elif silent:  # torchrun logs one rank's end: the first it saw, not the cause
-            lines = [terminal.fill(f"bench: rank {rank} ended without a word, as one killed by "
-                                   "a signal does (kill -9, the OOM killer) "
-                                   f"[in {self.scratch.last_phase(rank)}]",
-                                   subsequent_indent="  ") for rank in silent]
+            causes = [f"rank {rank} ended without a word, as one killed by a signal does (kill "
+                      f"-9, the OOM killer) [in {self.scratch.last_phase(rank)}]"
+                      for rank in silent]
+            wrapped = True
         else:
-            lines = [f"bench: {who} exited with code {code} without saying why"]
-        # the cause in one line, for the next attempt's record (restart_cause), which a rank
-        # killed outright could not write itself; its traceback is not the cause
-        self.scratch.tell_failed_attempt(self.attempt, "; ".join(
-            " ".join(line.removeprefix("bench: ").split()) for line in lines
-            if not line.startswith("bench: the traceback of ")))
+            causes = [f"{who} exited with code {code} without saying why"]
+        # in one line for the next attempt's record (restart_cause): a rank killed outright
+        # could not write it itself
+        self.scratch.tell_failed_attempt(self.attempt, "; ".join(causes))
+        lines = [terminal.fill(f"bench: {c}", subsequent_indent="  ") if wrapped
+                 else f"bench: {c}" for c in causes]
+        lines += [traceback] if traceback else []
         lines.append(terminal.fill(
             f"bench: torchrun starts the ranks again (restart {self.attempt + 1} of "
             f"--max-restarts {self.restarts}); the record will hold the last attempt's epochs",

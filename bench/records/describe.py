@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from bench.config.run_config import GPU_LOADER_WORKERS
 from bench.models.registry import DEFAULT_MODEL, short_name
+from bench.records.environment import is_tuning
 from bench.tools.terminal import count
 
 
@@ -200,27 +201,19 @@ def cpu_model(rec: dict[str, Any]) -> str | None:
     return f"{name} ({cores} cores{allowed})"
 
 
-def tuning(rec: dict[str, Any]) -> tuple[str, ...] | None:
+def tuning(rec: dict[str, Any]) -> tuple[tuple[str, str], ...] | None:
     """The speed-changing environment variables rank 0 ran under (env.tuning), as sorted
-    'NAME=value', less OMP_NUM_THREADS, which bench's launcher sets from the cores
+    (name, value) pairs, less OMP_NUM_THREADS, which bench's launcher sets from the cores
     (threads_per_process says it): what two runs of one command in two shells can differ by.
     None where the record does not say (one from before 2026-11-30), which is not 'none'."""
-    from bench.records.environment import is_tuning
-
     said = (rec.get("env") or {}).get("tuning")
     if not isinstance(said, dict):
         return None
     # a name a shell could read as more than a name is none (the report's command lines
     # put these before the command, where ';' would start another)
-    return tuple(f"{k}={v}" for k, v in sorted(said.items())
+    return tuple((k, v) for k, v in sorted(said.items())
                  if k != "OMP_NUM_THREADS" and re.fullmatch(r"[A-Za-z_]\w*", k, re.ASCII)
                  and is_tuning(k) and isinstance(v, str))
-
-
-def set_in(tuning: tuple[str, ...] | None, name: str) -> str | None:
-    """The value ``tuning`` (records.describe.tuning) gives ``name``, or None."""
-    return next((t.partition("=")[2] for t in tuning or () if t.partition("=")[0] == name),
-                None)
 
 
 def oversubscribed(rec: dict[str, Any]) -> bool:

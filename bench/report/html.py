@@ -109,9 +109,8 @@ def _runs(records: list[dict[str, Any]]) -> str:
         command = rec.get("command")
         # under the speed-changing variables its shell set (env.tuning): the line as it ran
         # (NAME='value': a quoted 'NAME=value' is no assignment to a shell)
-        line = " ".join([*(name + "=" + shlex.quote(value) for name, _, value in (
-            t.partition("=") for t in tuning(rec) or ())), shlex.join(map(str, command))]
-                        ) if isinstance(command, list) else "—"
+        line = " ".join([*(f"{name}={shlex.quote(value)}" for name, value in tuning(rec) or ()),
+                         shlex.join(map(str, command))]) if isinstance(command, list) else "—"
         rows.append(f"<tr><td>{escape(str(rec.get('run_id')))}</td>"
                     f"<td>{escape(str(rec.get('status')))}</td><td><code>{escape(line)}</code>"
                     "</td></tr>")

@@ -37,6 +37,7 @@ from bench.report.flags import (
 )
 from bench.report.verdict import accuracy_workloads, add_verdict_fields
 from bench.tools.stats import mean_ci
+from bench.tools.terminal import count
 
 # gpus_requested keeps `dp --gpus 2 --cpu` (one replica, by necessity) apart from --gpus 1.
 # gpu_shared keeps runs whose ranks shared GPUs (--backend gloo) apart: their timing is not
@@ -365,8 +366,8 @@ def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> s
 
 # What else keeps rows apart (GROUP_KEYS) whose strategy, N, precision and options are alike,
 # as a label says it.
-_APART = {"epochs": "{} epochs", "norm": "{}", "global_batch": "batch {}"}
-_APART_ONE = {"epochs": "1 epoch"}  # not '1 epochs'
+_APART = {"epochs": lambda n: count(int(n), "epoch"), "norm": str,
+          "global_batch": "batch {}".format}
 
 
 def apart_by(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
@@ -389,8 +390,7 @@ def apart_by(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 def apart(row: dict[str, Any], keys: tuple[str, ...]) -> str:
     """What sets ``row`` apart, in words ('3 epochs', 'per-replica-bn'), for ``keys``."""
-    return " ".join(_APART_ONE[k] if row[k] == 1 and k in _APART_ONE else _APART[k].format(row[k])
-                    for k in keys if row.get(k) is not None)
+    return " ".join(_APART[k](row[k]) for k in keys if row.get(k) is not None)
 
 
 PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe of the device

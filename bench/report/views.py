@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from bench.records.describe import set_in, short_options
+from bench.records.describe import short_options
 from bench.report.flags import ABOUT_TOP1, clock_gap_matters, flagged_exposed
 from bench.report.table import COLUMN_INDEX, COLUMNS
 from bench.report.verdict import accuracy_workloads, speed_not_comparable
@@ -155,7 +155,7 @@ def plausibility_warnings(table) -> list[str]:
             continue
         if "efficiency > 100 %" in r.flags and r.device == "cpu" and r.base_threads > r.threads:
             why = (" under OMP_WAIT_POLICY=passive (threads that sleep between operations: "
-                   "unset it)" if str(set_in(r.base_tuning, "OMP_WAIT_POLICY")).lower()
+                   "unset it)" if str(dict(r.base_tuning or ()).get("OMP_WAIT_POLICY")).lower()
                    == "passive" else
                    " (a small model's threads can cost more than they share)")
             lines.append(f"{row}: scaling efficiency {100 * r.efficiency:.0f} % is above 100 %: "
