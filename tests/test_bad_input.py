@@ -98,6 +98,9 @@ CASES = {
                          "--weight-decay must be a finite number"),
     "infinite lr": (["run", "--strategy", "ddp", *BASE, "--lr", "inf"],
                     "--lr must be a finite number"),
+    # finite, and infinite in the bytes DDP counts a bucket in: every rank failed to build
+    "bucket beyond any model": (["run", "--strategy", "ddp", *BASE, "--bucket-cap-mb", "1e308"],
+                                "--bucket-cap-mb must lie in (0, 1048576]"),
     "infinite timeout": (["run", "--strategy", "ddp", *BASE, "--timeout", "inf"],
                          "--timeout must be a finite number"),
     "negative seed": (["run", "--strategy", "ddp", *BASE, "--seed", "-1"], "--seed must lie"),

@@ -108,8 +108,17 @@ MALFORMED = {
     "gpu clocks a string": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
                                            "gpu_clocks": "fast"}]},
     "world size 0": {"world_size": 0},
+    # past 2^63 numpy holds it as an object, which the plots' log scale could not take
+    "world size 1e30": {"world_size": 10**30},
+    "epochs negative": {"epochs": -3},
+    # the verdict divided a row's img/s by the fastest's
+    "an epoch of 0 images a second": {
+        "per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
+                       "images_per_s": 0.0}]},
     "env gpus a string": {"env": {"gpus": "H100"}},
     "DDP bucket size a string": {"ddp_options": {"bucket_cap_mb": "big"}},
+    # bench project counted it in bytes: int(infinity)
+    "DDP bucket of 1e308 MB": {"ddp_options": {"bucket_cap_mb": 1e308}},
     "comm hook a number": {"ddp_options": {"comm_hook": 3}},
     "profile trace a number": {"profile_trace": -1},
     "ghost BatchNorm a string": {"config": {"ghost_bn": "8"}},

@@ -323,3 +323,30 @@ def test_a_restarted_run_is_flagged_with_what_its_time_to_target_leaves_out(tmp_
             "its last attempt's, and its time to target leaves out the 42 s from its launch to "
             "that attempt's start") in said, proc.stderr
     assert max(len(line) for line in proc.stderr.splitlines()) <= 120, proc.stderr
+
+
+def test_a_bf16_row_of_a_cpu_without_bf16_arithmetic_is_flagged(tmp_path):
+    """On an AMD EPYC with AVX2 alone (no AVX512-BF16, no AMX) autocast emulates bf16, and
+    ddp-amp trained ResNet-18 24 times slower than ddp in fp32, where the README's CPU, which
+    has AVX512-BF16, trained it 1.7 times faster: its row read as mixed precision's cost.
+    The row whose record says the CPU had no bf16 arithmetic is flagged, with a line saying
+    what it timed; a bf16 row of a CPU that had it, and one whose record predates the field,
+    are not."""
+    def on(run_id, strategy, precision, bf16, seconds):
+        rec = record(run_id, strategy, 2, [seconds, seconds], [0.1, 0.2], started=run_id)
+        env = {**rec["env"], "cpu_capability": "AVX2"}
+        if bf16 is not None:
+            env["cpu_bf16"] = bf16
+        return {**rec, "precision": precision, "env": env}
+
+    emulated = [on("a", "ddp", "fp32", False, 1.0), on("b", "ddp-amp", "bf16", False, 24.0)]
+    table, said = _reported(write_runs(tmp_path / "emulated", emulated))
+    row = next(line for line in table.splitlines() if line.startswith("ddp-amp"))
+    assert row.endswith("ok ⚠ bf16 emulated"), table
+    assert [line.split()[0] for line in table.splitlines() if "⚠" in line] == ["ddp-amp"], table
+    assert ("its CPU has no bf16 arithmetic (AVX512-BF16, AMX or Arm's BF16; torch's CPU "
+            "capability there: AVX2): autocast emulates bf16") in said, said
+    for bf16 in (True, None):  # a CPU with bf16, and a record from before the field
+        rows = [on("a", "ddp", "fp32", bf16, 1.0), on("b", "ddp-amp", "bf16", bf16, 0.6)]
+        table, said = _reported(write_runs(tmp_path / str(bf16), rows))
+        assert "⚠" not in table and "bf16 arithmetic" not in said, (bf16, table, said)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from bench.records.environment import cpu_bf16_instructions, emulated_bf16_note
 from bench.tools import terminal
 
 USES_TORCH = True
@@ -33,6 +34,9 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     for row in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
     print(f"(device here: {device_type})")
+    if device_type == "cpu" and cpu_bf16_instructions() is False:  # ddp-amp's CPU precision
+        print(terminal.fill(f"note: ddp-amp trains in bf16 on CPU, and {emulated_bf16_note()}",
+                            subsequent_indent="  "))
     if reasons:
         print("not available here:")
         for reason in reasons:

@@ -30,6 +30,9 @@ DDP_COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 LOADERS = ("torch", "gpu")
 GPU_LOADER_WORKERS = 4  # --workers per GPU by default (fewer where cores are short); 0 on CPU
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+# DDP's buckets, in MB: 1 TiB holds any model's gradients in one bucket; beyond 10^300 the
+# bytes DDP counts them in were infinite, and every rank failed on building the model
+MAX_BUCKET_CAP_MB = 2**20
 # torch.compile modes; reduce-overhead and max-autotune replay CUDA graphs on a GPU
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TF32 = ("on", "off")
@@ -304,8 +307,9 @@ class RunConfig:
             raise ConfigError(f"--powersgd-rank must lie in 1..64 (got {self.powersgd_rank})")
         if self.powersgd_rank != 1 and self.ddp_comm_hook != "powersgd":
             raise ConfigError("--powersgd-rank needs --ddp-comm-hook powersgd")
-        if not self.bucket_cap_mb > 0:
-            raise ConfigError(f"--bucket-cap-mb must be positive (got {self.bucket_cap_mb})")
+        if not 0 < self.bucket_cap_mb <= MAX_BUCKET_CAP_MB:  # DDP makes it whole bytes
+            raise ConfigError(f"--bucket-cap-mb must lie in (0, {MAX_BUCKET_CAP_MB}] (got "
+                              f"{self.bucket_cap_mb}): any bucket beyond the gradients is one")
         if self.target_top1 is not None and not 0 < self.target_top1 <= 100:
             raise ConfigError(f"--target-top1 is a percentage in (0, 100] (got "
                               f"{self.target_top1})")

@@ -29,6 +29,7 @@ from bench.launch.slurm import default_rdzv_id, slurm_cpus_per_task, slurm_note,
 from bench.measure.flops import cached_train_flops_per_image
 from bench.models.registry import check_model_builds
 from bench.models.stochastic import random_layers
+from bench.records.environment import cpu_bf16_instructions, emulated_bf16_note
 from bench.records.files import new_run_id, runs_dir
 from bench.records.run_record import RunRecord
 from bench.tools.errors import ConfigError
@@ -98,6 +99,10 @@ class RunPlan:
         }
         if resolved["precision"] == "fp16" and self.device_type != "cuda":
             raise ConfigError("--precision fp16 needs CUDA; use --precision bf16 on CPU")
+        # said before the run, and kept in its record: an hour where fp32 takes minutes
+        self.precision_note = (
+            emulated_bf16_note() if resolved["precision"] == "bf16" and not elsewhere
+            and self.device_type == "cpu" and cpu_bf16_instructions() is False else None)
         self.slurm = slurm_task() if cfg.use_slurm else None
         self.slurm_note = slurm_note() if cfg.use_slurm else None
         self.launcher = self.strategy.launcher
@@ -215,6 +220,7 @@ class RunPlan:
             backend=self.strategy.process_group_backend(self.topology),
             gpu_shared=self.topology.gpu_shared,
             train_flops_per_image=cached_train_flops_per_image(self.spec),
+            notes=[self.precision_note] if self.precision_note else None,
         )
 
 

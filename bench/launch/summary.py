@@ -31,6 +31,9 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         f"bench: record {plan.record_path}",
         flush=True,
     )
+    if plan.precision_note:
+        print(terminal.fill(f"bench: note: {plan.precision_note}", subsequent_indent="  "),
+              file=sys.stderr)
     if plan.workers_per_process and forks_can_deadlock():
         print(terminal.fill(f"bench: note: Python {platform.python_version()} can deadlock a "
                             "DataLoader worker as it forks (CPython gh-112275, fixed in 3.11.10 "

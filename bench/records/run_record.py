@@ -84,8 +84,10 @@ class RunRecord:
                  workers_per_replica: int, workers_per_process: int, precision: str,
                  strategy_options: dict | None, command: list[str],
                  backend: str | None = None, gpu_shared: bool = False,
-                 train_flops_per_image: int | None = None) -> RunRecord:
-        """What is known before any rank starts; the ranks fill in the rest."""
+                 train_flops_per_image: int | None = None,
+                 notes: list[str] | None = None) -> RunRecord:
+        """What is known before any rank starts; the ranks fill in the rest (``notes``:
+        what the launcher already said of the run)."""
         return cls(path, {
             "record_version": RECORD_VERSION,
             "bench_version": __version__,
@@ -169,7 +171,7 @@ class RunRecord:
             "command": command,
             "config": cfg.to_dict(),
             "env": capture_env(device_type),
-            "notes": [],
+            "notes": list(notes or []),
             "restarts": 0,  # torchrun's, --max-restarts: the epochs are the last attempt's
             "restart_lost_s": None,  # launch to the last attempt's start: what restarts cost
             "restart_cause": None,  # what ended the attempt before, as a rank of it said it

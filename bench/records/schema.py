@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench.config.run_config import MAX_BUCKET_CAP_MB
+
 RECORD_VERSION = 1
 
 # How a run's training order is drawn (strategies.base.order_seed; each record names it as
@@ -49,7 +51,7 @@ EPOCH_FIELDS = (
 ENV_FIELDS = (
     "torch", "torchvision", "python", "hostname", "platform", "cpu", "cpu_id", "cpu_count", "cuda",
     "cudnn", "nccl", "gpus", "driver", "cpu_quota_cores", "usable_cores",
-    "tuning",
+    "tuning", "cpu_capability", "cpu_bf16",
 )
 
 
@@ -91,7 +93,8 @@ _OPTIONAL = {
     ("config",): {"width": NUMBER, "epochs": int, "synthetic_difficulty": NUMBER,
                   "hvd_compression": str, "ghost_bn": int, "synthetic_classes": int},
     ("env",): {"gpus": list, "cpu": str, "torch": str, "cpu_count": int,
-               "cpu_quota_cores": NUMBER, "usable_cores": int, "tuning": dict},
+               "cpu_quota_cores": NUMBER, "usable_cores": int, "tuning": dict,
+               "cpu_capability": str, "cpu_bf16": bool},
     ("cpu_load_sampled",): {"cores": int},
     ("memory_parts",): {"parameters": int, "gradients": int, "optimizer_state": int,
                         "peak": int, "activations_and_workspace": int},
@@ -108,6 +111,13 @@ _EPOCH_OPTIONAL = {"eval_time_s": NUMBER, "top5": NUMBER, "train_loss": NUMBER,
 
 def _kind_name(kind) -> str:
     return "a number" if kind is NUMBER else ("a list" if kind is list else kind.__name__)
+
+
+# Every whole number a record holds is a count, a size, a seed or bytes: none is negative,
+# and none reaches 2^53 (past it a JSON number is no longer exact in a float, and past 2^63
+# numpy holds it as a Python object, which the plots' log scale cannot take: a record
+# saying world_size 10^30 was a traceback).
+_MAX_COUNT = 2**53
 
 
 def wrong_type(value: Any, kind) -> bool:
@@ -127,7 +137,7 @@ def record_problem(rec: Any) -> str | None:
                       ("world_size", int), ("per_epoch", list)):
         if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
             return f"{key} missing or not {_kind_name(kind)}"
-    if rec["world_size"] < 1:
+    if not 1 <= rec["world_size"] < _MAX_COUNT:
         return f"world_size is {rec['world_size']}, not a count of processes"
     version = rec.get("record_version")
     if isinstance(version, int) and not isinstance(version, bool) and version > RECORD_VERSION:
@@ -143,6 +153,11 @@ def record_problem(rec: Any) -> str | None:
             if value is not None and wrong_type(value, kind):
                 name = ".".join((*where, key))
                 return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
+            if kind is int and value is not None and not 0 <= value < _MAX_COUNT:
+                return f"{'.'.join((*where, key))} is {value}, not a count"
+    bucket = (rec.get("ddp_options") or {}).get("bucket_cap_mb")
+    if bucket is not None and not 0 < bucket <= MAX_BUCKET_CAP_MB:  # as `bench run` checks
+        return f"ddp_options.bucket_cap_mb is {bucket}, not a bucket size in MB"
     if rec.get("reached_target") and rec.get("time_to_target_s") is None:
         return "reached_target without time_to_target_s"
     for i, epoch in enumerate(rec["per_epoch"]):
@@ -156,8 +171,10 @@ def record_problem(rec: Any) -> str | None:
             value = epoch.get(key)
             if value is not None and wrong_type(value, kind):
                 return f"per_epoch[{i}].{key} is {type(value).__name__}, not {_kind_name(kind)}"
+            if kind is int and value is not None and not 0 <= value < _MAX_COUNT:
+                return f"per_epoch[{i}].{key} is {value}, not a count"
         if not 0 <= epoch["top1"] <= 1:
             return f"per_epoch[{i}].top1 is {epoch['top1']!r}, not a fraction"
-        if epoch["train_time_s"] <= 0 or epoch["images_per_s"] < 0:
+        if epoch["train_time_s"] <= 0 or epoch["images_per_s"] <= 0:  # an epoch trains
             return f"per_epoch[{i}] has a time or speed of {epoch['train_time_s']!r} s"
     return None

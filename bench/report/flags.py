@@ -144,6 +144,17 @@ def lowered_power_limit(rec: dict) -> tuple[float, float] | None:
     return (enforced, default) if enforced < (1 - POWER_LIMIT_CUT) * default else None
 
 
+def bf16_emulated(rec: dict) -> str | None:
+    """The CPU capability ('AVX2') of a bf16 CPU run whose machine had no bf16 arithmetic
+    (``env.cpu_bf16`` false: autocast emulated bf16, many times slower than fp32), else
+    None; records from before the field: None."""
+    env = rec.get("env") or {}
+    if (rec.get("device") == "cpu" and "bf16" in str(rec.get("precision"))
+            and env.get("cpu_bf16") is False):
+        return env.get("cpu_capability") or "not said"
+    return None
+
+
 def efficiency_p(rates: list[float], base_rates: list[float], world_size: int) -> float:
     """Welch's two-sided p of a row's img/s per replica (each run's, over N) against the
     img/s of its N=1 row's runs, where each side has two or more runs; NaN otherwise. An
@@ -173,6 +184,8 @@ def row_flags(r) -> str:
         flags.append(f"GPU clock -{100 * r.clock_gap:.0f} %")
     if r.power_limit:
         flags.append("GPU power limit lowered")
+    if isinstance(r.bf16_emulated, str):  # (pandas reads a row's None as NaN)
+        flags.append("bf16 emulated")
     if r.abnormal_slowdowns:
         flags.append("GPU " + " / ".join(r.abnormal_slowdowns))
     if r.slow_runs:

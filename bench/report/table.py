@@ -26,6 +26,7 @@ from bench.records.describe import (
 from bench.records.provenance import current_status
 from bench.report.accuracy import add_parity, mlperf_score, mlperf_seconds
 from bench.report.flags import (
+    bf16_emulated,
     clock_gaps,
     efficiency_p,
     lowered_power_limit,
@@ -213,6 +214,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "images_per_joule": as_number(figures.get("images_per_joule")),
                 "slowdowns": figures.get("gpu_slowdowns") or [],
                 "power_limit": lowered_power_limit(rec),
+                "bf16_emulated": bf16_emulated(rec),
             }
         )
     return pd.DataFrame(rows)
@@ -294,6 +296,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             abnormal_slowdowns=sorted({r for rs in ok["slowdowns"] for r in rs
                                        if r in ABNORMAL}),
             power_limit=next((p for p in ok["power_limit"] if p), None),
+            bf16_emulated=next((c for c in ok["bf16_emulated"] if isinstance(c, str)), None),
             status="ok" if len(ok) else group["status"].iloc[-1],
             error=None if len(ok) else group["error"].iloc[-1],
             dataset=use["dataset"].iloc[-1],

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from bench.records.describe import short_options
+from bench.records.environment import emulated_bf16_note
 from bench.report.flags import ABOUT_TOP1, clock_gap_matters, flagged_exposed
 from bench.report.table import COLUMN_INDEX, COLUMNS
 from bench.report.verdict import accuracy_workloads, speed_not_comparable
@@ -198,6 +199,9 @@ def plausibility_warnings(table) -> list[str]:
         if r.abnormal_slowdowns:
             lines.append(f"{row}: the GPU lowered its clocks for {', '.join(r.abnormal_slowdowns)}"
                          " during timed epochs: its times depend on cooling, not on the strategy")
+        if isinstance(r.bf16_emulated, str):
+            lines.append(f"{row}: {emulated_bf16_note(r.bf16_emulated, here=False)}; time "
+                         "bf16 on a CPU with AVX512-BF16 or AMX")
         if r.gpu_shared:
             lines.append(f"{row}: ranks shared GPUs (--backend gloo): its times are not "
                          "comparable with any other row")
