@@ -166,6 +166,9 @@ def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
     by_size = {r["bytes"]: r["algbw_GBps"] for r in probe["results"]}
     assert by_size[1024**2] > 10 * by_size[1024]
     assert probe["gradient_bytes"] == 4 * probe_parameters()  # float32 gradients
+    # the gradient's model as the report names it: ResNet-18 at its width
+    assert (f"one resnet18 x0.125 gradient ({probe['gradient_bytes'] / 2**20:.1f} MiB) "
+            "all-reduces in") in proc.stdout, proc.stdout
     bad = run_bench("probe", "--cpu", "--gpus", "1", "--output", str(tmp_path / "x"))
     assert bad.returncode == 2 and "at least 2 ranks" in bad.stderr
 

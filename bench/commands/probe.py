@@ -226,7 +226,8 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     path = folder / f"{probe_id}.json"
     write_atomic(path, record)
     print(probe_table(record), end="")
-    print(f"bench probe: one {short_name(model)} gradient ({grad / MIB:.1f} MiB) "
+    scaled = f" x{width:g}" if width != 1.0 else ""  # as the report names a workload's model
+    print(f"bench probe: one {short_name(model)}{scaled} gradient ({grad / MIB:.1f} MiB) "
           "all-reduces in "
           f"{1000 * at_grad['time_s']:.2f} ms at best\nbench probe: record {path}")
     return EXIT_OK

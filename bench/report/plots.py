@@ -67,6 +67,11 @@ def make_figures(records: list[dict[str, Any]],
             ax.set_ylim(0, 1.15 * top)
         legend(ax, fontsize=8, loc="upper right")
     ax.set_xticks(range(len(ok)), labels, fontsize=8, rotation=30, ha="right")
+    if len(ok) and not ok["epoch_time_s"].notna().any():  # axes of bars of no height
+        ax.text(0.5, 0.5, "no timed epoch: each run's only epoch was its warm-up\n"
+                "(--epochs 2 or more times the epochs after it)", ha="center",
+                va="center", transform=ax.transAxes, fontsize=9, color="dimgrey")
+        ax.set_yticks([])
     ax.set_ylabel("epoch time (s)")
     ax.set_title("Epoch time per strategy and world size (median, warm-up excluded)")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -126,8 +131,10 @@ def make_figures(records: list[dict[str, Any]],
         label = labels[0] + "".join(f"\n= {other}" for other in labels[1:])
         ax.plot(range(1, len(curve) + 1), curve, label=label, **line_look(i))
     ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # whole epochs, even where there is one (two ticks at least put 0.96 beside 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_ylabel("test top-1 (%, mean over repeats)")
+    ax.set_ylim(bottom=max(0.0, ax.get_ylim()[0]))  # a top-1 of 0 % drew -0.04 below it
     ax.set_title("Accuracy per epoch")
     if ax.lines:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
