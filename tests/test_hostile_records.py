@@ -168,6 +168,34 @@ def test_fields_recorded_as_null_read_as_not_recorded(tmp_path):
             assert "bucket" not in proc.stdout, proc.stdout
 
 
+def test_a_failed_run_without_its_reason_beside_one_with_it_reads_no_nan(tmp_path):
+    """pandas holds a text column's null as NaN where other rows have text: a failed run
+    that recorded no error, beside one that did, was 'failed: nan' under its row."""
+    runs = [record("ok", "ddp", 2, [2.0, 1.0], [0.1, 0.2]),
+            record("said", "horovod", 2, [], [], status="failed", error="rank 0: boom"),
+            record("unsaid", "fsdp", 2, [], [], status="failed", error=None)]
+    proc = subprocess.run([*BENCH, "report", "--results", str(write_runs(tmp_path, runs)),
+                           "--no-write"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "failed: rank 0: boom" in proc.stdout and "nan" not in proc.stdout.lower(), (
+        proc.stdout)
+
+
+def test_a_row_whose_batchnorm_is_not_recorded_is_compared_as_not_recorded(tmp_path):
+    """Two rows that differ in BatchNorm only, one of them not recorded: compare's BN column
+    named it 'nan'."""
+    sides = []
+    for side in ("a", "b"):
+        rows = [record(f"{side}1", "ddp", 2, [2.0, 1.0], [0.1, 0.2]),
+                {**record(f"{side}2", "ddp", 2, [2.0, 1.0], [0.1, 0.2]), "norm": None}]
+        sides.append(str(write_runs(tmp_path / side, rows)))
+    proc = subprocess.run([*BENCH, "compare", *sides], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cells = [line.split()[2] for line in proc.stdout.splitlines() if line.startswith("ddp ")]
+    assert cells == ["per-replica-bn", "—"], proc.stdout
+
+
 def test_committed_records_with_every_optional_field_null_are_read(tmp_path):
     """The committed CPU table's ddp N=1 and N=2 records, and copies of them with every field
     but the five a record must hold made null (a dict's fields each null): report (its

@@ -284,6 +284,25 @@ def test_a_run_that_started_from_other_weights_is_named(tmp_path):
     assert sum("✗" in line for line in rows.values()) == 1, table
 
 
+def test_a_run_that_recorded_no_start_is_not_named_as_another(tmp_path):
+    """A record from before the start fingerprint was recorded, beside runs that hold it:
+    pandas read its missing fingerprint as NaN, which counted as a start of its own, and
+    the row read 'same start ✗ ... other weights', a claim no record made. Nor does a run
+    without a seed join a seed's runs."""
+    def started(run_id, strategy, world, sha1, orders, seed=0):
+        rec = _ordered(run_id, strategy, world, orders, seed=seed)
+        return {**rec, "initial_param_fingerprint": sha1,
+                "initial_reference_fingerprint": sha1}
+
+    runs = [started("one", "ddp", 2, "w", ["a", "b"]), started("two", "fsdp", 2, "w", ["a", "b"]),
+            _ordered("old", "dp", 1, ["a", "b"]),  # no fingerprint
+            {**started("unseeded", "ddp-amp", 2, "v", ["c", "d"]), "seed": None}]
+    table, said = _reported(write_runs(tmp_path, runs))
+    assert "other weights" not in table + said and "other batches" not in table + said, (
+        table, said)
+    assert "✗" not in table, table
+
+
 def test_a_row_whose_runs_ran_under_two_torches_is_named(tmp_path):
     """A sweep run again into the same folder after a torch upgrade: its repeats were one
     row, both torches' runs averaged as one configuration's, and nothing said so. The row

@@ -118,6 +118,9 @@ def test_the_committed_report_opens_in_a_browser_at_desk_and_phone_widths(tmp_pa
     text = page.read_text()
     figures = text.count("<figure>")
     assert figures >= 10 and "The answer" in text
+    # a cell with no figure says '—': the projection's N=1 rows read 'nan' (pandas holds a
+    # column's None as NaN)
+    assert ">nan<" not in text.lower(), re.findall(r".{200}>nan<", text, re.I)
     probed = tmp_path / "probed.html"
     probed.write_text(text.replace("<head>", "<head>" + _PROBE, 1))
     host = tmp_path / "phone.html"

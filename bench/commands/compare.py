@@ -340,7 +340,8 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
         "N": str(row["world_size"]), "dev": str(row["device"]),
         "prec.": str(row["precision"]), "options": short_options(", ".join(options) or "—"),
         # kept where they tell apart rows that read alike otherwise (views.only_where_apart)
-        "epochs": str(row.get("epochs", "—")), "BN": str(row.get("norm") or "—"),
+        "epochs": str(row.get("epochs", "—")),
+        "BN": row["norm"] if isinstance(row.get("norm"), str) else "—",  # NaN: not recorded
         "runs A/B": row.get("runs") or "—",
         "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
                              _number(row.get("images_per_s_b"), ".0f")),

@@ -5,6 +5,7 @@ the plots (hatched)."""
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from typing import Any
 
@@ -74,13 +75,17 @@ def _odd_ones(members: list[tuple[str, tuple]]) -> dict[str, tuple[tuple, tuple]
 
 
 def _by_seed(runs, value_of) -> dict[tuple, list[tuple[str, Any]]]:
-    """The ok runs of each (workload, seed, order rule) with ``value_of(run)`` (None: left
-    out); not in a block at each one's largest batch (another batch, another order)."""
+    """The ok runs of each (workload, seed, order rule) with ``value_of(run)`` (None, empty
+    or NaN: not recorded, left out); not in a block at each one's largest batch (another
+    batch, another order). pandas holds a column's null as NaN where other runs hold a
+    value: a record without a start fingerprint was 'other weights' beside those with."""
     groups: dict[tuple, list[tuple[str, Any]]] = {}
     for r in runs.itertuples():
         value = value_of(r) if r.status == "ok" and not r.own_batch else None
-        if value and r.seed is not None:
-            groups.setdefault((r.workload, r.seed, r.order_rule), []).append((r.run_id, value))
+        if (isinstance(value, (str, tuple)) and value and isinstance(r.seed, numbers.Real)
+                and r.seed == r.seed):
+            groups.setdefault((r.workload, int(r.seed), r.order_rule), []).append(
+                (r.run_id, value))
     return groups
 
 

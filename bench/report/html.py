@@ -92,7 +92,8 @@ def _projection(table) -> str:
     if not rows:
         return ""
     cells = [[str(r["workload"]), str(r["strategy"]), str(r["world_size"]), str(r["precision"]),
-              str(r.get("comm_ceiling") or "—"), str(r.get("projected_efficiency") or "—")]
+              *(r[k] if isinstance(r.get(k), str) else "—"  # (not said: pandas' NaN)
+                for k in ("comm_ceiling", "projected_efficiency"))]
              for r in rows]
     return ("<h2>Projection</h2><p>From the newest <code>bench probe</code> of each row's "
             "machine and network (else of its device): "

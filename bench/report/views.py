@@ -92,7 +92,7 @@ def row_cells(table) -> list[list[str]]:
             cells[COLUMN_INDEX["epoch_time_s"]] += " (ranks shared GPUs: not comparable)"
         if r.get("status") == "ok" and r.get("failed_runs"):
             cells[COLUMN_INDEX["runs"]] += f" (+{r['failed_runs']} not ok)"
-        if r.get("status") != "ok" and r.get("error"):
+        if r.get("status") != "ok" and isinstance(r.get("error"), str) and r["error"]:
             reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
             reason = reason if len(reason) <= 110 else reason[:107] + "..."
             cells[-1] = f"{r['status']}: {reason}"
