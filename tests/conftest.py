@@ -226,3 +226,17 @@ def still_running(pids: set[int], within: float = 10) -> list[int]:
             if "zombie" not in Path(f"/proc/{pid}/status").read_text().lower():
                 left.append(pid)
     return left
+
+
+def bf16_in_cpu_flags() -> bool | None:
+    """Whether the kernel lists bf16 arithmetic among this x86 CPU's flags (AVX512-BF16 or
+    AMX's bf16); None where /proc/cpuinfo names no x86 flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), None)
+    if not flags or "sse2" not in flags:
+        return None
+    return "avx512_bf16" in flags or "amx_bf16" in flags

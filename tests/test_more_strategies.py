@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import (
     FAST,
@@ -13,6 +12,7 @@ from conftest import (
     ROOT,
     assert_comm_probe,
     assert_ok,
+    bf16_in_cpu_flags,
     only_record,
     records,
     run_bench,
@@ -27,27 +27,13 @@ def _run(strategy: str, gpus: int, cifar_dir, out, *extra: str):
     )
 
 
-def _bf16_in_cpu_flags() -> bool | None:
-    """Whether the kernel lists bf16 arithmetic among this x86 CPU's flags (AVX512-BF16 or
-    AMX's bf16); None where /proc/cpuinfo names no x86 flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), None)
-    if not flags or "sse2" not in flags:
-        return None
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def test_ddp_amp_bf16_on_two_cpu_ranks(cifar_dir, tmp_path):
     proc = _run("ddp-amp", 2, cifar_dir, tmp_path, *PROBE)  # bf16 is the CPU default
     assert_ok(proc)
     rec = only_record(tmp_path)
     # A CPU without bf16 arithmetic emulates it (24x slower than fp32 for ResNet-18 on an
     # AVX2 AMD EPYC): the run says so before it starts, and its record keeps it
-    native = _bf16_in_cpu_flags()
+    native = bf16_in_cpu_flags()
     if native is not None:
         assert rec["env"]["cpu_bf16"] is native, rec["env"]
         said = " ".join(proc.stderr.split())
@@ -85,9 +71,9 @@ def test_ddp_apex_is_unavailable_here_with_the_reason(cifar_dir, tmp_path):
     assert max(map(len, listing.stdout.splitlines())) <= 120, listing.stdout  # 120 columns
     reason = listing.stdout[listing.stdout.index("  ddp-apex:"):]
     assert "CUDA" in reason and "25.05" in reason and "make apex" in reason
-    if _bf16_in_cpu_flags() is not None:  # and whether ddp-amp's bf16 is emulated here
+    if bf16_in_cpu_flags() is not None:  # and whether ddp-amp's bf16 is emulated here
         assert ("this CPU has no bf16 arithmetic" in listing.stdout) is (
-            not _bf16_in_cpu_flags()), listing.stdout
+            not bf16_in_cpu_flags()), listing.stdout
     proc = _run("ddp-apex", 2, cifar_dir, tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert "unavailable" in proc.stderr and "25.05" in proc.stderr

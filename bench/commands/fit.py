@@ -362,8 +362,12 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     from bench.launch.plan import RunPlan, check_data
 
     first = args.start * replicas
-    check_data([RunPlan(cfg.derive(batch_size=first, train_limit=STEPS * first,
-                                   test_limit=first), probe_output=False)])
+    plan = RunPlan(cfg.derive(batch_size=first, train_limit=STEPS * first, test_limit=first),
+                   probe_output=False)
+    check_data([plan])
+    if plan.precision_note:  # the tries' img/s are the emulation's, as a run's would be
+        print(terminal.fill(f"bench fit: note: {plan.precision_note}", subsequent_indent="    "),
+              file=sys.stderr)
     lo, tries = search(args.start, replicas, run_args, limit, args.gpu_memory,
                        args.max_tries, 60 * args.max_minutes,
                        say=lambda line: print(line, file=sys.stderr, flush=True))
