@@ -196,6 +196,32 @@ def test_a_row_whose_batchnorm_is_not_recorded_is_compared_as_not_recorded(tmp_p
     assert cells == ["per-replica-bn", "—"], proc.stdout
 
 
+def test_a_side_that_did_not_say_its_torch_is_compared_as_not_said_in_strict_json(tmp_path):
+    """B's fsdp run recorded no torch where its ddp run did: compare's torch cell read
+    'x→nan', and its JSON held a bare NaN, which strict readers (jq) refuse."""
+    a = write_runs(tmp_path / "a", [record("a1", "ddp", 2, [2.0, 1.0], [0.1, 0.2]),
+                                    record("a2", "fsdp", 2, [2.0, 1.0], [0.1, 0.2])])
+    untold = record("b2", "fsdp", 2, [2.0, 1.0], [0.1, 0.2])
+    untold["env"] = {k: v for k, v in untold["env"].items() if k != "torch"}
+    told = record("b1", "ddp", 2, [2.0, 1.0], [0.1, 0.2])
+    told["env"] = {**told["env"], "torch": "2.15.0"}
+    b = write_runs(tmp_path / "b", [told, untold])
+    text = subprocess.run([*BENCH, "compare", str(a), str(b)], capture_output=True,
+                          text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    cells = {line.split()[0]: line.split()[-2] for line in text.stdout.splitlines()
+             if line.startswith(("ddp ", "fsdp "))}
+    assert cells == {"ddp": "x→2.15.0", "fsdp": "x→?"}, text.stdout
+    out = subprocess.run([*BENCH, "compare", str(a), str(b), "--format", "json"],
+                         capture_output=True, text=True, timeout=120).stdout
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    rows = json.loads(out, parse_constant=refuse)
+    assert sorted(str(r["torch_b"]) for r in rows) == ["2.15.0", "None"], rows
+
+
 def test_committed_records_with_every_optional_field_null_are_read(tmp_path):
     """The committed CPU table's ddp N=1 and N=2 records, and copies of them with every field
     but the five a record must hold made null (a dict's fields each null): report (its

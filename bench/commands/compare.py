@@ -7,7 +7,6 @@ significantly in accuracy, so the command can gate a CI job."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections import Counter
@@ -19,7 +18,13 @@ from bench.report import GROUP_KEYS, report_order, summary_table
 from bench.report.flags import ABOUT_TOP1, clock_gap_matters
 from bench.report.table import apart_by
 from bench.report.verdict import ONE_RUN_NOISE, accuracy_workloads, device_noise
-from bench.report.views import SAID_BY_WORKLOAD, block_heading, only_where_apart, said_once
+from bench.report.views import (
+    SAID_BY_WORKLOAD,
+    block_heading,
+    only_where_apart,
+    said_once,
+    strict_json,
+)
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
@@ -192,7 +197,8 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
             top1_ci_a=_or_none(ra.get("final_top1_ci"), 4),
             top1_ci_b=_or_none(rb.get("final_top1_ci"), 4),
             delta_top1=_or_none(delta, 4), p_value=_or_none(p, 6),
-            torch_a=ra.get("torch"), torch_b=rb.get("torch"),
+            # (a side's torch not said: pandas' NaN, not a version)
+            torch_a=_said(ra.get("torch")), torch_b=_said(rb.get("torch")),
             top1_only=not timed,
             verdict=("REGRESSED: " + ", ".join(reasons)) if reasons else (
                 ("not gated: " + ", ".join(unsure)) if unsure else (
@@ -200,6 +206,11 @@ def compare_tables(a: list[dict[str, Any]], b: list[dict[str, Any]],
         )
         out.append(row)
     return out
+
+
+def _said(value: Any) -> str | None:
+    """A text a row holds, or None where it holds none (pandas' NaN for a null)."""
+    return value if isinstance(value, str) else None
 
 
 def clock_note(share_a: float, share_b: float) -> str | None:
@@ -355,8 +366,10 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
         "Δ top-1 (p)": "—" if delta is None else (
             f"{delta:+.2f}" + ("" if p is None else f" (p {p:.2g})")),
         # what each side ran on (said once in the heading where every row shares it)
-        "torch": "—" if not row.get("torch_a") else row["torch_a"] if (
-            row["torch_a"] == row.get("torch_b")) else f"{row['torch_a']}→{row['torch_b']}",
+        # a side that did not say its torch is '?', as the report's machines say it
+        "torch": "—" if not (row.get("torch_a") or row.get("torch_b")) else (
+            row["torch_a"] if row.get("torch_a") == row.get("torch_b")
+            else f"{row.get('torch_a') or '?'}→{row.get('torch_b') or '?'}"),
         "verdict": str(row["verdict"]),
     }
 
@@ -417,7 +430,7 @@ def render(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "text":
         return to_text(rows)
     if fmt == "json":
-        return json.dumps(rows, indent=2, default=str) + "\n"
+        return strict_json(rows)
     import pandas as pd
 
     if fmt == "csv":

@@ -453,13 +453,19 @@ def to_csv(table) -> str:
 
 
 def to_json(table) -> str:
-    """Strict JSON: NaN and infinities become null."""
+    """The table as strict JSON (strict_json)."""
+    return strict_json(table.to_dict("records"))
+
+
+def strict_json(rows: list[dict[str, Any]]) -> str:
+    """Rows as strict JSON: NaN and infinities (pandas' not recorded among them) become
+    null, which every JSON reader takes (`jq` stops at NaN)."""
     def clean(value):
         if isinstance(value, float) and not math.isfinite(value):
             return None
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):
             return [clean(v) for v in value]
         return value
 
-    rows = [{k: clean(v) for k, v in r.items()} for r in table.to_dict("records")]
+    rows = [{k: clean(v) for k, v in r.items()} for r in rows]
     return json.dumps(rows, indent=2, default=str, allow_nan=False) + "\n"
