@@ -120,6 +120,56 @@ def test_a_stopped_rank_does_not_keep_torchrun_from_restarting(tmp_path):
     assert not alive(rec["run_id"])
 
 
+def test_the_watchdog_waits_for_the_next_attempt_not_on_the_beats_of_the_one_that_ended():
+    """CI (1 core) ended a run with a restart left: `timeout: rank 1 made no progress for
+    10 s; last reported: train epoch 1 step 1`, the beat of the attempt that had failed,
+    aged while torchrun ended it and the new rank 1 still started. The scratch folder as a
+    run's ranks leave it, at each point of a restart: only the attempt running is timed,
+    and the last attempt (no restart left) is timed as a run without restarts is."""
+    from bench.launch.job import Launch, RunTimeout
+    from bench.train.scratch import Heartbeat, RankError, Scratch
+
+    scratch = Scratch.create("restart-watchdog-test")
+    try:
+        watchdog = Launch(spec_path=scratch.spec, nprocs=2, port=0, threads=1,
+                          scratch=scratch, timeout=10, max_restarts=1)
+        long_ago = time.time() - 60
+
+        def beat(rank: int, attempt: int, phase: str, when: float) -> None:
+            os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+            try:
+                heartbeat = Heartbeat(scratch)
+            finally:
+                del os.environ["TORCHELASTIC_RESTART_COUNT"]
+            heartbeat.bind(rank)
+            heartbeat(phase, force=True)
+            os.utime(scratch.beat(rank), (when, when))
+
+        beat(0, 0, "train epoch 1 step 3", time.time())
+        beat(1, 0, "train epoch 1 step 1", long_ago)  # stopped 60 s ago, no rank failed yet
+        with pytest.raises(RunTimeout, match="rank 1 made no progress"):
+            watchdog.check_progress()
+        scratch.write_error(0, RankError("RuntimeError: Application timeout", True, "", 0))
+        watchdog.check_progress()  # attempt 0 failed, a restart left: torchrun's to end
+        scratch.start_attempt(1)  # the next attempt's rank 0 has started, rank 1 not yet
+        scratch.beat(0).unlink()
+        beat(0, 1, "build: model and data", time.time())
+        watchdog.check_progress()
+        assert scratch.last_phase(1) == "train epoch 1 step 1"
+        beat(1, 1, "train epoch 1 step 2", long_ago)  # the new rank 1 beat, then stopped
+        with pytest.raises(RunTimeout, match="rank 1 made no progress for 60 s"):
+            watchdog.check_progress()
+        scratch.write_error(0, RankError("RuntimeError: Application timeout", True, "", 1))
+        with pytest.raises(RunTimeout):  # the last attempt failed: no restart follows
+            watchdog.check_progress()
+        without_restarts = Launch(spec_path=scratch.spec, nprocs=2, port=0, threads=1,
+                                  scratch=scratch, timeout=10)
+        with pytest.raises(RunTimeout):
+            without_restarts.check_progress()
+    finally:
+        scratch.remove()
+
+
 def test_a_failure_is_named_by_the_last_attempt_of_a_restarted_run(tmp_path):
     """An attempt's error files stay in the scratch folder when torchrun restarts the
     ranks: one whose rank did not fail again (rank 0, a peer of the first failure) was

@@ -18,7 +18,7 @@ from pathlib import Path
 from bench.launch.output import nccl_watchdog_timeout
 from bench.launch.slurm import SlurmTask
 from bench.tools.lifetime import ForkedChild
-from bench.train.scratch import Scratch
+from bench.train.scratch import Scratch, read_beat
 
 # SIGTERM, then this long, then SIGKILL: ranks act on SIGTERM at once (no handler), and
 # a stopped or hung one never will; torch's own 30 s would only be waited out.
@@ -57,17 +57,34 @@ class Launch:
         """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
         least once a second while they work; a collective that waits does not beat."""
         now = time.time()
+        ended = self.ended_attempt()
         for rank, beat in self.scratch.beats():
             try:
                 age = now - beat.stat().st_mtime
-                phase = beat.read_text().strip()
+                phase, attempt = read_beat(beat)
             except OSError:
                 continue
-            if age > self.timeout:
+            if age > self.timeout and attempt > ended:
                 raise RunTimeout(
                     f"timeout: rank {rank} made no progress for {age:.0f} s "
                     f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
                 )
+
+    def ended_attempt(self) -> int:
+        """The last attempt whose heartbeats no longer count (-1: none). Where torchrun may
+        restart the ranks: every attempt before the one that started last, and that one too
+        once a rank of it has failed with a restart left. torchrun ends such an attempt (its
+        SIGTERM, SIGKILL 30 s on; ``let_a_failed_attempt_end`` resumes a stopped rank) and
+        starts the next, whose ranks' start-up is torchrun's to bound, as the first
+        attempt's is: a rank's beat from the attempt before aged meanwhile, and on a slow
+        machine (CI, 1 core) it ended the whole run before the new rank had started,
+        restarts left."""
+        if not self.max_restarts:
+            return -1
+        attempt = self.scratch.attempt()
+        if attempt < self.max_restarts and self.scratch.has_errors():
+            return attempt
+        return attempt - 1
 
     def let_a_failed_attempt_end(self) -> None:
         """Where torchrun may restart the ranks: once a rank of the attempt has failed, its

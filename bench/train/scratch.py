@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.tools.lifetime import still_running
+from bench.tools.restarts import restart_count
 
 # A folder without its launcher file is being created (for microseconds) or removed, or is
 # what a dying torchrun agent made again after its run removed it: gone after this long, if
@@ -25,6 +26,16 @@ _UNOWNED_S = 600
 _SCRATCH_NAME = re.compile(r"bench-\d{8}\S*-[a-z0-9_]{8}")
 # What a rank raises once a peer has died (gloo's transport; a pipe to it)
 _BROKEN_CONNECTION = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe")
+
+
+def read_beat(path: Path) -> tuple[str, int]:
+    """(phase, attempt) of a heartbeat file: its first line the rank's phase, its second the
+    attempt (torchrun's restart count) of the rank that wrote it."""
+    phase, _, attempt = path.read_text().partition("\n")
+    try:
+        return phase.strip(), int(attempt or 0)
+    except ValueError:  # half-written
+        return phase.strip(), 0
 
 
 def remove_orphans() -> None:
@@ -124,7 +135,7 @@ class Scratch:
     def last_phase(self, rank: int | str) -> str:
         """The phase ``rank`` last wrote to its heartbeat file."""
         try:
-            return self.beat(rank).read_text().strip() or "start-up"
+            return read_beat(self.beat(rank))[0] or "start-up"
         except OSError:
             return "start-up"
 
@@ -296,6 +307,7 @@ class Heartbeat:
         self.phase = "start-up"
         self.path: Path | None = None  # no file until the rank is known
         self.last = 0.0
+        self.attempt = restart_count()  # the watchdog tells an ended attempt's beats by it
 
     def bind(self, rank: int) -> None:
         """Beat for this rank from now on (once the strategy has joined its group)."""
@@ -329,4 +341,4 @@ class Heartbeat:
         now = time.monotonic()
         if self.path is not None and (force or now - self.last >= 1.0):
             self.last = now
-            self.path.write_text(phase)
+            self.path.write_text(f"{phase}\n{self.attempt}")
