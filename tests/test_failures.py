@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -283,8 +284,31 @@ def test_hanging_rank_is_ended_by_the_timeout(tmp_path):
     # Rank 0 waited in the gradient all-reduce that rank 1 never joined.
     assert rec["error"].startswith("timeout: rank 0"), rec["error"]
     assert "train epoch 1 step 3" in rec["error"]
+    # gloo's source file before its message ('[/__w/pytorch/.../unbound_buffer.cc:129]')
+    # is the traceback's (kept), not the line's
+    assert not re.search(r"\.cc:\d+\]", rec["error"]), rec["error"]
     assert elapsed < 60
     assert not alive(rec["run_id"])
+
+
+def test_a_rank_error_line_leaves_the_cpp_source_location_to_the_traceback():
+    """A gloo timeout as the rank above raised it, when rank 0's side of the collective was
+    a send (whether it is a send or a receive depends on the moment: the test above sees
+    either): the line read `timeout: rank 0: RuntimeError: [/__w/pytorch/pytorch/
+    third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 5000ms
+    ...`, a third of it a build machine's path."""
+    from bench.train.rank import _error_line
+
+    sent = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                        "unbound_buffer.cc:129] Timed out waiting 5000ms for send operation "
+                        "to complete")
+    closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                          "closed by peer [127.0.0.1]:36397")
+    assert _error_line(sent) == ("RuntimeError: Timed out waiting 5000ms for send operation "
+                                 "to complete")
+    assert _error_line(closed) == "RuntimeError: Connection closed by peer [127.0.0.1]:36397"
+    assert _error_line(RuntimeError("[rank 1] not a path [x]")) == (
+        "RuntimeError: [rank 1] not a path [x]")
 
 
 def test_a_failed_rank_ends_the_run_while_another_is_stopped(tmp_path):

@@ -128,6 +128,12 @@ MALFORMED = {
     # a newer bench may mean something else by a field: read as this one means it, its
     # figures would be wrong in silence
     "a newer record version": {"record_version": RECORD_VERSION + 1},
+    # the report's threads column read it as a number: a list was a traceback
+    "threads per process a list": {"threads_per_process": [4]},
+    # the projection's validation divided by it
+    "a step of 0 s": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
+                                     "step_time_p50_s": 0.0}]},
+    "a negative compute step": {"compute_step_s": -0.02},
 }
 
 

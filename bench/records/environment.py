@@ -3,6 +3,7 @@ the libraries where that is slow)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import socket
@@ -118,6 +119,7 @@ def cpu_capability() -> str | None:
         return None
 
 
+@functools.cache  # the machine's: the plan and the record's environment both ask
 def cpu_bf16_instructions() -> bool | None:
     """Whether this CPU has bf16 arithmetic: AVX512-BF16 or AMX on x86 (torch's own query of
     cpuinfo), Arm's BF16 elsewhere (oneDNN's); None where torch does not say. Without it

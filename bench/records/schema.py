@@ -82,7 +82,7 @@ _OPTIONAL = {
          "memory_parts": dict, "base_lr": NUMBER, "lr_reference_batch": NUMBER,
          "warmup_epochs": NUMBER, "profile_trace": str, "cpu_load_sampled": dict,
          "restarts": int, "restart_lost_s": NUMBER,
-         "restart_cause": str},
+         "restart_cause": str, "threads_per_process": int, "workers_per_process": int},
     # what a row's options name (records.describe.speed_options) and projections read
     ("ddp_options",): {"bucket_cap_mb": NUMBER, "gradient_as_bucket_view": bool,
                        "static_graph": bool, "find_unused_parameters": bool,
@@ -128,6 +128,27 @@ def wrong_type(value: Any, kind) -> bool:
         isinstance(value, float) and not math.isfinite(value))
 
 
+# Times and rates: a step takes time (the projection's validation divided by a step of
+# 0 s), and a wait or a time lost is never negative
+_POSITIVE = {"compute_step_s", "loader_alone_images_per_s", "step_time_p50_s",
+             "step_time_p90_s"}
+_NOT_NEGATIVE = {"time_to_target_s", "restart_lost_s", "eval_time_s", "input_wait_s"}
+
+
+def _optional_problem(name: str, key: str, value: Any, kind) -> str | None:
+    """What is wrong with the optional field ``key`` (``name`` where the record holds it;
+    None: absent, or right)."""
+    if value is None:
+        return None
+    if wrong_type(value, kind):
+        return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
+    if kind is int and not 0 <= value < _MAX_COUNT:
+        return f"{name} is {value}, not a count"
+    if (key in _POSITIVE and value <= 0) or (key in _NOT_NEGATIVE and value < 0):
+        return f"{name} is {value!r}, not a time or rate a run can have"
+    return None
+
+
 def record_problem(rec: Any) -> str | None:
     """What makes this JSON unusable as a run record for the report, or None. The types of
     every field the report reads are checked here, once, so it never tracebacks on one."""
@@ -149,12 +170,9 @@ def record_problem(rec: Any) -> str | None:
         if not isinstance(holder, dict):
             continue  # absent (the type of the holder itself is checked at the top level)
         for key, kind in fields.items():
-            value = holder.get(key)
-            if value is not None and wrong_type(value, kind):
-                name = ".".join((*where, key))
-                return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
-            if kind is int and value is not None and not 0 <= value < _MAX_COUNT:
-                return f"{'.'.join((*where, key))} is {value}, not a count"
+            problem = _optional_problem(".".join((*where, key)), key, holder.get(key), kind)
+            if problem:
+                return problem
     bucket = (rec.get("ddp_options") or {}).get("bucket_cap_mb")
     if bucket is not None and not 0 < bucket <= MAX_BUCKET_CAP_MB:  # as `bench run` checks
         return f"ddp_options.bucket_cap_mb is {bucket}, not a bucket size in MB"
@@ -168,11 +186,9 @@ def record_problem(rec: Any) -> str | None:
             if value is None or wrong_type(value, NUMBER):
                 return f"per_epoch[{i}].{key} missing or not a number"
         for key, kind in _EPOCH_OPTIONAL.items():
-            value = epoch.get(key)
-            if value is not None and wrong_type(value, kind):
-                return f"per_epoch[{i}].{key} is {type(value).__name__}, not {_kind_name(kind)}"
-            if kind is int and value is not None and not 0 <= value < _MAX_COUNT:
-                return f"per_epoch[{i}].{key} is {value}, not a count"
+            problem = _optional_problem(f"per_epoch[{i}].{key}", key, epoch.get(key), kind)
+            if problem:
+                return problem
         if not 0 <= epoch["top1"] <= 1:
             return f"per_epoch[{i}].top1 is {epoch['top1']!r}, not a fraction"
         if epoch["train_time_s"] <= 0 or epoch["images_per_s"] <= 0:  # an epoch trains

@@ -116,7 +116,15 @@ def _error_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     if isinstance(exc, (ConfigError, CannotWrite)) and text:
         return text[0]
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+    first = _SOURCE_LOCATION.sub("", text[0]) if text else ""
+    return f"{type(exc).__name__}: {first}".strip()
+
+
+# Where in torch's C++ (gloo's) an error was raised, before its message: '[/__w/pytorch/
+# pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting
+# 5000ms for send operation to complete' is a third of a line and says nothing to a user
+# (the record's traceback keeps it for a bug report)
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|c|h|hpp):\d+\]\s*")
 
 
 _LOADER_TIMEOUT = re.compile(r"DataLoader timed out after (\d+(?:\.\d+)?) seconds")

@@ -64,7 +64,7 @@ def remove_orphans() -> None:
 @dataclass(frozen=True)
 class Scratch:
     """``root/spec.json`` (the WorkerSpec), per rank ``pid-rank{r}`` (to reap it),
-    ``beat-rank{r}`` (heartbeat: mtime and phase) and ``error-rank{r}.json`` (its
+    ``beat-rank{r}`` (heartbeat: mtime, phase and attempt) and ``error-rank{r}.json`` (its
     ``RankError``), ``attempt`` (torchrun's restart count, once it has restarted the
     ranks), ``failed-attempt-{a}`` (the launcher's account of what ended attempt a, for the
     next attempt's record), ``rank0-here`` (global rank 0 ran on this machine) and
