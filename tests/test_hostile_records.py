@@ -281,17 +281,24 @@ def test_a_malformed_record_is_skipped_with_its_reason(case, tmp_path):
     assert "bad.json" in proc.stderr
 
 
-@pytest.mark.parametrize("figures", [
-    {"bytes": 0}, {"time_s": 0}, {"busbw_GBps": -1}, {"busbw_GBps": "fast"}, {"bytes": None},
-    # the largest message (1 GiB) faster than the smallest (1 KiB): bench project divided by 0
-    {"bytes": 2**30, "time_s": 1e-6},
+@pytest.mark.parametrize("figures, fields", [
+    *((change, {}) for change in (
+        {"bytes": 0}, {"time_s": 0}, {"busbw_GBps": -1}, {"busbw_GBps": "fast"}, {"bytes": None},
+        # the largest message (1 GiB) faster than the smallest (1 KiB): bench project
+        # divided by 0
+        {"bytes": 2**30, "time_s": 1e-6})),
+    # the report matched runs to it by nodes: a list was a traceback; bench project read
+    # the gradient's size and the machine's name from them
+    *(({}, change) for change in ({"nodes": [1, 2]}, {"nodes": 0}, {"gradient_bytes": "x"},
+                                  {"env": 3}, {"backend": 1})),
 ])
-def test_a_probe_with_impossible_figures_is_skipped_with_its_reason(figures, tmp_path):
+def test_a_probe_with_impossible_figures_is_skipped_with_its_reason(figures, fields, tmp_path):
     from tests.report_records import probe
 
     results = write_runs(tmp_path / "results", [_valid("good"), _valid("good2", 1)])
     bad = probe("bad", "cpu", 1.0)
     bad["results"][1].update(figures)
+    bad.update(fields)
     (results / "probes").mkdir()
     (results / "probes" / "bad.json").write_text(json.dumps(bad))
     for args in (["report", "--results", str(results), "--no-write"],

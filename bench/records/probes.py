@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.records.files import read_record
-from bench.records.schema import NUMBER, wrong_type
+from bench.records.schema import NUMBER, kind_name, wrong_type
 from bench.tools.terminal import printable
 
 KIB, MIB = 1024, 1024 * 1024
@@ -64,6 +64,12 @@ def load_probes(results: str | Path, warnings: list[str] | None = None) -> list[
     return probes
 
 
+# A probe's fields besides its results that are read (absent: not said); a nodes of [1, 'a']
+# was a traceback in the report, a gradient_bytes of 'x' or an env of 3 in bench project
+_PROBE_OPTIONAL = {"backend": str, "nodes": int, "gradient_bytes": int, "env": dict,
+                   "probe_id": str, "tag": str, "model": str, "dtype": str, "width": NUMBER}
+
+
 def probe_problem(data: Any) -> str | None:
     """What makes this JSON unusable as an all-reduce probe, or None."""
     if not isinstance(data, dict) or data.get("kind") != "allreduce-probe":
@@ -73,6 +79,13 @@ def probe_problem(data: Any) -> str | None:
         return f"world_size is {world!r}, not a count of 2 ranks or more"
     if not isinstance(data.get("device"), str):
         return "device missing or not a string"
+    for key, kind in _PROBE_OPTIONAL.items():  # what the report and bench project read
+        value = data.get(key)
+        if value is not None and wrong_type(value, kind):
+            return f"{key} is {type(value).__name__}, not {kind_name(kind)}"
+    for key in ("nodes", "gradient_bytes"):
+        if data.get(key) is not None and data[key] < 1:
+            return f"{key} is {data[key]}, not a positive count"
     results = data.get("results")
     if not isinstance(results, list) or not results:
         return "results missing or empty"

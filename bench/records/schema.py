@@ -109,7 +109,7 @@ _EPOCH_OPTIONAL = {"eval_time_s": NUMBER, "top5": NUMBER, "train_loss": NUMBER,
                    "cpu_load": dict}
 
 
-def _kind_name(kind) -> str:
+def kind_name(kind) -> str:
     return "a number" if kind is NUMBER else ("a list" if kind is list else kind.__name__)
 
 
@@ -141,7 +141,7 @@ def _optional_problem(name: str, key: str, value: Any, kind) -> str | None:
     if value is None:
         return None
     if wrong_type(value, kind):
-        return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
+        return f"{name} is {type(value).__name__}, not {kind_name(kind)}"
     if kind is int and not 0 <= value < _MAX_COUNT:
         return f"{name} is {value}, not a count"
     if (key in _POSITIVE and value <= 0) or (key in _NOT_NEGATIVE and value < 0):
@@ -157,7 +157,7 @@ def record_problem(rec: Any) -> str | None:
     for key, kind in (("run_id", str), ("status", str), ("strategy", str),
                       ("world_size", int), ("per_epoch", list)):
         if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
-            return f"{key} missing or not {_kind_name(kind)}"
+            return f"{key} missing or not {kind_name(kind)}"
     if not 1 <= rec["world_size"] < _MAX_COUNT:
         return f"world_size is {rec['world_size']}, not a count of processes"
     version = rec.get("record_version")
