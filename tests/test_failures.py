@@ -121,12 +121,32 @@ def test_a_stopped_rank_does_not_keep_torchrun_from_restarting(tmp_path):
     assert not alive(rec["run_id"])
 
 
+def test_a_rank_that_hangs_alone_is_ended_for_torchrun_to_start_again(tmp_path):
+    """--max-restarts promises that a failure is not the run's end while restarts are
+    left; a rank that hangs outside any collective (no peer's timeout names it) is one:
+    the watchdog ended the whole run (`rank 0 made no progress for 8 s`). It ends the rank,
+    which says why, and torchrun's next attempt trains."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", "1", "--epochs", "2", *SMALL,
+                     "--max-restarts", "1", "--timeout", "3", "--output", str(tmp_path),
+                     env={"BENCH_FAULT": "hang:0:3"}, timeout=240)
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    said = (r"made no progress for \d+ s \(watchdog limit 8 s\); bench ended it for torchrun "
+            r"to start the ranks again \[in train epoch 1 step [1-3]\]")  # (its last beat)
+    assert re.search(f"bench: timeout: rank 0: {said}", proc.stderr), proc.stderr
+    # as a rank's own timeout is kept there ('rank 0: timeout: RuntimeError: ...')
+    assert re.fullmatch(f"rank 0: timeout: {said}", rec["restart_cause"]), rec
+    assert not alive(rec["run_id"])
+
+
 def test_the_watchdog_waits_for_the_next_attempt_not_on_the_beats_of_the_one_that_ended():
     """CI (1 core) ended a run with a restart left: `timeout: rank 1 made no progress for
     10 s; last reported: train epoch 1 step 1`, the beat of the attempt that had failed,
     aged while torchrun ended it and the new rank 1 still started. The scratch folder as a
-    run's ranks leave it, at each point of a restart: only the attempt running is timed,
-    and the last attempt (no restart left) is timed as a run without restarts is."""
+    run's ranks leave it, at each point of a restart: a stuck rank with a restart left is
+    ended (a real stopped process), only the attempt running is timed, and the last
+    attempt (no restart left) is timed as a run without restarts is."""
     from bench.launch.job import Launch, RunTimeout
     from bench.train.scratch import Heartbeat, RankError, Scratch
 
@@ -148,8 +168,16 @@ def test_the_watchdog_waits_for_the_next_attempt_not_on_the_beats_of_the_one_tha
 
         beat(0, 0, "train epoch 1 step 3", time.time())
         beat(1, 0, "train epoch 1 step 1", long_ago)  # stopped 60 s ago, no rank failed yet
-        with pytest.raises(RunTimeout, match="rank 1 made no progress"):
-            watchdog.check_progress()
+        stuck = subprocess.Popen(["sleep", "120"])
+        os.kill(stuck.pid, signal.SIGSTOP)
+        scratch.pid(1).write_text(str(stuck.pid))
+        # a restart left: the stuck rank is ended and says why, for torchrun to restart
+        watchdog.check_progress()
+        assert stuck.wait(timeout=10) == -signal.SIGKILL
+        [(rank, error)] = scratch.said_errors(0)
+        assert rank == "1" and error.said_by(rank).startswith(
+            "timeout: rank 1: made no progress for 60 s (watchdog limit 10 s); bench ended "
+            "it for torchrun to start the ranks again [in train epoch 1 step 1]"), error
         scratch.write_error(0, RankError("RuntimeError: Application timeout", True, "", 0))
         watchdog.check_progress()  # attempt 0 failed, a restart left: torchrun's to end
         scratch.start_attempt(1)  # the next attempt's rank 0 has started, rank 1 not yet

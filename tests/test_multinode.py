@@ -67,6 +67,37 @@ def test_two_nodes_on_loopback_write_one_record(tmp_path):
     assert only_record(tmp_path) == rec
 
 
+def test_a_rank_stopped_on_one_node_is_ended_there_and_both_nodes_train_again(tmp_path):
+    """--max-restarts over two nodes, rank 1 (node 1) stopped (SIGSTOP) at step 3: rank 0's
+    collective times out on node 0, whose torchrun starts the ranks again, but node 1's
+    launcher cannot see node 0's failure. Its watchdog ended node 1's whole run after 10 s
+    ('rank 1 made no progress'), and node 0 then waited in the rendezvous for a node that
+    had gone (past 200 s, until torchrun's join timeout). It ends the stuck rank instead,
+    for its torchrun to restart: both nodes train the next attempt."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    fast = [a if a != "90" else "5" for a in SMALL]  # --timeout 5
+    procs = [
+        _start(["run", "--strategy", "ddp", "--nodes", "2", "--gpus", "1", "--node-rank",
+                str(rank), "--rdzv-endpoint", endpoint, "--rdzv-id", "stoptest", *fast,
+                "--max-restarts", "1", "--workers", "1", "--output", str(tmp_path)],
+               env={"BENCH_FAULT": "stop:1:3"})
+        for rank in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    # (the node that hosts global rank 1 is the one whose agent joined second, either)
+    [stuck] = [out for out in outs if "timeout: rank 1: made no progress for " in out]
+    assert "bench ended it for torchrun to start the ranks again" in stuck, stuck
+
+
 def test_nodes_that_differ_only_in_what_each_machine_sets_meet_without_an_id(tmp_path):
     """Two nodes of one command but their --output and --workers, no --rdzv-id: each
     derives the same id (a node's own folder and cores are its own) and they train as one

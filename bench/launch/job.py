@@ -15,10 +15,10 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.launch.output import nccl_watchdog_timeout
+from bench.launch.output import end_open_line, nccl_watchdog_timeout
 from bench.launch.slurm import SlurmTask
 from bench.tools.lifetime import ForkedChild
-from bench.train.scratch import Scratch, read_beat
+from bench.train.scratch import ENDED_FOR_RESTART, RankError, Scratch, read_beat
 
 # SIGTERM, then this long, then SIGKILL: ranks act on SIGTERM at once (no handler), and
 # a stopped or hung one never will; torch's own 30 s would only be waited out.
@@ -55,7 +55,9 @@ class Launch:
 
     def check_progress(self) -> None:
         """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
-        least once a second while they work; a collective that waits does not beat."""
+        least once a second while they work; a collective that waits does not beat. Where
+        torchrun may still start the ranks again (--max-restarts), the stuck rank is ended
+        instead (``end_stuck_rank``): a rank that hangs is a failure a restart is for."""
         now = time.time()
         ended = self.ended_attempt()
         for rank, beat in self.scratch.beats():
@@ -64,11 +66,39 @@ class Launch:
                 phase, attempt = read_beat(beat)
             except OSError:
                 continue
-            if age > self.timeout and attempt > ended:
-                raise RunTimeout(
-                    f"timeout: rank {rank} made no progress for {age:.0f} s "
-                    f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
-                )
+            if age <= self.timeout or attempt <= ended:
+                continue
+            if attempt < self.max_restarts:
+                self.end_stuck_rank(rank, attempt, age, phase or "start-up")
+                continue
+            raise RunTimeout(
+                f"timeout: rank {rank} made no progress for {age:.0f} s "
+                f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
+            )
+
+    def end_stuck_rank(self, rank: str, attempt: int, age: float, phase: str) -> None:
+        """End a rank of this machine that stopped beating while restarts are left, saying
+        why: its torchrun agent sees it die and starts the ranks again. On one machine the
+        line is the rank's error (the attempt's cause, for the terminal's account and the
+        next attempt's record). Across machines it is printed: a machine whose rank is
+        stopped (SIGSTOP) or hangs outside a collective while another machine's rank failed
+        cannot see that failure; its watchdog ended its whole run, and the other machines'
+        restart waited for it until torchrun's join timeout. There its agent restarts the
+        ranks for the other machine without counting an attempt (their number stays), and
+        an error of that number would keep the watchdog from timing the next one."""
+        line = (f"made no progress for {age:.0f} s (watchdog limit {self.timeout:g} s); "
+                f"{ENDED_FOR_RESTART} [in {phase}]")
+        if self.nnodes == 1:
+            self.scratch.write_error(rank, RankError(f"timeout: {line}", True, "", attempt))
+        else:
+            end_open_line()
+            print(f"bench: timeout: rank {rank}: {line}", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(self.scratch.pid(rank).read_text())
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        if self.nnodes > 1:  # the next attempt's rank beats anew
+            self.scratch.beat(rank).unlink(missing_ok=True)
 
     def ended_attempt(self) -> int:
         """The last attempt whose heartbeats no longer count (-1: none). Where torchrun may

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.tools.errors import ConfigError
@@ -29,12 +30,15 @@ class Fault:
     ``exit`` (STEP 0: the rank exits with 1 once its run is over, its record finished, as
     a rank that crashes in its teardown). Each fires in the run's first attempt only: ranks
     that torchrun starts again (--max-restarts) run clean, as a restart after a passing
-    fault would."""
+    fault would. Where a folder to keep it in is given (the run's scratch folder), a fault
+    that fired is kept there and never fires again: torchrun restarts a machine's ranks for
+    another machine's failure without counting an attempt."""
 
     events: tuple[tuple[str, int, int], ...]
+    fired_in: Path | None = None
 
     @classmethod
-    def from_env(cls) -> Fault | None:
+    def from_env(cls, fired_in: Path | None = None) -> Fault | None:
         text = os.environ.get("BENCH_FAULT")
         if not text or restart_count():
             return None
@@ -48,7 +52,7 @@ class Fault:
                                   "raise, hang, stop, oom, abort or exit and RANK, STEP whole "
                                   "numbers (a test hook: unset it for a real run)")
             events.append((kind, int(fields[1]), int(fields[2])))
-        return cls(tuple(events))
+        return cls(tuple(events), fired_in)
 
     def exits_after_the_run(self, rank: int) -> bool:
         return ("exit", rank, 0) in self.events
@@ -60,6 +64,11 @@ class Fault:
         for kind, fault_rank, fault_step in self.events:
             if (rank, step) != (fault_rank, fault_step):
                 continue
+            if self.fired_in is not None:
+                fired = self.fired_in / f"fault-fired-{kind}-{rank}-{step}"
+                if fired.exists():
+                    continue
+                fired.touch()
             if kind in ("raise", "abort"):
                 raise RuntimeError(f"injected fault (BENCH_FAULT) at step {step}")
             if kind == "oom":

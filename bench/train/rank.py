@@ -78,7 +78,8 @@ def build_trainer(spec: WorkerSpec, strategy: Strategy, heartbeat: Heartbeat) ->
         if cfg.mllog and cfg.verify_steps is None:
             mllog = open_mllog(cfg, strategy, loaders)
     load = LoadMeter.here(run_root(spec)) if record is not None else None
-    return Trainer(cfg, strategy, parts, loaders, split, record, heartbeat, Fault.from_env(),
+    fault = Fault.from_env(spec.scratch.root if spec.scratch.exists() else None)
+    return Trainer(cfg, strategy, parts, loaders, split, record, heartbeat, fault,
                    threads=threads, workers=spec.workers_per_process, mllog=mllog, load=load)
 
 

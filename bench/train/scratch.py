@@ -28,6 +28,11 @@ _SCRATCH_NAME = re.compile(r"bench-\d{8}\S*-[a-z0-9_]{8}")
 _BROKEN_CONNECTION = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe")
 
 
+# The end of the error line the launcher's watchdog writes for a rank it ended so that
+# torchrun starts the ranks again (Launch.end_stuck_rank; the terminal's account reads it)
+ENDED_FOR_RESTART = "bench ended it for torchrun to start the ranks again"
+
+
 def read_beat(path: Path) -> tuple[str, int]:
     """(phase, attempt) of a heartbeat file: its first line the rank's phase, its second the
     attempt (torchrun's restart count) of the rank that wrote it."""
