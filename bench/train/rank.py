@@ -187,8 +187,8 @@ def _failure_before(scratch: Scratch) -> str | None:
     if not scratch.exists():
         return None
     found = scratch.cause_of(restart_count() - 1)
-    if found and not found[1].peer_gone():
-        return f"rank {found[0]}: {found[1].line}"
+    if found and not found[1].peer_gone():  # as the run's error would say it
+        return found[1].said_by(found[0])
     try:
         return scratch.failed_attempt(restart_count() - 1).read_text().strip() or None
     except OSError:
