@@ -105,18 +105,25 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
     assert "restarted" in report.stdout.splitlines()[1], report.stdout
 
 
+def _restarted_once(tmp_path, gpus: int, fault: str, timeout: int):
+    """A run with --max-restarts 1 and an injected fault: it must end ok after one restart.
+    Returns (the finished process, its record)."""
+    proc = run_bench("run", "--strategy", "ddp", "--gpus", str(gpus), "--epochs", "2", *SMALL,
+                     "--max-restarts", "1", "--timeout", str(timeout), "--output",
+                     str(tmp_path), env={"BENCH_FAULT": fault}, timeout=240)
+    assert_ok(proc)
+    rec = only_record(tmp_path)
+    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    return proc, rec
+
+
 def test_a_stopped_rank_does_not_keep_torchrun_from_restarting(tmp_path):
     """--max-restarts with rank 1 stopped (SIGSTOP: a debugger, a suspended job): rank 0's
     collective times out, and torchrun SIGTERMs rank 1, which a stopped process never acts
     on; torchrun waits 30 s for it, and the watchdog ended the whole run before
     (`timeout: rank 1 made no progress for 10 s`), restarts left. bench resumes a failed
     attempt's ranks, so torchrun's signal ends them and the next attempt trains."""
-    proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--epochs", "2", *SMALL,
-                     "--max-restarts", "1", "--timeout", "5", "--output", str(tmp_path),
-                     env={"BENCH_FAULT": "stop:1:3"}, timeout=240)
-    assert_ok(proc)
-    rec = only_record(tmp_path)
-    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    proc, rec = _restarted_once(tmp_path, 2, "stop:1:3", timeout=5)
     assert "bench: timeout: rank 0: " in proc.stderr, proc.stderr
     assert not alive(rec["run_id"])
 
@@ -126,12 +133,7 @@ def test_a_rank_that_hangs_alone_is_ended_for_torchrun_to_start_again(tmp_path):
     left; a rank that hangs outside any collective (no peer's timeout names it) is one:
     the watchdog ended the whole run (`rank 0 made no progress for 8 s`). It ends the rank,
     which says why, and torchrun's next attempt trains."""
-    proc = run_bench("run", "--strategy", "ddp", "--gpus", "1", "--epochs", "2", *SMALL,
-                     "--max-restarts", "1", "--timeout", "3", "--output", str(tmp_path),
-                     env={"BENCH_FAULT": "hang:0:3"}, timeout=240)
-    assert_ok(proc)
-    rec = only_record(tmp_path)
-    assert rec["status"] == "ok" and rec["restarts"] == 1, rec
+    proc, rec = _restarted_once(tmp_path, 1, "hang:0:3", timeout=3)
     said = (r"made no progress for \d+ s \(watchdog limit 8 s\); bench ended it for torchrun "
             r"to start the ranks again \[in train epoch 1 step [1-3]\]")  # (its last beat)
     assert re.search(f"bench: timeout: rank 0: {said}", proc.stderr), proc.stderr

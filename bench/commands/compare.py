@@ -291,8 +291,7 @@ def _gate(drop: str, runs_a: list[float], runs_b: list[float], *, higher_is_bett
 def _scored(row: dict[str, Any]) -> str | None:
     """How the time to target was scored ('36.15 (MLPerf, 5 runs, 1 missed)'); None where
     no target was asked for (the table's NaN, which JSON cannot hold)."""
-    text = row.get("time_to_target")
-    return text if isinstance(text, str) else None
+    return _said(row.get("time_to_target"))
 
 
 def _seconds(score: float, row: dict[str, Any]) -> float | None:
@@ -352,7 +351,7 @@ def _text_row(row: dict[str, Any]) -> dict[str, str]:
         "prec.": str(row["precision"]), "options": short_options(", ".join(options) or "—"),
         # kept where they tell apart rows that read alike otherwise (views.only_where_apart)
         "epochs": str(row.get("epochs", "—")),
-        "BN": row["norm"] if isinstance(row.get("norm"), str) else "—",  # NaN: not recorded
+        "BN": _said(row.get("norm")) or "—",  # NaN: not recorded
         "runs A/B": row.get("runs") or "—",
         "img/s A→B": _a_to_b(_number(row.get("images_per_s_a"), ".0f"),
                              _number(row.get("images_per_s_b"), ".0f")),

@@ -68,12 +68,13 @@ class Launch:
                 continue
             if age <= self.timeout or attempt <= ended:
                 continue
+            phase = phase or "start-up"
             if attempt < self.max_restarts:
-                self.end_stuck_rank(rank, attempt, age, phase or "start-up")
+                self.end_stuck_rank(rank, attempt, age, phase)
                 continue
             raise RunTimeout(
                 f"timeout: rank {rank} made no progress for {age:.0f} s "
-                f"(watchdog limit {self.timeout:g} s); last reported: {phase or 'start-up'}"
+                f"(watchdog limit {self.timeout:g} s); last reported: {phase}"
             )
 
     def end_stuck_rank(self, rank: str, attempt: int, age: float, phase: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.records.files import read_record
-from bench.records.schema import NUMBER, kind_name, wrong_type
+from bench.records.schema import NUMBER, optional_problem, wrong_type
 from bench.tools.terminal import printable
 
 KIB, MIB = 1024, 1024 * 1024
@@ -80,9 +80,9 @@ def probe_problem(data: Any) -> str | None:
     if not isinstance(data.get("device"), str):
         return "device missing or not a string"
     for key, kind in _PROBE_OPTIONAL.items():  # what the report and bench project read
-        value = data.get(key)
-        if value is not None and wrong_type(value, kind):
-            return f"{key} is {type(value).__name__}, not {kind_name(kind)}"
+        problem = optional_problem(key, key, data.get(key), kind)
+        if problem:
+            return problem
     for key in ("nodes", "gradient_bytes"):
         if data.get(key) is not None and data[key] < 1:
             return f"{key} is {data[key]}, not a positive count"

@@ -109,7 +109,7 @@ _EPOCH_OPTIONAL = {"eval_time_s": NUMBER, "top5": NUMBER, "train_loss": NUMBER,
                    "cpu_load": dict}
 
 
-def kind_name(kind) -> str:
+def _kind_name(kind) -> str:
     return "a number" if kind is NUMBER else ("a list" if kind is list else kind.__name__)
 
 
@@ -135,13 +135,13 @@ _POSITIVE = {"compute_step_s", "loader_alone_images_per_s", "step_time_p50_s",
 _NOT_NEGATIVE = {"time_to_target_s", "restart_lost_s", "eval_time_s", "input_wait_s"}
 
 
-def _optional_problem(name: str, key: str, value: Any, kind) -> str | None:
-    """What is wrong with the optional field ``key`` (``name`` where the record holds it;
-    None: absent, or right)."""
+def optional_problem(name: str, key: str, value: Any, kind) -> str | None:
+    """What is wrong with the optional field ``key`` of a run record or a probe (``name``
+    where the record holds it; None: absent, or right)."""
     if value is None:
         return None
     if wrong_type(value, kind):
-        return f"{name} is {type(value).__name__}, not {kind_name(kind)}"
+        return f"{name} is {type(value).__name__}, not {_kind_name(kind)}"
     if kind is int and not 0 <= value < _MAX_COUNT:
         return f"{name} is {value}, not a count"
     if (key in _POSITIVE and value <= 0) or (key in _NOT_NEGATIVE and value < 0):
@@ -157,7 +157,7 @@ def record_problem(rec: Any) -> str | None:
     for key, kind in (("run_id", str), ("status", str), ("strategy", str),
                       ("world_size", int), ("per_epoch", list)):
         if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
-            return f"{key} missing or not {kind_name(kind)}"
+            return f"{key} missing or not {_kind_name(kind)}"
     if not 1 <= rec["world_size"] < _MAX_COUNT:
         return f"world_size is {rec['world_size']}, not a count of processes"
     version = rec.get("record_version")
@@ -170,7 +170,7 @@ def record_problem(rec: Any) -> str | None:
         if not isinstance(holder, dict):
             continue  # absent (the type of the holder itself is checked at the top level)
         for key, kind in fields.items():
-            problem = _optional_problem(".".join((*where, key)), key, holder.get(key), kind)
+            problem = optional_problem(".".join((*where, key)), key, holder.get(key), kind)
             if problem:
                 return problem
     bucket = (rec.get("ddp_options") or {}).get("bucket_cap_mb")
@@ -186,7 +186,7 @@ def record_problem(rec: Any) -> str | None:
             if value is None or wrong_type(value, NUMBER):
                 return f"per_epoch[{i}].{key} missing or not a number"
         for key, kind in _EPOCH_OPTIONAL.items():
-            problem = _optional_problem(f"per_epoch[{i}].{key}", key, epoch.get(key), kind)
+            problem = optional_problem(f"per_epoch[{i}].{key}", key, epoch.get(key), kind)
             if problem:
                 return problem
         if not 0 <= epoch["top1"] <= 1:
