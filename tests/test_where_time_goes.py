@@ -347,6 +347,56 @@ def test_a_trace_cut_short_or_of_another_shape_is_a_note_not_a_traceback(tmp_pat
         "compute_s"] == pytest.approx(10e-6)
 
 
+def test_a_record_naming_a_file_that_is_no_trace_has_it_left_unread(tmp_path):
+    """`bench report` read whole any file a record named as its trace: a shared record
+    naming a 64 GiB file (/proc/kcore, a sparse file) took all memory, a MemoryError
+    traceback under a 4 GiB limit. Only a traces/*.trace.json[.gz] is read, and no more of
+    it than a trace can be; a gzip bomb or JSON nested past Python's stack is a note."""
+    import gzip
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from bench.report.trace_breakdown import read_trace
+
+    big = tmp_path / "elsewhere" / "kcore"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)  # sparse: no disk, 64 GiB of zeros to whoever reads it
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run_id = "20261126T053559Z-ddp-1cuda-976d6a"
+    rec = {"run_id": run_id, "status": "ok", "strategy": "ddp", "world_size": 1,
+           "device": "cuda", "precision": "tf32", "profile_steps": 5,
+           "profile_trace": str(big), "per_epoch": [], "started_at": "2026-11-23T03:07:04Z"}
+    (runs / f"{run_id}.json").write_text(json.dumps(rec))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", "--results",
+                           str(tmp_path), "--no-write"], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ), preexec_fn=limited, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert "/elsewhere/kcore as its trace, not a traces/*.trace.json[.gz] file" in said, said
+    assert max(map(len, proc.stdout.splitlines())) <= 120, proc.stdout
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    bomb = traces / "bomb.trace.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * 5000))
+    with pytest.raises(ValueError, match=r"bomb\.trace\.json\.gz holds over"):
+        read_trace(bomb, max_bytes=4096)
+    deep = traces / "deep.trace.json"
+    deep.write_text("[" * 200_000)
+    with pytest.raises(ValueError, match="nests too deep"):
+        read_trace(deep)
+
+
 def test_top_kernels_ranks_a_real_h100_traces_kernels(tmp_path):
     """scripts/top_kernels.py (what the GPU lease prints of the fastest path's profile) on
     the H100 trace: kernel time, not operators; the largest first; the shares of the

@@ -71,16 +71,29 @@ def breakdown(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     return result
 
 
-def read_trace(path: Path) -> dict[str, Any]:
+# A profile of a few steps is tens of MB; a file far larger is not one (a record may name
+# any path: /proc/kcore, a sparse file, a gzip bomb), and json would hold it all in memory.
+MAX_TRACE_BYTES = 1 << 30
+TRACE_SUFFIXES = (".trace.json", ".trace.json.gz")
+
+
+def read_trace(path: Path, max_bytes: int = MAX_TRACE_BYTES) -> dict[str, Any]:
     """The Chrome trace at ``path`` (gzipped where it ends in .gz); ValueError where it is
-    none: a file cut short (a run killed while its trace was written or compressed), or
-    JSON of another shape."""
+    none: a file cut short (a run killed while its trace was written or compressed), over
+    ``max_bytes`` (decompressed), or JSON of another shape."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt") as f:
-            trace = json.load(f)
+        with opener(path, "rb") as f:
+            data = f.read(max_bytes + 1)
     except EOFError as exc:  # gzip's stream cut short: neither OSError nor ValueError
         raise ValueError(f"{path.name} is cut short ({exc})") from None
+    if len(data) > max_bytes:
+        raise ValueError(f"{path.name} holds over {max_bytes / 2**30:g} GiB, more than a "
+                         "profile of a few steps; read it with Holistic Trace Analysis")
+    try:
+        trace = json.loads(data)
+    except RecursionError:  # '[' nested deeper than Python's stack
+        raise ValueError(f"{path.name} nests too deep to be a Chrome trace") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents", []), list):
         raise ValueError(f"{path.name} is not a Chrome trace (an object with a traceEvents "
                          "list)")
@@ -88,11 +101,18 @@ def read_trace(path: Path) -> dict[str, Any]:
 
 
 def trace_of(rec: dict[str, Any], results: Path) -> Path | None:
-    """The record's trace: where it says, else beside its results (records move)."""
+    """The record's trace: where it says, else beside its results (records move). Only a
+    ``*.trace.json[.gz]`` in a ``traces`` folder, what --profile-steps writes: a record
+    that names another file (a shared record naming a key or a device) has it left unread."""
     named = rec.get("profile_trace")
-    if not named:
+    if not named or not isinstance(named, str):
         return None
-    for path in (Path(named), results / "traces" / Path(named).name):
+    given = Path(named)
+    if given.parent.name != "traces" or not given.name.endswith(TRACE_SUFFIXES):
+        shown = named if len(named) <= 60 else "..." + named[-57:]
+        raise ValueError(f"the record names {shown} as its trace, not a "
+                         f"traces/*{TRACE_SUFFIXES[0]}[.gz] file")
+    for path in (given, results / "traces" / given.name):
         if path.is_file():
             return path
     return None
@@ -102,10 +122,10 @@ def trace_rows(records: list[dict[str, Any]], results: Path) -> list[dict[str, A
     """One row per (run, device) whose trace exists and holds GPU kernels."""
     rows = []
     for rec in records:
-        path = trace_of(rec, Path(results))
-        if path is None:
-            continue
         try:
+            path = trace_of(rec, Path(results))
+            if path is None:
+                continue
             trace = read_trace(path)
         except (OSError, ValueError) as exc:
             rows.append({"run_id": rec.get("run_id"), "note": f"unreadable trace: {exc}"})

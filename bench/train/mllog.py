@@ -7,6 +7,11 @@ evaluation that reaches ``--target-top1``, as an MLPerf run does, even when benc
 (without ``--stop-at-target``; the record keeps every epoch). Without a target, ``run_stop``
 comes after the last epoch with status ``success``; a run that fails, diverges or is
 interrupted ends with status ``aborted``. Accuracy is a fraction (0.72), as MLPerf logs it.
+
+A run torchrun starts again (``--max-restarts``) keeps every attempt in the one log: the failed
+attempt's events, ending ``aborted``, then the next from ``init_start`` on. Its time runs from
+the first ``run_start``, as the run's did; a log that began again at the restart read as a
+clean run that took only the last attempt's time.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 import bench
 from bench.tools.errors import ConfigError
 from bench.tools.folders import file_to_write
+from bench.tools.restarts import restart_count
 
 PACKAGE_HINT = "pip install mlperf-logging (or pip install -e '.[mllog]')"
 
@@ -54,7 +60,9 @@ class MLPerfLog:
         self._logger = logging.getLogger(f"parallel-bench.mllog.{os.getpid()}")
         self._logger.propagate = False
         self._logger.setLevel(logging.INFO)
-        self._handler = _LogFile(path, mode="w", encoding="utf-8")
+        if restart_count():  # after the attempt before: every attempt stays in the log
+            _end_last_line(path)
+        self._handler = _LogFile(path, mode="a" if restart_count() else "w", encoding="utf-8")
         self._logger.addHandler(self._handler)
         # call sites as the trainer's lines, relative to the checkout
         self._log = mllog.MLLogger(logger=self._logger, default_stack_offset=2,
@@ -129,6 +137,16 @@ class MLPerfLog:
             return
         getattr(self._log, kind)(key=key, value=value, stack_offset=3,
                                  metadata={self.constants.EPOCH_NUM: epoch})
+
+
+def _end_last_line(path: str) -> None:
+    """A newline after the log's last line where it has none: a rank killed mid-write cut
+    it short, and the next attempt's first event would be read as part of it."""
+    with contextlib.suppress(OSError), open(path, "rb+") as f:
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
 
 
 class _LogFile(logging.FileHandler):
