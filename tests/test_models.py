@@ -68,9 +68,9 @@ def test_a_torchvision_model_trains_with_random_weights(tmp_path):
     # logits in evaluation, auxiliary outputs in training: passed the check (evaluation
     # mode only), then failed with a traceback counting its FLOPs; the line alone on stderr
     # (torchvision's FutureWarning about its initialisation no longer printed)
-    (["--model", "torchvision:googlenet", "--image-size", "64"], "maps a batch of 2 images "
-     "in training to GoogLeNetOutputs, not logits of shape (2, 100); it must return one "
-     "logit per class (auxiliary outputs: build it with aux_logits=False"),
+    (["--model", "user_models:with_auxiliary_heads", "--image-size", "64"], "maps a batch "
+     "of 2 images in training to GoogLeNetOutputs, not logits of shape (2, 100); it must "
+     "return one logit per class (auxiliary outputs: build it with aux_logits=False"),
     (["--model", "user_models:no_parameters"], "has no parameters: there is nothing to train"),
     (["--model", "user_models:on_meta"], "makes its parameters on the meta device (shapes "
      "without values); build them on the CPU"),
@@ -80,6 +80,28 @@ def test_a_model_that_cannot_be_built_is_one_line(args, says, tmp_path):
                      env=USER_MODELS)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert says in proc.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("arch, size", [("googlenet", 64), ("inception_v3", None)])
+def test_torchvisions_models_with_auxiliary_heads_are_built_without_them(arch, size):
+    """`--model torchvision:googlenet` was refused (its training output holds two auxiliary
+    classifiers' logits: "build it with aux_logits=False in your own factory"), and
+    torchvision:inception_v3 at the default 224 px could not even be built (its auxiliary
+    head's 5x5 kernel meets 3x3 there), though any torchvision model is said to run. Both
+    are built without those heads: one logit per class in either mode, at the default
+    size."""
+    import torch
+
+    from bench.models.registry import ModelSpec, check_model_builds, default_image_size
+
+    spec = ModelSpec(f"torchvision:{arch}", image_size=size or default_image_size(
+        f"torchvision:{arch}"))
+    check_model_builds(spec)  # refused before, in one line naming the factory
+    model = spec.build().train()
+    assert not any("aux" in name for name, _ in model.named_modules())
+    logits = model(torch.zeros(2, 3, spec.image_size, spec.image_size))
+    logits.sum().backward()  # every parameter takes part: DDP finds none unused
+    assert all(p.grad is not None for p in model.parameters())
 
 
 @pytest.mark.parametrize("factory", ["hangs_in_every_rank", "hangs_in_rank_1"])

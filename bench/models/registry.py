@@ -30,6 +30,10 @@ CIFAR_SIZE = 32  # resnet18-cifar's and a user model's default image size
 TORCHVISION_SIZE = 224  # torchvision models' (ImageNet's)
 # torchvision builders whose model is made for one image size, which they take as an argument
 _SIZED = ("vit_",)
+# torchvision builders with auxiliary classifiers, returned beside the logits in training: a
+# run trains the network's own classifier (auxiliary heads are a recipe's extra loss; left
+# in, their parameters get no gradient). inception_v3's also cannot take 224 px, the default.
+_AUXILIARY = ("googlenet", "inception_v3")
 
 
 def _torchvision_arch(name: str) -> str | None:
@@ -183,7 +187,8 @@ def _check_parameters(name: str, model: nn.Module) -> None:
 def build_model(name: str, num_classes: int, width: float = 1.0,
                 image_size: int | None = None) -> nn.Module:
     """The untrained model (weights from torch's global generator). A torchvision model
-    made for one image size (ViT) is made for ``image_size``."""
+    made for one image size (ViT) is made for ``image_size``; one with auxiliary
+    classifiers (googlenet, inception_v3) is made without them."""
     if name == DEFAULT_MODEL:
         from bench.models.resnet_cifar import resnet18_cifar
 
@@ -193,13 +198,15 @@ def build_model(name: str, num_classes: int, width: float = 1.0,
         from torchvision import models
 
         sized = image_size is not None and arch.startswith(_SIZED)
+        extra = {"image_size": image_size} if sized else {}
+        if arch in _AUXILIARY:
+            extra["aux_logits"] = False
         with warnings.catch_warnings():
             # googlenet and inception_v3 warn, as each rank builds them, that their
             # default initialisation will change one day: nothing a user of bench can act on
             warnings.filterwarnings("ignore", category=FutureWarning,
                                     message="The default weight initialization")
-            return models.get_model(arch, weights=None, num_classes=num_classes,
-                                    **({"image_size": image_size} if sized else {}))
+            return models.get_model(arch, weights=None, num_classes=num_classes, **extra)
     from torch import nn
 
     model = _factory(name)(num_classes)

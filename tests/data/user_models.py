@@ -44,6 +44,15 @@ def ten_logits(num_classes: int) -> nn.Module:
     return tiny_cnn(10)
 
 
+def with_auxiliary_heads(num_classes: int) -> nn.Module:
+    """torchvision's GoogLeNet as its builder makes it by default: in training it returns
+    its two auxiliary classifiers' logits beside the main one's."""
+    from torchvision import models
+
+    return models.googlenet(weights=None, num_classes=num_classes, aux_logits=True,
+                            init_weights=False)
+
+
 def takes_a_config(config: dict) -> nn.Module:
     """A factory written for another harness: it wants a dict, not the number of classes."""
     return nn.Linear(config["features"], config["classes"])
