@@ -11,9 +11,20 @@ DEMO   ?= results/demo
 # network) and compare (against the committed results). About 4 min on 2 cores of the
 # table's CPU, 7 on one that trains half as fast, the install included.
 # 1,536 images are too few for the default (hard) synthetic set: the easy one (difficulty 0).
-# ddp-amp trains bf16 on CPU: left out where the CPU has no bf16 arithmetic (AVX2 alone:
-# emulated, 24x slower than fp32: an hour), unless DEMO_BF16=yes.
-DEMO_BF16 ?= auto
+# ddp-amp trains bf16 on CPU: the demo, table and parity rules leave it out, saying so, where
+# the CPU has no bf16 arithmetic (AVX2 alone: emulated, 24x slower than fp32: an hour in the
+# demo, hours in parity), unless BF16=yes (DEMO_BF16=yes, its older name, for the demo).
+BF16 ?= auto
+DEMO_BF16 ?= $(BF16)
+comma := ,
+# no where the CPU has no bf16 arithmetic, else yes (asked once, when a rule first needs it,
+# after the install: bench answers with torch's own query)
+BF16_HERE = $(eval BF16_HERE := $(shell $(BIN)/python -c "from bench.records.environment \
+  import cpu_bf16_instructions as f; print('no' if f() is False else 'yes')"))$(BF16_HERE)
+# ddp-amp's runs: none for a rule where bf16 is emulated here and not asked for (BF16=yes)
+AMP_RUNS = $(if $(filter yes,$(1)),yes,$(BF16_HERE))
+AMP_LEFT_OUT = echo "$@: ddp-amp left out: this CPU has no bf16 arithmetic (see \`bench list\`), and"; \
+  echo "  emulated bf16 would take an hour or more here; make $@ BF16=yes runs it anyway"
 DEMO_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0 --train-limit 1536 --test-limit 512 \
              --epochs 3 --target-top1 90 --batch-size 64 --output $(DEMO)
 
@@ -57,14 +68,8 @@ demo: $(STAMP)
 	$(BIN)/bench probe --cpu --gpus 2 --output $(DEMO)
 	$(BIN)/bench run --strategy ddp --gpus 1 $(DEMO_ARGS)
 	$(BIN)/bench run --strategy ddp --gpus 2 $(DEMO_ARGS)
-	@if [ "$(DEMO_BF16)" = yes ] || $(BIN)/python -c "from bench.records.environment import \
-	    cpu_bf16_instructions; raise SystemExit(cpu_bf16_instructions() is False)"; then \
-	  echo "$(BIN)/bench run --strategy ddp-amp --gpus 2 $(DEMO_ARGS)"; \
-	  $(BIN)/bench run --strategy ddp-amp --gpus 2 $(DEMO_ARGS); \
-	else \
-	  echo "demo: ddp-amp left out: this CPU has no bf16 arithmetic (see \`bench list\`), and"; \
-	  echo "  emulated bf16 would take an hour here; make demo DEMO_BF16=yes runs it anyway"; \
-	fi
+	$(if $(filter no,$(call AMP_RUNS,$(DEMO_BF16))),@$(AMP_LEFT_OUT),$(BIN)/bench run \
+	  --strategy ddp-amp --gpus 2 $(DEMO_ARGS))
 	$(BIN)/bench report --results $(DEMO)
 	$(BIN)/bench project $(DEMO) --network probe --gpus 8,64
 	@echo "bench compare results $(DEMO): the committed CPU rows against yours"
@@ -137,7 +142,8 @@ table: $(STAMP)
 	rm -rf $(TABLE_NEW)
 	$(BIN)/bench probe --cpu --gpus 2 --output $(TABLE_NEW)
 	$(BIN)/bench run --strategy ddp --gpus 1 $(TABLE_ARGS)
-	for s in $(TABLE_STRATEGIES); do \
+	$(if $(filter no,$(call AMP_RUNS,$(BF16))),$(if $(filter ddp-amp,$(TABLE_STRATEGIES)),@$(AMP_LEFT_OUT)))
+	for s in $(if $(filter no,$(call AMP_RUNS,$(BF16))),$(filter-out ddp-amp,$(TABLE_STRATEGIES)),$(TABLE_STRATEGIES)); do \
 	  $(BIN)/bench run --strategy $$s --gpus 2 $(TABLE_ARGS) || echo "$$s exited $$?"; \
 	done
 	$(BIN)/bench run --strategy ddp --gpus 2 --grad-accum 4 $(TABLE_ARGS)
@@ -162,8 +168,10 @@ PARITY_N_ARGS ?= $(PARITY_WORKLOAD) --repeats 3 --output $(PARITY_OUT)
 parity: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1,2,4,8 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 2,4,8 --cpu-syncbn $(PARITY_N_ARGS)
-	$(BIN)/bench sweep --strategies ddp-amp --gpus 1 $(PARITY_N_ARGS)
-	$(BIN)/bench sweep --strategies ddp-amp --gpus 2,4,8 --cpu-syncbn $(PARITY_N_ARGS)
+	$(if $(filter no,$(call AMP_RUNS,$(BF16))),@$(AMP_LEFT_OUT),$(BIN)/bench sweep \
+	  --strategies ddp-amp --gpus 1 $(PARITY_N_ARGS))
+	$(if $(filter no,$(call AMP_RUNS,$(BF16))),,$(BIN)/bench sweep --strategies ddp-amp \
+	  --gpus 2$(comma)4$(comma)8 --cpu-syncbn $(PARITY_N_ARGS))
 	$(BIN)/bench sweep --strategies fsdp,ddp-zero,horovod --gpus 8 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook fp16 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook powersgd $(PARITY_N_ARGS)
@@ -173,7 +181,9 @@ parity: $(STAMP)
 # The committed d=0.5 parity block (5 seeds at N=1 and 2; its CIs are ±13 points wide).
 parity-d05: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1 $(PARITY_ARGS)
-	$(BIN)/bench sweep --strategies dp,ddp,ddp-amp --gpus 2 $(PARITY_ARGS)
+	$(if $(filter no,$(call AMP_RUNS,$(BF16))),@$(AMP_LEFT_OUT))
+	$(BIN)/bench sweep --strategies dp,ddp$(if $(filter no,$(call AMP_RUNS,$(BF16))),,$(comma)ddp-amp) \
+	  --gpus 2 $(PARITY_ARGS)
 	$(BIN)/bench report --results results --update-readme
 	$(BIN)/bench project results --validate > /dev/null
 
