@@ -288,3 +288,21 @@ def test_two_image_folders_of_as_many_images_are_two_workloads():
     assert sorted(table["workload"]) == [
         "imagefolder birds 1000 img, batch 100, resnet18 on Test (2 cores)",
         "imagefolder flowers 1000 img, batch 100, resnet18 on Test (2 cores)"]
+
+
+def test_a_failed_rows_reason_leaves_out_the_cpp_file_gloo_named():
+    """A record written before ranks left gloo's C++ file and line out of their error: the
+    report cut its status at 110 characters, inside the path, and the reason (the timeout)
+    was lost; the record and the CSV keep the whole text."""
+    said = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+            "unbound_buffer.cc:129] Timed out waiting 5000ms for send operation to complete "
+            "[in train epoch 1 step 3]")
+    records = [record("a", "ddp", 1, [5.0, 4.0], [0.1, 0.2]),
+               {**record("b", "ddp", 2, [5.0, 2.2], [0.1, 0.2]), "status": "failed",
+                "error": said}]
+    table = summary_table(records)
+    text = to_text(table)
+    assert ("failed: RuntimeError: Timed out waiting 5000ms for send operation to complete "
+            "[in train epoch 1 step 3]") in " ".join(text.split()), text
+    assert "unbound_buffer.cc" not in text
+    assert said in set(table["error"])

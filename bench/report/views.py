@@ -13,6 +13,7 @@ from bench.report.flags import ABOUT_TOP1, clock_gap_matters, flagged_exposed
 from bench.report.table import COLUMN_INDEX, COLUMNS
 from bench.report.verdict import accuracy_workloads, speed_not_comparable
 from bench.tools import terminal
+from bench.tools.errors import without_source_location
 
 # The terminal view: what answers "which is fastest, and does it cost accuracy", one block
 # per workload, in at most 120 columns; `--format wide`, the CSV and the markdown have all.
@@ -93,7 +94,9 @@ def row_cells(table) -> list[list[str]]:
         if r.get("status") == "ok" and r.get("failed_runs"):
             cells[COLUMN_INDEX["runs"]] += f" (+{r['failed_runs']} not ok)"
         if r.get("status") != "ok" and isinstance(r.get("error"), str) and r["error"]:
-            reason = str(r["error"]).split("; build")[0]  # the fix is in the record and CSV
+            # the fix is in the record and CSV; gloo's C++ file and line, in a record written
+            # before ranks left them out, push the message itself past the cut
+            reason = without_source_location(r["error"]).split("; build")[0]
             reason = reason if len(reason) <= 110 else reason[:107] + "..."
             cells[-1] = f"{r['status']}: {reason}"
         rows.append(cells)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +17,20 @@ EXIT_FAILED = 1  # the run started and failed
 EXIT_BAD_INPUT = 2  # bad option, missing data, ...: nothing was written
 EXIT_UNAVAILABLE = 3  # the strategy cannot run here; an `unavailable` record was written
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM / SIGHUP; finished epochs kept, status `interrupted`
+
+
+# Where in torch's C++ (gloo's) an error was raised, before its message: '[/__w/pytorch/
+# pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting
+# 5000ms for send operation to complete' is a third of a line and says nothing to a user
+# (the record's traceback keeps it for a bug report)
+_SOURCE_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|c|h|hpp):\d+\]\s*")
+
+
+def without_source_location(text: str) -> str:
+    """An error's text without the C++ file and line it names (``_SOURCE_LOCATION``): what
+    a rank says of its failure, and what the report shows of a record's (one written before
+    ranks left it out)."""
+    return _SOURCE_LOCATION.sub("", text)
 
 
 class Interrupted(BaseException):  # like KeyboardInterrupt: not caught as an Exception

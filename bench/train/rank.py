@@ -36,7 +36,7 @@ from bench.measure.machine_load import LoadMeter
 from bench.measure.memory_parts import cap_gpu_memory, mark_baseline
 from bench.models.registry import mlperf_model_name
 from bench.records.run_record import RunRecord
-from bench.tools.errors import CannotWrite, ConfigError
+from bench.tools.errors import CannotWrite, ConfigError, without_source_location
 from bench.tools.faults import Fault, defect_from_env, inject_defect, slow_communication_from_env
 from bench.tools.restarts import restart_count
 from bench.train.build import build_model_and_optimizer
@@ -117,15 +117,8 @@ def _error_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     if isinstance(exc, (ConfigError, CannotWrite)) and text:
         return text[0]
-    first = _SOURCE_LOCATION.sub("", text[0]) if text else ""
+    first = without_source_location(text[0]) if text else ""
     return f"{type(exc).__name__}: {first}".strip()
-
-
-# Where in torch's C++ (gloo's) an error was raised, before its message: '[/__w/pytorch/
-# pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting
-# 5000ms for send operation to complete' is a third of a line and says nothing to a user
-# (the record's traceback keeps it for a bug report)
-_SOURCE_LOCATION = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|c|h|hpp):\d+\]\s*")
 
 
 _LOADER_TIMEOUT = re.compile(r"DataLoader timed out after (\d+(?:\.\d+)?) seconds")
