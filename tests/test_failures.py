@@ -3,6 +3,7 @@ run, SIGTERM, and two runs at once."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -72,12 +73,18 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
     and the record counts the restart and says once what failed and what its figures are;
     the terminal says the failure once (it showed both ranks' tracebacks and torchrun's
     lines), and the report flags the row. Three ranks: on 2 cores the launcher marks the
-    record oversubscribed, which the restarted attempt's record kept not."""
+    record oversubscribed, which the restarted attempt's record kept not. Its --mllog
+    keeps every attempt: the next attempt's rank 0 opened it afresh, and the log read as a
+    clean run that took only the last attempt's time."""
+    mllog = tmp_path / "run.log"
+    with_mllog = importlib.util.find_spec("mlperf_logging") is not None  # (the mllog extra)
     proc = run_bench("run", "--strategy", "ddp", "--gpus", "3", "--epochs", "2", *SMALL,
                      "--batch-size", "30", "--max-restarts", "1", "--timeout", "20",
-                     "--output", str(tmp_path),
+                     "--output", str(tmp_path), *(["--mllog", str(mllog)] if with_mllog else []),
                      env={"BENCH_FAULT": "raise:1:3"}, timeout=240)
     assert_ok(proc)
+    if with_mllog:
+        _assert_the_log_holds_both_attempts(mllog)
     rec = only_record(tmp_path)
     assert rec["status"] == "ok" and rec["restarts"] == 1, rec
     if usable_cores() < 3:  # what the launcher wrote before the ranks started stays (it went)
@@ -103,6 +110,24 @@ def test_ranks_torchrun_restarts_train_again_and_the_record_says_so(tmp_path):
     report = run_bench("report", "--results", str(tmp_path), "--no-write", "--format", "csv")
     assert report.returncode == 0, report.stderr
     assert "restarted" in report.stdout.splitlines()[1], report.stdout
+
+
+def _assert_the_log_holds_both_attempts(path) -> None:
+    """The failed attempt ends `aborted`, the next follows from init_start, read with
+    MLPerf's own parser; the time from the first run_start covers the attempt lost."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    lines, errors = parse_file(str(path), ruleset="6.0.0")
+    assert not errors, errors
+    keys = [line.key for line in lines]
+    assert keys.count("init_start") == 2 and keys.count("run_start") == 2, keys
+    stops = [line for line in lines if line.key == "run_stop"]
+    assert [s.value["metadata"]["status"] for s in stops] == ["aborted", "success"]
+    again = keys.index("init_start", keys.index("run_stop"))
+    assert keys[again - 1] == "cache_clear"
+    assert keys[again:].count("eval_accuracy") == 2  # the last attempt's two epochs
+    starts = [line.timestamp for line in lines if line.key == "run_start"]
+    assert starts[1] > stops[0].timestamp > starts[0]
 
 
 def _restarted_once(tmp_path, gpus: int, fault: str, timeout: int):

@@ -65,26 +65,3 @@ def test_a_target_not_reached_ends_the_log_aborted(tmp_path):
     assert [line.key for line in lines].count("eval_accuracy") == 2
     assert lines[-1].key == "run_stop" and lines[-1].value["metadata"]["status"] == "aborted"
 
-
-def test_a_restarted_run_keeps_every_attempt_in_its_log(tmp_path):
-    """With --max-restarts, rank 0 of the next attempt opened the log afresh: the failed
-    attempt vanished and the log read as a clean run, its time only the last attempt's.
-    Now the failed attempt ends `aborted` and the next follows it from init_start, so the
-    log's time from the first run_start covers the attempt that was lost."""
-    path = tmp_path / "run.log"
-    assert_ok(run_bench(*RUN, "--epochs", "2", "--max-restarts", "1", "--timeout", "20",
-                        "--mllog", str(path), "--output", str(tmp_path),
-                        env={"BENCH_FAULT": "raise:1:3"}, timeout=240))
-    rec = only_record(tmp_path)
-    assert rec["restarts"] == 1, rec["restarts"]
-    lines = _parse(path)
-    keys = [line.key for line in lines]
-    assert keys.count("init_start") == 2 and keys.count("run_start") == 2, keys
-    stops = [line for line in lines if line.key == "run_stop"]
-    assert [s.value["metadata"]["status"] for s in stops] == ["aborted", "success"]
-    again = keys.index("init_start", keys.index("run_stop"))
-    assert keys[again - 1] == "cache_clear"
-    assert keys[again:].count("eval_accuracy") == 2  # the last attempt's two epochs
-    first_start = next(line.timestamp for line in lines if line.key == "run_start")
-    last_start = [line.timestamp for line in lines if line.key == "run_start"][-1]
-    assert last_start > stops[0].timestamp > first_start

@@ -180,3 +180,45 @@ def test_an_mllog_that_cannot_be_written_is_a_warning_not_the_runs_end(tmp_path)
         rec = only_record(out)
         assert rec["status"] == "ok" and len(rec["per_epoch"]) == 2
         assert any("MLPerf log" in note and "incomplete" in note for note in rec["notes"])
+
+
+def test_a_file_named_through_a_link_or_a_pipe_is_written_there_not_replaced(tmp_path):
+    """Every writer renamed a temporary file over the path it was given: a link (report.html
+    -> the page a web server serves) became a file and what it named kept its old text; a
+    pipe or a device became a regular file, and `bench slurm --out /dev/stdout` as root
+    (the folder /dev is root's to write) would have made /dev/stdout, for every process of
+    the machine, a file. A link is written where it leads, a pipe or a device into."""
+    served = tmp_path / "served.html"
+    served.write_text("old page")
+    link = tmp_path / "report.html"
+    link.symlink_to(served)
+    results = write_runs(tmp_path / "results", [record("a", "ddp", 1, [2.0, 1.0], [0.1, 0.2])])
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", str(results), "--no-write",
+                           "--html", str(link)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and served.read_text().startswith("<!DOCTYPE html>")
+
+    fifo = tmp_path / "job.sbatch"
+    os.mkfifo(fifo)
+    end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader: the writer's open returns
+    script = [sys.executable, "-m", "bench", "slurm", "--strategy", "ddp", "--cpu",
+              "--nodes", "1", "--gpus", "2"]
+    try:
+        proc = subprocess.run([*script, "--out", str(fifo)], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
+        got = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(end, 65536):
+                got += chunk
+    finally:
+        os.close(end)
+    assert proc.returncode == 0, proc.stderr
+    assert fifo.is_fifo(), "the pipe was replaced by a file"
+    assert got.startswith(b"#!/bin/bash\n#SBATCH"), got
+
+    stdout = tmp_path / "out.sbatch"
+    stdout.symlink_to("/proc/self/fd/1")  # what /dev/stdout is
+    proc = subprocess.run([*script, "--out", str(stdout)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash\n#SBATCH") and stdout.is_symlink(), proc.stdout

@@ -45,7 +45,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     with atomic_file(path) as tmp, open(tmp, "w") as fh:
         fh.write(text)
         fh.flush()
-        os.fsync(fh.fileno())
+        if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # (a pipe or a terminal cannot)
+            os.fsync(fh.fileno())
 
 
 @contextlib.contextmanager
@@ -54,8 +55,26 @@ def atomic_file(path: Path) -> Iterator[Path]:
     (``fig.savefig(tmp)``, ``write_text``), then renamed over PATH and the folder fsynced. A
     reader, a second writer or a ``kill -9`` meanwhile sees the old file or the new one,
     never half of one; a failure leaves the old file and no temporary one, and is one
-    ``CannotWrite`` line naming the file, why (read-only, full, quota) and the fix."""
+    ``CannotWrite`` line naming the file, why (read-only, full, quota) and the fix.
+
+    A PATH that is a link is written where it leads: the rename replaced the link itself
+    with a file, and the file it named kept its old text. A PATH that is no regular file (a
+    terminal, a pipe, a device: ``--out /dev/stdout``) is yielded itself, to be written
+    into: the rename replaced the node, and for root that was /dev/stdout or /dev/null
+    turned into a file for every process of the machine."""
     path = Path(path)
+    try:
+        mode = os.stat(path).st_mode  # (through links: /dev/stdout is one)
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        try:
+            yield path
+        except OSError as exc:
+            raise CannotWrite.of(exc, path) from None
+        return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

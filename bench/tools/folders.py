@@ -35,6 +35,8 @@ def file_to_write(flag: str, path: str, example: str, typed: str | None = None,
     if resolved.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name a file, e.g. "
                           f"{Path(path) / example}")
+    if resolved.exists() and not resolved.is_file() and os.access(resolved, os.W_OK):
+        return resolved  # a terminal, a pipe, a device (/dev/stdout): written into, in place
     if not resolved.parent.exists() and resolved.parent in {
             Path(f).expanduser().absolute() for f in made_before}:
         return resolved
