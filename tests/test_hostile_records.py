@@ -360,3 +360,34 @@ def test_a_records_text_prints_as_text_never_as_terminal_commands(tmp_path):
         assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]", shown), (args, shown)
         assert "\\x1b[2J" in shown, (args, shown)  # said, as text
         assert "\nfake ok" not in shown, (args, shown)
+
+
+def test_a_dollar_in_a_records_text_is_drawn_as_text_not_parsed_as_a_formula(tmp_path):
+    """matplotlib reads '$...$' in a label as a formula: a record whose model, CPU name or
+    tag held a '$' (a folder named so, a crafted record) ended `bench report` and `bench
+    project --plot` in its parser's traceback ('Expected {phantom | llap ...}'), and the
+    page was never written. Every text of bench's figures is plain; the log axis of the
+    all-reduce figure says 2²⁰ in plain text, not as a formula."""
+    dollar = "my$^$models:net"  # (an even count of '$': an odd one is not parsed)
+    recs = [{**_valid(f"d{world}", world),
+             "model": {"name": dollar, "width": 1.0, "parameters": 11_000_000},
+             "tag": dollar, "env": {"cpu": "Test $\\frac{$", "cpu_count": 2, "torch": "x",
+                                     "python": "3"}} for world in (1, 2)]
+    results = write_runs(tmp_path / "results", recs)
+    (results / "probes").mkdir()
+    (results / "probes" / "p.json").write_text(json.dumps(
+        {**probe("p1", "cpu", 1.0), "model": dollar}))
+    page = results / "page.html"
+    proc = subprocess.run([*BENCH, "report", "--results", str(results), "--html", str(page)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(list((results / "plots").rglob("busbw.png"))) == 1
+    html = page.read_text()
+    assert "2²⁰" in html and "mathdefault" not in html  # the probe's 1 MiB, in plain text
+    assert "my$^$models:net" in html
+    plot = tmp_path / "projection.png"
+    proc = subprocess.run([*BENCH, "project", str(results), "--intra-busbw", "10",
+                           "--inter-busbw", "5", "--plot", str(plot)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert plot.stat().st_size > 0

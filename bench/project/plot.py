@@ -38,9 +38,16 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"
+    with matplotlib.rc_context({"text.parse_math": False}):  # a record's '$' is text
+        _draw_projection(path, chosen, records, asked, gpus_per_node, net_of)
+
+
+def _draw_projection(path: Path, chosen: list[tuple[dict, Workload]],
+                     records: list[dict[str, Any]], asked: list[int], gpus_per_node: int,
+                     net_of: Callable[[dict[str, Any]], Network]) -> None:
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"
     panels: dict[str, list[tuple[dict, Workload]]] = {}
     for rec, work in chosen:
         if work.strategy != "dp":  # one process: nothing to project

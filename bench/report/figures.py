@@ -250,6 +250,23 @@ def probes_of(devices: set[str], probes: list[dict[str, Any]],
     return list(newest.values())
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def plain_powers(axis) -> None:
+    """A base-2 log axis labelled 2¹¹ in plain text: matplotlib's own labels are formulas,
+    which the report's figures do not parse (a record's '$' is text: plots.PLAIN_TEXT)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    def label(value: float, _) -> str:
+        power = math.log2(value) if value > 0 else math.nan
+        whole = math.isfinite(power) and power == round(power)
+        return f"2{str(round(power)).translate(_SUPERSCRIPT)}" if whole else ""
+
+    axis.set_major_formatter(FuncFormatter(label))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def busbw_figure(probes: list[dict[str, Any]]):
     """Bus bandwidth against message size, one line per probe (device, backend, N)."""
     import matplotlib.pyplot as plt
@@ -265,6 +282,7 @@ def busbw_figure(probes: list[dict[str, Any]]):
     models = {probe.get("model") for probe in probes}
     model = models.pop() if len(models) == 1 else None
     ax.set_xscale("log", base=2)
+    plain_powers(ax.xaxis)
     ax.set_xlabel(f"message size (bytes; dotted: one {model or 'model'} gradient)")
     ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
     ax.set_title("All-reduce ceiling (bench probe)")

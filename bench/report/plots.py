@@ -46,7 +46,22 @@ def make_figures(records: list[dict[str, Any]],
                  probes: list[dict[str, Any]] | None = None, table=None) -> dict[str, Any]:
     """Matplotlib figures by name: epoch_time, scaling, top1, time_to_target,
     time_vs_accuracy, where_time_goes, scaling_efficiency, and busbw (with probes).
-    ``table``: these records' summary_table, when the caller has it already."""
+    ``table``: these records' summary_table, when the caller has it already. Every text in
+    them is plain (PLAIN_TEXT)."""
+    import matplotlib
+
+    with matplotlib.rc_context(PLAIN_TEXT):
+        return _make_figures(records, probes, table)
+
+
+# A record's text is text: matplotlib read a '$' in a model's, a folder's or a CPU's name as
+# the start of a formula, and `bench report` ended in its parser's traceback ('Expected
+# {phantom | llap ...}'). No figure of bench's writes a formula (log axes: plain_powers).
+PLAIN_TEXT = {"text.parse_math": False}
+
+
+def _make_figures(records: list[dict[str, Any]], probes: list[dict[str, Any]] | None,
+                  table) -> dict[str, Any]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -220,7 +235,8 @@ def workload_figures(name: str, records: list[dict[str, Any]],
         shows.update(dict.fromkeys(_TIME_FIGURES, False))
     for key, fig in make_figures(records, probes, table).items():
         if shows.get(key, True) and any(ax.has_data() for ax in fig.axes):
-            fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4")
+            fig.text(0.005, 0.005, f"workload: {name}", fontsize=7, color="0.4",
+                     parse_math=False)
             figures[key] = fig
         else:  # e.g. time to target when no run set a target
             plt.close(fig)
