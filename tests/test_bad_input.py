@@ -273,6 +273,38 @@ def test_an_output_path_too_long_and_a_data_dir_loop_are_one_line(tmp_path, caps
     assert "could not be downloaded" in stderr and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("what", ["--out", "--html", "--plot", "--mllog", "imagefolder",
+                                  "cifar100", "report", "compare", "project"])
+def test_a_name_too_long_for_the_file_system_is_one_line(what, tmp_path, capsys, monkeypatch):
+    """A path with a name past the file system's 255 bytes: its check stat()ed it and raised
+    ENAMETOOLONG as a traceback (a file a command writes: `bench slurm --out`, `bench report
+    --html`, `bench project --plot`, `bench run --mllog`; an ImageFolder's --data-dir; the
+    results `bench report`, `compare` and `project` read), and a CIFAR-100 --data-dir
+    started the run, which failed 'cannot write files ... choose another --output'. Each is
+    one line naming the fix, exit 2, and nothing written."""
+    if what == "--mllog":
+        pytest.importorskip("mlperf_logging", reason="--mllog needs the mlperf-logging package")
+    monkeypatch.chdir(tmp_path)  # (the run's default --output: results/ here)
+    name = str(tmp_path / ("a" * 300))
+    run = ["run", "--strategy", "ddp", *BASE, "--output", str(tmp_path / "out")]
+    args = {"--out": ["slurm", "--strategy", "ddp", "--nodes", "1", "--gpus", "1", "--cpu",
+                      "--out", name + ".sbatch"],
+            "--html": ["report", str(ROOT / "results"), "--no-write", "--html",
+                       name + ".html"],
+            "--plot": ["project", str(ROOT / "results"), "--plot", name + ".png"],
+            "--mllog": [*run, "--mllog", name + ".log"],
+            "imagefolder": [*run, "--data", "imagefolder", "--data-dir", name],
+            "cifar100": [*run, "--data", "cifar100", "--no-download", "--data-dir", name],
+            "report": ["report", name],
+            "compare": ["compare", name, str(ROOT / "results")],
+            "project": ["project", name]}[what]
+    code, _, stderr = _bench_in_process(args, capsys)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "a name in it is longer than the file system allows (255 bytes); choose a shorter " \
+           "one" in stderr, stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
 SRUN_TASK = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
              "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1",
              "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"}

@@ -391,3 +391,25 @@ def test_a_dollar_in_a_records_text_is_drawn_as_text_not_parsed_as_a_formula(tmp
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert plot.stat().st_size > 0
+
+
+def test_a_workload_named_past_a_file_names_length_is_drawn_in_a_folder_that_fits(tmp_path):
+    """The plots of a workload go in a folder named after it: a CPU (or ImageFolder) name of
+    some 300 characters made a name past the file system's 255 bytes, and the report ended
+    ('cannot write ... (File name too long): write elsewhere', which could not help). A long
+    name keeps its start and a hash of the whole, so two such workloads stay apart."""
+    from bench.report.plots import workload_slug
+
+    long_cpu = "Very Long Processor Name " * 25
+    rec = {**_valid("long", 1), "env": {"cpu": long_cpu, "cpu_count": 2, "torch": "x",
+                                         "python": "3"}}
+    results = write_runs(tmp_path / "results", [rec])
+    proc = subprocess.run([*BENCH, "report", "--results", str(results)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    [folder] = (results / "plots").iterdir()
+    assert len(folder.name) <= 120 and any(folder.glob("*.png")), folder.name
+    a, b = workload_slug(long_cpu + " A"), workload_slug(long_cpu + " B")
+    assert a != b and len(a) == len(b) <= 120
+    assert workload_slug("synthetic d=1 50000 img, batch 512, resnet18") == (
+        "synthetic-d1-50000img-batch512-resnet18")  # short names as they were

@@ -23,7 +23,7 @@ from bench.report.views import (
 )
 from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, ConfigError
-from bench.tools.folders import file_to_write
+from bench.tools.folders import file_to_write, looked_up
 
 
 def cmd_report(results: str, fmt: str = "text", write: bool = True,
@@ -40,6 +40,7 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         file_to_write("--html", html, "report.html")
     if readme is not None:
         check_readme(Path(readme))
+    looked_up(Path(results), "", results)
     if not Path(results).is_dir():
         raise ConfigError(f"{results} is not a folder; name a results folder (the one "
                           "`bench run --output` wrote)")

@@ -18,6 +18,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from bench.tools.errors import ConfigError
+from bench.tools.folders import looked_up
 
 SPLIT_FOLDERS = {"train": "train", "test": "val"}
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -33,6 +34,7 @@ def folder_classes(root: str | Path) -> list[str]:
     """The class names (the training split's folders); one line naming the fix when the
     layout is not ImageNet's or the splits disagree."""
     root = Path(root)
+    looked_up(root.expanduser(), "--data-dir", root)
     found = {}
     for split, name in SPLIT_FOLDERS.items():
         folder = root / name

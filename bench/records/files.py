@@ -269,8 +269,10 @@ def load_source(source: str | Path, command: str) -> list[dict[str, Any]]:
     """The records of a results folder (the files it skips said on stderr as ``bench
     COMMAND: ...``) or of one record file; a path that is neither is one line naming it."""
     from bench.tools.errors import ConfigError
+    from bench.tools.folders import looked_up
 
     path = Path(source)
+    looked_up(path, "", source)
     if path.is_file():
         try:
             return [load_record_file(path)]

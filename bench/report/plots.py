@@ -3,6 +3,7 @@ figure, and a figure with nothing to show is not written."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -195,9 +196,18 @@ def _make_figures(records: list[dict[str, Any]], probes: list[dict[str, Any]] | 
 
 def workload_slug(name: str) -> str:
     """A folder name for a workload: 'synthetic d=1 50000 img, batch 512, resnet18' ->
-    'synthetic-d1-50000img-batch512-resnet18'."""
+    'synthetic-d1-50000img-batch512-resnet18'. One longer than SLUG_CHARS keeps its start
+    and a hash of the whole name: a file system's names end at 255 bytes, and a long CPU or
+    ImageFolder name ended the report ('File name too long: write elsewhere', which could
+    not help)."""
     text = name.replace("=", "").replace(" img", "img").replace("batch ", "batch")
-    return "-".join(re.findall(r"[A-Za-z0-9.]+", text)).replace(".", "_")
+    slug = "-".join(re.findall(r"[A-Za-z0-9.]+", text)).replace(".", "_")
+    if len(slug) <= SLUG_CHARS:
+        return slug
+    return f"{slug[:SLUG_CHARS - 9].rstrip('-')}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+SLUG_CHARS = 120
 
 
 # The figures of times, which an accuracy block (ranks oversubscribing the cores) leaves out.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 
@@ -32,6 +33,27 @@ def file_to_write(flag: str, path: str, example: str, typed: str | None = None,
     the command makes (and checks) before it writes the file, which need not exist yet."""
     resolved = Path(path).expanduser().absolute()
     path = path if typed is None else typed
+    looked_up(resolved, flag, path)
+    return _checked_file(flag, resolved, path, example, made_before)
+
+
+def looked_up(resolved: Path, flag: str, path: object) -> None:
+    """One line naming FLAG, PATH and the fix where a name in ``resolved`` is past the file
+    system's 255 bytes: it was a traceback, or a run that failed "writing files" over its
+    data folder's name. Anything else (absent, a loop of links) is the caller's to say.
+    (Python 3.13's ``Path.exists`` and ``is_dir`` say False for such a path, earlier ones
+    raised: os.stat says it alike everywhere.)"""
+    try:
+        os.stat(resolved)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            fix = "a name in it is longer than the file system allows (255 bytes); choose " \
+                  "a shorter one"
+            raise ConfigError(f"{flag} {path}: {fix}" if flag else f"{path}: {fix}") from None
+
+
+def _checked_file(flag: str, resolved: Path, path: str, example: str,
+                  made_before: tuple[Path, ...]) -> Path:
     if resolved.is_dir():
         raise ConfigError(f"{flag} {path} is a folder; name a file, e.g. "
                           f"{Path(path) / example}")
