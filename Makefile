@@ -21,8 +21,8 @@ comma := ,
 # after the install: bench answers with torch's own query)
 BF16_HERE = $(eval BF16_HERE := $(shell $(BIN)/python -c "from bench.records.environment \
   import cpu_bf16_instructions as f; print('no' if f() is False else 'yes')"))$(BF16_HERE)
-# ddp-amp's runs: none for a rule where bf16 is emulated here and not asked for (BF16=yes)
-AMP_RUNS = $(if $(filter yes,$(1)),yes,$(BF16_HERE))
+# "no" (ddp-amp left out) where bf16 is emulated here and not asked for (BF16=yes), else ""
+AMP_OFF = $(filter no,$(if $(filter yes,$(1)),yes,$(BF16_HERE)))
 AMP_LEFT_OUT = echo "$@: ddp-amp left out: this CPU has no bf16 arithmetic (see \`bench list\`), and"; \
   echo "  emulated bf16 would take an hour or more here; make $@ BF16=yes runs it anyway"
 DEMO_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0 --train-limit 1536 --test-limit 512 \
@@ -68,7 +68,7 @@ demo: $(STAMP)
 	$(BIN)/bench probe --cpu --gpus 2 --output $(DEMO)
 	$(BIN)/bench run --strategy ddp --gpus 1 $(DEMO_ARGS)
 	$(BIN)/bench run --strategy ddp --gpus 2 $(DEMO_ARGS)
-	$(if $(filter no,$(call AMP_RUNS,$(DEMO_BF16))),@$(AMP_LEFT_OUT),$(BIN)/bench run \
+	$(if $(call AMP_OFF,$(DEMO_BF16)),@$(AMP_LEFT_OUT),$(BIN)/bench run \
 	  --strategy ddp-amp --gpus 2 $(DEMO_ARGS))
 	$(BIN)/bench report --results $(DEMO)
 	$(BIN)/bench project $(DEMO) --network probe --gpus 8,64
@@ -142,8 +142,8 @@ table: $(STAMP)
 	rm -rf $(TABLE_NEW)
 	$(BIN)/bench probe --cpu --gpus 2 --output $(TABLE_NEW)
 	$(BIN)/bench run --strategy ddp --gpus 1 $(TABLE_ARGS)
-	$(if $(filter no,$(call AMP_RUNS,$(BF16))),$(if $(filter ddp-amp,$(TABLE_STRATEGIES)),@$(AMP_LEFT_OUT)))
-	for s in $(if $(filter no,$(call AMP_RUNS,$(BF16))),$(filter-out ddp-amp,$(TABLE_STRATEGIES)),$(TABLE_STRATEGIES)); do \
+	$(if $(call AMP_OFF,$(BF16)),$(if $(filter ddp-amp,$(TABLE_STRATEGIES)),@$(AMP_LEFT_OUT)))
+	for s in $(if $(call AMP_OFF,$(BF16)),$(filter-out ddp-amp,$(TABLE_STRATEGIES)),$(TABLE_STRATEGIES)); do \
 	  $(BIN)/bench run --strategy $$s --gpus 2 $(TABLE_ARGS) || echo "$$s exited $$?"; \
 	done
 	$(BIN)/bench run --strategy ddp --gpus 2 --grad-accum 4 $(TABLE_ARGS)
@@ -168,9 +168,9 @@ PARITY_N_ARGS ?= $(PARITY_WORKLOAD) --repeats 3 --output $(PARITY_OUT)
 parity: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1,2,4,8 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 2,4,8 --cpu-syncbn $(PARITY_N_ARGS)
-	$(if $(filter no,$(call AMP_RUNS,$(BF16))),@$(AMP_LEFT_OUT),$(BIN)/bench sweep \
+	$(if $(call AMP_OFF,$(BF16)),@$(AMP_LEFT_OUT),$(BIN)/bench sweep \
 	  --strategies ddp-amp --gpus 1 $(PARITY_N_ARGS))
-	$(if $(filter no,$(call AMP_RUNS,$(BF16))),,$(BIN)/bench sweep --strategies ddp-amp \
+	$(if $(call AMP_OFF,$(BF16)),,$(BIN)/bench sweep --strategies ddp-amp \
 	  --gpus 2$(comma)4$(comma)8 --cpu-syncbn $(PARITY_N_ARGS))
 	$(BIN)/bench sweep --strategies fsdp,ddp-zero,horovod --gpus 8 $(PARITY_N_ARGS)
 	$(BIN)/bench sweep --strategies ddp --gpus 8 --ddp-comm-hook fp16 $(PARITY_N_ARGS)
@@ -181,8 +181,8 @@ parity: $(STAMP)
 # The committed d=0.5 parity block (5 seeds at N=1 and 2; its CIs are ±13 points wide).
 parity-d05: $(STAMP)
 	$(BIN)/bench sweep --strategies ddp --gpus 1 $(PARITY_ARGS)
-	$(if $(filter no,$(call AMP_RUNS,$(BF16))),@$(AMP_LEFT_OUT))
-	$(BIN)/bench sweep --strategies dp,ddp$(if $(filter no,$(call AMP_RUNS,$(BF16))),,$(comma)ddp-amp) \
+	$(if $(call AMP_OFF,$(BF16)),@$(AMP_LEFT_OUT))
+	$(BIN)/bench sweep --strategies dp,ddp$(if $(call AMP_OFF,$(BF16)),,$(comma)ddp-amp) \
 	  --gpus 2 $(PARITY_ARGS)
 	$(BIN)/bench report --results results --update-readme
 	$(BIN)/bench project results --validate > /dev/null

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from bench.tools.errors import ConfigError
-from bench.tools.folders import missing_folders, remove_created
+from bench.tools.folders import looked_up, missing_folders, remove_created
 
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
 CIFAR100_ARCHIVE = "cifar-100-python.tar.gz"
@@ -230,6 +230,7 @@ def prepare_cifar100(root: Path, download: bool = True) -> tuple[str, int, int]:
     (official md5s) or ``fixture`` (the right format, other content), and the train and test
     sizes. Raises ConfigError."""
     root = Path(root)
+    looked_up(root.expanduser(), "--data-dir", root)
     if not cifar100_present(root):
         if not download:
             folder = root / CIFAR100_FOLDER

@@ -17,7 +17,7 @@ from bench.launch.slurm import slurm_task
 from bench.records.files import runs_dir
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
-from bench.tools.folders import looked_up, missing_folders, remove_created
+from bench.tools.folders import missing_folders, remove_created
 from strategies.base import Strategy, cpu_threads_per_process
 
 
@@ -217,17 +217,15 @@ def data_sizes(cfg: RunConfig, notes: list[str] | None = None) -> tuple[str, int
         train = cfg.train_limit or SYNTHETIC_SIZES["train"]
         test = cfg.test_limit or SYNTHETIC_SIZES["test"]
         kind = "synthetic"
-    else:
-        looked_up(Path(cfg.data_dir).expanduser(), "--data-dir", cfg.data_dir)
-        if cfg.data == "imagefolder":
-            from bench.data.imagefolder import sizes_and_left_out
+    elif cfg.data == "imagefolder":
+        from bench.data.imagefolder import sizes_and_left_out
 
-            train, test, note = sizes_and_left_out(cfg.data_dir)
-            kind = "imagefolder"
-            if note and notes is not None:
-                notes.append(note)
-        else:
-            kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
+        train, test, note = sizes_and_left_out(cfg.data_dir)
+        kind = "imagefolder"
+        if note and notes is not None:
+            notes.append(note)
+    else:
+        kind, train, test = prepare_cifar100(Path(cfg.data_dir), download=cfg.download)
     return kind, min(train, cfg.train_limit or train), min(test, cfg.test_limit or test)
 
 

@@ -11,7 +11,7 @@ from bench.project.from_records import run_options, series_key, workload_of
 from bench.project.scaling import Network, Workload, project
 from bench.records.describe import median_step_s, workload
 from bench.records.files import atomic_file
-from bench.tools.plot_style import line_look
+from bench.tools.plot_style import PLAIN_TEXT, line_look
 
 
 def curve_gpus(asked: list[int]) -> list[int]:
@@ -39,7 +39,7 @@ def write_projection_plot(path: Path, chosen: list[tuple[dict, Workload]],
 
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "parallel-bench"
-    with matplotlib.rc_context({"text.parse_math": False}):  # a record's '$' is text
+    with matplotlib.rc_context(PLAIN_TEXT):  # a record's '$' is text
         _draw_projection(path, chosen, records, asked, gpus_per_node, net_of)
 
 

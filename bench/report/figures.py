@@ -255,7 +255,7 @@ _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 def plain_powers(axis) -> None:
     """A base-2 log axis labelled 2¹¹ in plain text: matplotlib's own labels are formulas,
-    which the report's figures do not parse (a record's '$' is text: plots.PLAIN_TEXT)."""
+    which the report's figures do not parse (a record's '$' is text: plot_style.PLAIN_TEXT)."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     def label(value: float, _) -> str:

@@ -37,7 +37,7 @@ from bench.report.plot_labels import (
 from bench.report.table import GROUP_KEYS, report_order, run_rows, summary_table
 from bench.report.verdict import speed_not_comparable
 from bench.tools.cores import usable_cores
-from bench.tools.plot_style import line_look, point_marker
+from bench.tools.plot_style import PLAIN_TEXT, line_look, point_marker
 from bench.tools.terminal import count
 
 CEILING_SHOWN = 2.0  # the loader's ceiling is drawn where it is within this of training's rate
@@ -53,12 +53,6 @@ def make_figures(records: list[dict[str, Any]],
 
     with matplotlib.rc_context(PLAIN_TEXT):
         return _make_figures(records, probes, table)
-
-
-# A record's text is text: matplotlib read a '$' in a model's, a folder's or a CPU's name as
-# the start of a formula, and `bench report` ended in its parser's traceback ('Expected
-# {phantom | llap ...}'). No figure of bench's writes a formula (log axes: plain_powers).
-PLAIN_TEXT = {"text.parse_math": False}
 
 
 def _make_figures(records: list[dict[str, Any]], probes: list[dict[str, Any]] | None,

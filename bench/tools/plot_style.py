@@ -4,6 +4,13 @@ look like the first."""
 
 from __future__ import annotations
 
+# A record's text is text: matplotlib read a '$' in a model's, a folder's or a CPU's name as
+# the start of a formula, and `bench report` and `bench project --plot` ended in its
+# parser's traceback ('Expected {phantom | llap ...}'). No figure of bench's writes a
+# formula (the report's log axes: figures.plain_powers). Figures are made under
+# matplotlib.rc_context(PLAIN_TEXT).
+PLAIN_TEXT = {"text.parse_math": False}
+
 
 def line_look(i: int) -> dict[str, str]:
     """The ``i``-th line's colour, marker and dash: matplotlib's ten colours, plain circles

@@ -60,9 +60,10 @@ class MLPerfLog:
         self._logger = logging.getLogger(f"parallel-bench.mllog.{os.getpid()}")
         self._logger.propagate = False
         self._logger.setLevel(logging.INFO)
-        if restart_count():  # after the attempt before: every attempt stays in the log
+        again = restart_count() > 0  # after the attempt before: every attempt stays in it
+        if again:
             _end_last_line(path)
-        self._handler = _LogFile(path, mode="a" if restart_count() else "w", encoding="utf-8")
+        self._handler = _LogFile(path, mode="a" if again else "w", encoding="utf-8")
         self._logger.addHandler(self._handler)
         # call sites as the trainer's lines, relative to the checkout
         self._log = mllog.MLLogger(logger=self._logger, default_stack_offset=2,
