@@ -79,7 +79,7 @@ class ApexStrategy(DDPStrategy):
     def requires(self, device_type: str, backend: str | None = None) -> str | None:
         problems = []
         if device_type != "cuda":
-            problems.append("apex AMP needs CUDA and this run has no GPU")
+            problems.append("apex AMP needs CUDA, and this runs on CPU")
         apex = apex_problem()
         if apex:
             problems.append(apex)

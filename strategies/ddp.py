@@ -19,7 +19,6 @@ from bench.tools.errors import ConfigError
 from bench.tools.faults import slow_communication_note
 from bench.tools.restarts import restarts_allowed
 from strategies.base import Strategy, SyncOff
-from strategies.cpu_syncbn import CpuSyncBatchNorm
 from strategies.precision import Precision
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
@@ -245,6 +244,10 @@ class DDPStrategy(Strategy):
         )
 
     def wrap_model(self, model: nn.Module, *, syncbn: bool, precision: Precision) -> nn.Module:
+        # imported here, in the rank: its torch.compiler.disable imports torch._dynamo (1.2 s
+        # on 2 cores), which bench's launcher, `bench list` and the sweep never use
+        from strategies.cpu_syncbn import CpuSyncBatchNorm
+
         model = self.apply_norm(model, syncbn, nn.SyncBatchNorm.convert_sync_batchnorm,
                                 "torch's SyncBatchNorm needs an accelerator: --cpu-syncbn "
                                 "for bench's", cpu_sync=(CpuSyncBatchNorm.convert

@@ -61,3 +61,18 @@ def test_torchvision_version_is_read_without_importing_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
     assert proc.stdout.split() == ["True", "False"], proc.stderr
+
+
+def test_bench_list_and_the_launcher_do_not_import_torch_dynamo():
+    """torch._dynamo costs 1.2 s to import on 2 cores; only a rank needs it (DDP's
+    constructor and the optimizer import it there). The launcher imported it through
+    strategies/cpu_syncbn.py's torch.compiler.disable: every multi-process run started 1.2 s
+    later, and `bench list` took 1.2 s more, for nothing."""
+    code = ("import atexit, sys; import bench.launch.run;"
+            " atexit.register(lambda: print('loaded:', 'torch._dynamo' in sys.modules));"
+            " sys.argv = ['bench', 'list']; from bench.cli import entry; entry()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "ddp-amp" in proc.stdout  # bench list built every strategy
+    assert proc.stdout.splitlines()[-1] == "loaded: False", proc.stdout
