@@ -96,6 +96,7 @@ def test_a_rank_stopped_on_one_node_is_ended_there_and_both_nodes_train_again(tm
     # (the node that hosts global rank 1 is the one whose agent joined second, either)
     [stuck] = [out for out in outs if "timeout: rank 1: made no progress for " in out]
     assert "bench ended it for torchrun to start the ranks again" in stuck, stuck
+    assert "[in train epoch 1 step 3]" in stuck, stuck  # where it stopped (not its last beat's)
 
 
 def test_nodes_that_differ_only_in_what_each_machine_sets_meet_without_an_id(tmp_path):

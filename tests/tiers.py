@@ -134,6 +134,14 @@ LONG = {
                                                                        "by the serial test",
     r"test_kill.py::test_a_rank_killed_outright_is_the_cause": "a restart after a rank "
     "killed outright (one after a rank that raised stays)",
+    r"test_failures.py::test_a_rank_that_hangs_alone_is_ended_for": "a restart after a rank "
+    "hanging alone (the watchdog's end of it and a restart after a raise stay)",
+    r"test_multinode.py::test_a_rank_stopped_on_one_node": "a stopped rank on one of two "
+    "nodes (two nodes, the watchdog's end of a stopped rank and a restart each stay)",
+    r"test_ghost_batchnorm.py::test_bench_verify_checks_a_ghost": "verify of a ghost "
+    "BatchNorm run (the layer against torch's BatchNorm stays)",
+    r"test_cpu_syncbn.py::test_a_bf16_batch_is_normalised": "CPU SyncBatchNorm's bf16 "
+    "rounding (its float64 check over two ranks stays)",
     # measurements a neighbour's load moves (serial: they run alone)
     r"test_project.py::test_the_model_predicts_measured_runs": "predictions within 15 %",
     r"test_project.py::test_one_process_records_when_each_gradient": "gradient timing",

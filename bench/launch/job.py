@@ -55,7 +55,7 @@ class Launch:
 
     def check_progress(self) -> None:
         """Raise RunTimeout when a rank's heartbeat is older than the timeout. Ranks beat at
-        least once a second while they work; a collective that waits does not beat. Where
+        every step and batch while they work; a collective that waits does not beat. Where
         torchrun may still start the ranks again (--max-restarts), the stuck rank is ended
         instead (``end_stuck_rank``): a rank that hangs is a failure a restart is for."""
         now = time.time()
@@ -74,7 +74,7 @@ class Launch:
                 continue
             raise RunTimeout(
                 f"timeout: rank {rank} made no progress for {age:.0f} s "
-                f"(watchdog limit {self.timeout:g} s); last reported: {phase}"
+                f"(watchdog limit {self.timeout:g} s) [in {phase}]"
             )
 
     def end_stuck_rank(self, rank: str, attempt: int, age: float, phase: str) -> None:

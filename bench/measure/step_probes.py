@@ -132,7 +132,7 @@ def loader_alone(trainer, steps: int) -> float:
     once (ranks on one machine share its cores, as they do in training); the result is
     the rate of all ranks at the slowest rank's pace."""
     s, parts = trainer.strategy, trainer.parts
-    trainer.beat("loader probe (waiting for the other ranks)", force=True)
+    trainer.beat("loader probe (waiting for the other ranks)")
     s.barrier()
     with unchanged_randomness(trainer.loaders.train):
         seconds = draw_seconds(endless(trainer.loaders.train), workers=trainer.workers,
@@ -178,7 +178,7 @@ def extra_steps(trainer, steps: int, what: str, warmup: int = PROBE_WARMUP,
     s, parts, cfg = trainer.strategy, trainer.parts, trainer.cfg
     cuda = s.device.type == "cuda"
     parts.model.train()
-    trainer.beat(f"{what} (waiting for the other ranks)", force=True)
+    trainer.beat(f"{what} (waiting for the other ranks)")
     s.barrier()
     marks = []
     with unchanged_randomness(trainer.loaders.train):

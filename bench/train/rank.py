@@ -215,7 +215,7 @@ def run_rank(spec_path: str | Path) -> None:
         # Beat before the build: a model factory or data set that never returns in a rank is
         # then bounded by --timeout like a stuck collective (the watchdog only sees ranks
         # that beat once; this rank had not, and such a run waited for ever).
-        heartbeat("build: model and data", force=True)
+        heartbeat("build: model and data")
         cap_gpu_memory(strategy.device)  # bench fit --gpu-memory: a share of the GPU
         # torch's compiler stack (torch._dynamo and what it pulls in: 150 MB of modules on
         # CPU) comes with torch.distributed's setup in a DDP rank, and with the first

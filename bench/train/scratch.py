@@ -36,7 +36,7 @@ ENDED_FOR_RESTART = "bench ended it for torchrun to start the ranks again"
 def read_beat(path: Path) -> tuple[str, int]:
     """(phase, attempt) of a heartbeat file: its first line the rank's phase, its second the
     attempt (torchrun's restart count) of the rank that wrote it."""
-    phase, _, attempt = path.read_text().partition("\n")
+    phase, _, attempt = path.read_text(errors="replace").partition("\n")
     try:
         return phase.strip(), int(attempt or 0)
     except ValueError:  # half-written
@@ -303,15 +303,21 @@ class RankError:
 
 
 class Heartbeat:
-    """Touches this rank's ``beat-rank{r}`` (with the current phase) at most once a second, so
-    the launcher's watchdog can tell a slow rank from a stuck one. It owns the rank's phase:
-    the error report names it."""
+    """Writes this rank's phase into its ``beat-rank{r}`` at every call (a step, a batch),
+    so the launcher's watchdog can tell a slow rank from a stuck one by the file's age, and
+    name where a stuck rank stopped. It owns the rank's phase: the error report names it.
+
+    Every call rewrites the file in place, in one ``pwrite`` of a fixed length (1.8 us here;
+    opening and writing the file took 260): a write at most once a second left a rank
+    stopped at step 3 named '[in train epoch 1 step 1]'."""
+
+    PHASE_BYTES = 160  # the phase's room in the file, padded with spaces (longer: cut)
 
     def __init__(self, scratch: Scratch) -> None:
         self.scratch = scratch
         self.phase = "start-up"
         self.path: Path | None = None  # no file until the rank is known
-        self.last = 0.0
+        self.fd: int | None = None  # opened at the first beat, kept open for the rank's life
         self.attempt = restart_count()  # the watchdog tells an ended attempt's beats by it
 
     def bind(self, rank: int) -> None:
@@ -328,10 +334,9 @@ class Heartbeat:
 
         def beat() -> None:
             while not done.wait(1.0) and time.monotonic() - started < limit:
-                self(f"{phase} ({time.monotonic() - started:.0f} s of at most {limit:.0f})",
-                     force=True)
+                self(f"{phase} ({time.monotonic() - started:.0f} s of at most {limit:.0f})")
 
-        self(phase, force=True)
+        self(phase)
         thread = threading.Thread(target=beat, name="bench-beat", daemon=True)
         thread.start()
         try:
@@ -339,11 +344,13 @@ class Heartbeat:
         finally:
             done.set()
             thread.join()
-            self(phase, force=True)
+            self(phase)
 
-    def __call__(self, phase: str, force: bool = False) -> None:
+    def __call__(self, phase: str) -> None:
         self.phase = phase
-        now = time.monotonic()
-        if self.path is not None and (force or now - self.last >= 1.0):
-            self.last = now
-            self.path.write_text(f"{phase}\n{self.attempt}")
+        if self.path is None:
+            return
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        text = phase.encode(errors="replace")[:self.PHASE_BYTES].ljust(self.PHASE_BYTES)
+        os.pwrite(self.fd, text + f"\n{self.attempt}".encode(), 0)

@@ -209,11 +209,11 @@ class Trainer:
         # the cores' counters read before the ranks gather, not after: the ms it takes would
         # otherwise hold the other ranks' first step, inside their timed region
         load_from = self.load.sample() if self.load is not None else None
-        self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)", force=True)
+        self.beat(f"train epoch {epoch + 1} (waiting for the other ranks)")
         s.barrier()
         # from here the first step, its batch drawn first: a failure or a stall drawing it
         # is the first step's, not the wait's
-        self.beat(f"train epoch {epoch + 1} step {step + 1}", force=True)
+        self.beat(f"train epoch {epoch + 1} step {step + 1}")
         sync_devices(s)
         start = time.perf_counter()
         if epoch == 0:
@@ -250,7 +250,7 @@ class Trainer:
         if epoch == 0 and self.record is not None:  # gradients and optimizer state now exist
             self.held = held(self.parts.model, self.parts.optimizer)
         step_times = step_intervals(marks, cuda)
-        self.beat(f"train epoch {epoch + 1} (end)", force=True)
+        self.beat(f"train epoch {epoch + 1} (end)")
         if bar is not None:
             bar.close()
         loss_sum = (torch.stack(history).sum() if history
@@ -341,7 +341,7 @@ class Trainer:
         s.broadcast_buffers(net)
         net.eval()
         totals = torch.zeros(4, device=s.device, dtype=torch.float64)  # top1, top5, n, loss
-        self.beat("eval batch 1", force=True)  # drawing it: not "train epoch N (end)"
+        self.beat("eval batch 1")  # drawing it: not "train epoch N (end)"
         sync_devices(s)
         start = time.perf_counter()
         for batch, (images, labels, valid) in enumerate(self.loaders.test):

@@ -25,7 +25,7 @@ def run_verify(trainer: Trainer) -> None:
     rank 0 saves the per-step losses and the final parameters."""
     strategy, cfg = trainer.strategy, trainer.cfg
     trainer.start_epoch(0)
-    trainer.beat("train epoch 1 (waiting for the other ranks)", force=True)
+    trainer.beat("train epoch 1 (waiting for the other ranks)")
     strategy.barrier()
     batches = ((images, labels) for images, labels, _ in trainer.loaders.train)
     losses = []
