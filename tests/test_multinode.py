@@ -28,8 +28,8 @@ def _start(args: list[str], env: dict | None = None) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _finish(procs: list[subprocess.Popen]) -> None:
-    """Wait for every process; on failure (or a hang) show what each printed."""
+def _finish(procs: list[subprocess.Popen]) -> list[str]:
+    """Wait for every process (what each printed); on failure (or a hang) show it all."""
     outs = []
     for p in procs:
         try:
@@ -39,6 +39,7 @@ def _finish(procs: list[subprocess.Popen]) -> None:
             outs.append(p.communicate()[0] + "\n(killed by the test after 150 s)")
     shown = "\n".join(f"--- process {i}:\n{out}" for i, out in enumerate(outs))
     assert all(p.returncode == 0 for p in procs), shown
+    return outs
 
 
 def test_two_nodes_on_loopback_write_one_record(tmp_path):
@@ -49,9 +50,15 @@ def test_two_nodes_on_loopback_write_one_record(tmp_path):
                 "--workers", "1", "--output", str(tmp_path)])
         for rank in (0, 1)
     ]
-    _finish(procs)
+    outs = _finish(procs)
     rec = only_record(tmp_path)
     assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["nodes"] == 2
+    # which node writes the record is the rendezvous's choice, not --node-rank's: a node
+    # said 'bench: record PATH' and then 'the record was written on the node that hosted
+    # global rank 0'
+    for out in outs:
+        assert ("bench: record (if this node hosts global rank 0: the rendezvous decides) "
+                f"{tmp_path}/runs/20") in out, out
     assert rec["processes"] == 2  # all ranks, over both nodes
     assert rec["rendezvous"] == {"endpoint": endpoint, "id": "looptest"}
     assert len(rec["per_epoch"]) == 2 and rec["replicas_identical"] is True

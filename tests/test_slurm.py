@@ -120,6 +120,9 @@ def test_bench_slurm_submits_a_job_whose_two_tasks_train_as_two_ranks(slurm, tmp
     assert rec["status"] == "ok", log
     assert rec["launcher"] == "slurm" and rec["world_size"] == 2, rec
     assert f"slurm{job}." in rec["run_id"] and rec["threads_per_process"] == 1
+    # each task says where the record goes; task 1, that it is task 0's to write
+    assert log.count(f"bench: record {out}/runs/{rec['run_id']}.json\n") == 1, log
+    assert log.count("bench: record (Slurm task 0 writes it) ") == 1, log
 
 
 def test_a_batch_step_and_a_one_task_step_launch_the_ranks_themselves(slurm, tmp_path):

@@ -24,11 +24,17 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
     """Say what starts, and where the record goes; note CPU processes beyond the cores."""
     cfg = plan.cfg
     where = f" x {cfg.nodes} nodes" if cfg.nodes > 1 else ""
+    # over torchrun's nodes, the one whose agent the rendezvous makes global rank 0 writes the
+    # record (not --node-rank 0's), and the others end 'the record was written on the node
+    # that hosted global rank 0'; of Slurm's tasks, task 0. (The path last and whole.)
+    whose = ("" if plan.writes_record and (cfg.nodes == 1 or plan.slurm is not None)
+             else " (Slurm task 0 writes it)" if plan.slurm is not None
+             else " (if this node hosts global rank 0: the rendezvous decides)")
     print(
         f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
         f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
         f"launcher {plan.launcher}\n"
-        f"bench: record {plan.record_path}",
+        f"bench: record{whose} {plan.record_path}",
         flush=True,
     )
     if plan.precision_note:
