@@ -85,6 +85,11 @@ class Strategy:
         """Model replicas over which the global batch is split (all machines)."""
         return topology.gpus * topology.nodes
 
+    def fewer_replicas(self, topology: Topology) -> str | None:
+        """Why this strategy runs fewer replicas than --gpus asks (None: it does not): the
+        terminal says it as the run starts, the record's notes keep it."""
+        return None
+
     @property
     def runs_as_srun_task(self) -> bool:
         """Whether one rank can be one ``srun`` task (ranks found through the environment)."""

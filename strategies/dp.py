@@ -23,16 +23,20 @@ class DataParallelStrategy(Strategy):
         # Without CUDA nn.DataParallel does nothing: the model runs once, on the CPU.
         return topology.gpus if topology.device_type == "cuda" else 1
 
+    def fewer_replicas(self, topology: Topology) -> str | None:
+        if topology.device_type == "cuda" or topology.gpus == 1:
+            return None
+        return (f"nn.DataParallel has no effect without CUDA: asked for {topology.gpus}, one "
+                "CPU replica runs in one process")
+
     def setup(self, topology: Topology) -> None:
         self.replicas = self.num_replicas(topology)
         if topology.device_type == "cuda":
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
-        elif topology.gpus > 1:
-            self.notes.append(
-                f"nn.DataParallel has no effect without CUDA: asked for {topology.gpus}, "
-                "one CPU replica ran in one process"
-            )
+        fewer = self.fewer_replicas(topology)
+        if fewer:
+            self.notes.append(fewer)
 
     def check(self, topology: Topology, features: Features) -> None:
         if topology.nodes > 1 or topology.hosts:

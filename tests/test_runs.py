@@ -160,10 +160,15 @@ def test_strategies_train_on_the_same_batches(three_runs):
 
 
 def test_dp_on_cpu_is_recorded_as_one_replica(cifar_dir, tmp_path):
-    assert_ok(_run("dp", 2, cifar_dir, tmp_path))
+    proc = _run("dp", 2, cifar_dir, tmp_path)
+    assert_ok(proc)
     rec = only_record(tmp_path)
     assert rec["gpus_requested"] == 2 and rec["world_size"] == 1 and rec["processes"] == 1
     assert any("no effect without CUDA" in n for n in rec["notes"])
+    # the terminal says why as the run starts ('dp on 1 cpu replica' after --gpus 2 did not)
+    said = " ".join(proc.stderr.split())
+    assert ("bench: note: nn.DataParallel has no effect without CUDA: asked for 2, one CPU "
+            "replica runs in one process") in said, proc.stderr
     assert records(tmp_path)[0]["per_rank_batch"] == 32
 
 
@@ -192,12 +197,23 @@ def test_time_to_target_stops_at_the_first_evaluation_above_it(tmp_path):
     assert re.search(rf"  3 % reached in \d+\.\d s \({len(epochs)} epochs?\)$", last), last
     top1 = [100 * e["top1"] for e in epochs]
     assert rec["reached_target"] is True and rec["target_top1"] == 3.0
+    assert "--target-top1" not in proc.stderr, proc.stderr  # a percent: no note
     assert rec["epochs_to_target"] == len(epochs) < 8  # stopped there
     assert top1[-1] >= 3 and all(t < 3 for t in top1[:-1])  # the first one above it
     assert rec["train_time_to_target_s"] == pytest.approx(sum(e["train_time_s"] for e in epochs))
     # wall clock from the first step: training and evaluation of every epoch, and more
     assert rec["time_to_target_s"] >= 0.95 * (rec["train_time_to_target_s"]
                                               + sum(e["eval_time_s"] for e in epochs))
+
+
+def test_a_target_under_one_percent_is_said_to_be_a_percent_not_a_fraction():
+    """MLPerf's targets are fractions (0.759); --target-top1 0.759 asked for 0.759 % and the
+    run said '0.759 % reached' after its first epoch, as if nothing were amiss."""
+    from bench.launch.summary import target_note
+
+    assert target_note(0.759) == ("--target-top1 0.759 is 0.759 % top-1 (a percent: 75.9 for "
+                                  "0.759 of the test images)")
+    assert target_note(None) is None and target_note(1) is None and target_note(75.9) is None
 
 
 def test_a_target_not_reached_is_recorded_as_such(tmp_path):
