@@ -27,11 +27,13 @@ def test_the_log_is_mlperfs_view_of_the_run_and_stops_at_the_target(tmp_path):
     log ends there like an MLPerf run, with its time from run_start to run_stop."""
     log = tmp_path / "logs" / "{run_id}.log"
     log.parent.mkdir()
-    assert_ok(run_bench(*RUN, "--epochs", "8", "--target-top1", "3", "--mllog", str(log),
-                        "--output", str(tmp_path)))
+    proc = run_bench(*RUN, "--epochs", "8", "--target-top1", "3", "--mllog", str(log),
+                     "--output", str(tmp_path))
+    assert_ok(proc)
     rec = only_record(tmp_path)
     path = tmp_path / "logs" / f"{rec['run_id']}.log"
     assert rec["config"]["mllog"] == str(path)
+    assert f"\nbench: MLPerf log {path}\n" in proc.stdout, proc.stdout  # its name, said
     lines = _parse(path)
     keys = [line.key for line in lines]
     assert keys[:2] == ["cache_clear", "init_start"]
@@ -59,8 +61,10 @@ def test_a_target_not_reached_ends_the_log_aborted(tmp_path):
     """The log goes in the run's own --output, which the run makes: a folder that does not
     exist yet was refused ("create that folder"), though the run was about to."""
     path = tmp_path / "new" / "run.log"
-    assert_ok(run_bench(*RUN, "--epochs", "2", "--target-top1", "100", "--mllog", str(path),
-                        "--output", str(tmp_path / "new")))
+    proc = run_bench(*RUN, "--epochs", "2", "--target-top1", "100", "--mllog", str(path),
+                     "--output", str(tmp_path / "new"))
+    assert_ok(proc)
+    assert f"\nbench: MLPerf log {path}\n" in proc.stdout, proc.stdout
     lines = _parse(path)
     assert [line.key for line in lines].count("eval_accuracy") == 2
     assert lines[-1].key == "run_stop" and lines[-1].value["metadata"]["status"] == "aborted"

@@ -223,6 +223,8 @@ def test_report_refuses_a_missing_folder_and_writes_nothing_for_an_empty_one(tmp
     (empty / "runs").mkdir(parents=True)
     proc = run_bench("report", "--results", str(empty))
     assert proc.returncode == 1 and "no run records" in proc.stderr, proc.stderr
+    assert "name the folder `bench run --output` or `bench sweep --output` wrote" in \
+        proc.stderr, proc.stderr
     assert sorted(p.name for p in empty.rglob("*")) == ["runs"]  # nothing written
 
 

@@ -54,6 +54,9 @@ def test_exposed_communication_responds_to_communication_cost(tmp_path):
     trace = json.loads(Path(plain["profile_trace"]).read_text())  # Chrome trace format
     assert any(e.get("name", "").startswith("aten::convolution")
                for e in trace["traceEvents"])
+    # the terminal says where it went (it was the record's alone)
+    assert (f"bench: trace of 2 steps after the epochs (rank 0's; Perfetto, TensorBoard) "
+            f"{plain['profile_trace']}\n") in profiled.stdout, profiled.stdout
     assert none["profile_trace"] is None
     # the input pipeline alone (30 batches, no model) feeds far more than this run trains
     assert plain["loader_probe_steps"] == 30

@@ -57,7 +57,8 @@ def cmd_report(results: str, fmt: str = "text", write: bool = True,
         print(f"bench report: {line}", file=sys.stderr)
     if not records:
         print(f"bench report: no run records in {results} (nor in {runs_dir(results)}); "
-              "nothing written", file=sys.stderr)
+              "nothing written: name the folder `bench run --output` or `bench sweep "
+              "--output` wrote", file=sys.stderr)
         return EXIT_FAILED
     table = summary_table(records, reference or "ddp:1", probes)
     if reference is not None and not table["is_reference"].any():

@@ -34,7 +34,9 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
         f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
         f"launcher {plan.launcher}\n"
-        f"bench: record{whose} {plan.record_path}",
+        f"bench: record{whose} {plan.record_path}"
+        # --mllog's FILE with {run_id} replaced: the name the user could not know
+        + (f"\nbench: MLPerf log{whose} {cfg.mllog}" if cfg.mllog else ""),
         flush=True,
     )
     fewer = plan.strategy.fewer_replicas(plan.topology)
@@ -89,6 +91,10 @@ def forks_can_deadlock(version: tuple[int, ...] = sys.version_info[:3]) -> bool:
 
 def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
     print(ok_line(final.summary, final.data))
+    trace = final.data.get("profile_trace")
+    if trace:  # asked for with --profile-steps, and where it went was the record's alone
+        print(f"bench: trace of {final.data.get('profile_steps')} steps after the epochs (rank "
+              f"0's; Perfetto, TensorBoard) {trace}")
     restarts = final.data.get("restarts") or 0
     if restarts:
         print(terminal.fill(f"bench: note: torchrun restarted the ranks {restarts}x after a rank "

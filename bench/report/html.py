@@ -177,8 +177,8 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
     parts.append(_projection(table))
     parts.append("<h2>Measured on</h2><ul>"
                  + "".join(f"<li>{escape(line)}</li>" for line in hardware_lines(records))
-                 + "</ul><p class=\"muted\">Epoch time: median over epochs 2.. (the first is "
-                 "warm-up).</p>")
+                 + "</ul><p class=\"muted\">Epoch time: the median of the epochs after the "
+                 "first (its warm-up).</p>")
     parts.append(_runs(records))
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p) + "\n"

@@ -43,7 +43,7 @@ def readme_block(records: list[dict[str, Any]],
     machines = "\n".join(f"- {line}" for line in hardware_lines(records))
     return (
         f"{README_START}\n{table}\nMeasured on:\n{machines}\n\n"
-        f"Epoch time: median over epochs 2.. (the first is warm-up). "
+        f"Epoch time: the median of the epochs after the first (its warm-up). "
         f"{len(records)} records in `results/runs/`; every column in "
         f"[results/summary.md](results/summary.md).\n{README_END}"
     )
