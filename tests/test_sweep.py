@@ -93,6 +93,9 @@ def test_a_sweep_says_why_each_combination_failed(tmp_path):
     assert " ".join(summary.split()[4:]).startswith(
         "ddp N=1 repeat 1: failed: rank 0: RuntimeError: injected fault (BENCH_FAULT) at step "
         "1 [in train epoch 1 step 1]"), summary
+    # and what to type next, the folder quoted as the shell needs it
+    assert summary.rstrip().endswith(
+        f"bench sweep: the table and its verdict: `bench report {tmp_path}`"), summary
 
 
 def test_the_time_a_sweep_has_left_is_said_in_hours_past_one():
@@ -113,7 +116,8 @@ def test_a_combination_named_twice_runs_once(tmp_path):
                      "--no-progress", "--comm-probe-steps", "0", "--output", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[sweep 1/1] ddp N=1 repeat 1" in proc.stdout and "skipped" not in proc.stdout
-    assert proc.stdout.strip().endswith("bench sweep: 1/1 ok")
+    assert proc.stdout.strip().endswith(
+        f"bench sweep: 1/1 ok\nbench sweep: the table and its verdict: `bench report {tmp_path}`")
     assert len(records(tmp_path)) == 1
 
 

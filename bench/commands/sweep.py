@@ -225,6 +225,8 @@ def run_sweep(base: RunConfig, run_args: list[str], strategies: list[str], gpus:
     print(f"bench sweep: {len(outcomes) - len(bad)}/{len(outcomes)} ok" +
           "".join("\n" + terminal.fill(f"{c.label()}: {s}", initial_indent="  ",
                                         subsequent_indent="      ") for c, s in bad))
+    # what a sweep is for comes next: its table, its failed rows with their reasons
+    print(f"bench sweep: the table and its verdict: `bench report {shlex.quote(base.output)}`")
     return EXIT_OK if not bad else EXIT_FAILED
 
 
