@@ -24,7 +24,7 @@ class DataParallelStrategy(Strategy):
         return topology.gpus if topology.device_type == "cuda" else 1
 
     def fewer_replicas(self, topology: Topology) -> str | None:
-        if topology.device_type == "cuda" or topology.gpus == 1:
+        if self.num_replicas(topology) == topology.gpus:
             return None
         return (f"nn.DataParallel has no effect without CUDA: asked for {topology.gpus}, one "
                 "CPU replica runs in one process")

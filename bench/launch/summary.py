@@ -27,9 +27,12 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
     # over torchrun's nodes, the one whose agent the rendezvous makes global rank 0 writes the
     # record (not --node-rank 0's), and the others end 'the record was written on the node
     # that hosted global rank 0'; of Slurm's tasks, task 0. (The path last and whole.)
-    whose = ("" if plan.writes_record and (cfg.nodes == 1 or plan.slurm is not None)
-             else " (Slurm task 0 writes it)" if plan.slurm is not None
-             else " (if this node hosts global rank 0: the rendezvous decides)")
+    if plan.slurm is not None:
+        whose = "" if plan.writes_record else " (Slurm task 0 writes it)"
+    elif cfg.nodes > 1:
+        whose = " (if this node hosts global rank 0: the rendezvous decides)"
+    else:
+        whose = ""
     print(
         f"bench: {cfg.strategy} on {terminal.count(plan.replicas, plan.device_type + ' replica')}, "
         f"{terminal.count(plan.processes, 'process', 'processes')} here{where}, "
@@ -41,20 +44,15 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
     )
     fewer = plan.strategy.fewer_replicas(plan.topology)
     if fewer and cfg.verify_steps is None:  # (bench verify's row says its replicas)
-        # 'dp on 1 cpu replica' after --gpus 2 said nothing of why
-        print(terminal.fill(f"bench: note: {fewer}",
-                            subsequent_indent="  "), file=sys.stderr)
-    said = target_note(cfg.target_top1)
-    if said:
-        print(terminal.fill(f"bench: note: {said}", subsequent_indent="  "), file=sys.stderr)
+        _note(fewer)  # 'dp on 1 cpu replica' after --gpus 2 said nothing of why
+    if said := target_note(cfg.target_top1):
+        _note(said)
     if plan.precision_note:
-        print(terminal.fill(f"bench: note: {plan.precision_note}", subsequent_indent="  "),
-              file=sys.stderr)
+        _note(plan.precision_note)
     if plan.workers_per_process and forks_can_deadlock():
-        print(terminal.fill(f"bench: note: Python {platform.python_version()} can deadlock a "
-                            "DataLoader worker as it forks (CPython gh-112275, fixed in 3.11.10 "
-                            "and 3.12): such a run fails after --timeout",
-                            subsequent_indent="  "), file=sys.stderr)
+        _note(f"Python {platform.python_version()} can deadlock a DataLoader worker as it "
+              "forks (CPython gh-112275, fixed in 3.11.10 and 3.12): such a run fails after "
+              "--timeout")
     usable = usable_cores()
     if plan.workers_per_process > usable:  # torch's DataLoader warns above this, per rank
         print(f"bench: note: {plan.workers_per_process} loader workers a process, on "
@@ -69,6 +67,11 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
         if plan.writes_record:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": usable}
             record.write()
+
+
+def _note(text: str) -> None:
+    """A note of bench's on stderr, within 120 columns."""
+    print(terminal.fill(f"bench: note: {text}", subsequent_indent="  "), file=sys.stderr)
 
 
 def target_note(target: float | None) -> str | None:
@@ -97,14 +100,12 @@ def print_ok(final: RunRecord, loader: str, workers_per_replica: int) -> None:
               f"0's; Perfetto, TensorBoard) {trace}")
     restarts = final.data.get("restarts") or 0
     if restarts:
-        print(terminal.fill(f"bench: note: torchrun restarted the ranks {restarts}x after a rank "
-                            "failed (said above): the figures are the last attempt's",
-                            subsequent_indent="  "), file=sys.stderr)
+        _note(f"torchrun restarted the ranks {restarts}x after a rank failed (said above): "
+              "the figures are the last attempt's")
     shared = shared_cores(final.data)
     if shared is not None:
-        print(terminal.fill(f"bench: note: {shared.said()} (means over its timed epochs): its "
-                            "times are slower than this machine alone gives",
-                            subsequent_indent="  "), file=sys.stderr)
+        _note(f"{shared.said()} (means over its timed epochs): its times are slower than "
+              "this machine alone gives")
     feed = final.data.get("loader_alone_images_per_s")
     if input_bound(final.summary.get("median_images_per_s"), feed) and loader == "torch":
         print("bench: the loader set the pace; which worker count feeds faster:\n  "
