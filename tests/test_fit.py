@@ -289,3 +289,19 @@ def test_a_cage_left_by_a_killed_search_is_removed_by_the_next():
         for path in (left, live):
             if path.exists():
                 path.rmdir()
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=f"no memory limit here: {unavailable()}")
+def test_a_search_where_nothing_fits_says_what_was_killed_and_what_to_give():
+    """Under a limit that `bench run` itself cannot start in (it imports torch), the try
+    said '(['bench: record /tmp/bench-fit-.../runs/....json'])': the last line of its output
+    as a Python list, naming a record that was gone; and the search ended on 'none fits'
+    alone."""
+    proc = run_bench("fit", "--strategy", "ddp", "--cpu", "--memory-limit", "0.25", "--start",
+                     "1", "--data", "synthetic", "--width", "0.125")
+    assert proc.returncode == 1 and "none fits" in proc.stdout, proc.stdout + proc.stderr
+    assert "['" not in proc.stderr and "bench-fit-" not in proc.stderr, proc.stderr
+    assert "(bench run was killed by signal 9 (SIGKILL) before it closed its record)" in (
+        " ".join(proc.stderr.split())), proc.stderr
+    assert ("bench fit: even 1 image per replica ran out of memory within --memory-limit "
+            "0.25 GiB: give it more") in " ".join(proc.stderr.split()), proc.stderr

@@ -108,6 +108,8 @@ MALFORMED = {
     "gpu clocks a string": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
                                            "gpu_clocks": "fast"}]},
     "world size 0": {"world_size": 0},
+    # counted as a run ('runs 2' with one run's epochs): n of the mean and of the tests
+    "an ok run without an epoch": {"per_epoch": []},
     # past 2^63 numpy holds it as an object, which the plots' log scale could not take
     "world size 1e30": {"world_size": 10**30},
     "epochs negative": {"epochs": -3},
@@ -413,3 +415,14 @@ def test_a_workload_named_past_a_file_names_length_is_drawn_in_a_folder_that_fit
     assert a != b and len(a) == len(b) <= 120
     assert workload_slug("synthetic d=1 50000 img, batch 512, resnet18") == (
         "synthetic-d1-50000img-batch512-resnet18")  # short names as they were
+
+
+def test_an_imagefolder_named_like_a_count_keeps_its_name_in_the_plot_folder():
+    """The plot folder joined every ' img' and 'batch ' of the workload's name: an ImageFolder
+    named 'imgs' was drawn in 'imagefolderimgs-38img-...', its name run into the data's."""
+    from bench.report.plots import workload_slug
+
+    assert workload_slug("imagefolder imgs 38 img, batch 8, resnet18 x0.125") == (
+        "imagefolder-imgs-38img-batch8-resnet18-x0_125")
+    assert workload_slug("imagefolder batches 6 img, batch 2, resnet18") == (
+        "imagefolder-batches-6img-batch2-resnet18")

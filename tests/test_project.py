@@ -19,6 +19,29 @@ from bench.records.gradient_timeline import GradientTimeline
 NET = Network("test", 400.0, 400.0, "nvlink", "hand-written")
 
 
+def test_one_slowed_small_message_of_a_probe_does_not_set_the_latency():
+    """A probe's latency per ring step came from its smallest message alone: on 2 busy cores
+    1 KiB took 3.3 ms where 4 and 16 KiB took 0.3 ms, and the latency read 1,658 µs against
+    the 159 µs of a probe minutes before, which made 'collective latency' the bottleneck of
+    every projection to many GPUs. The figures here are two probes of this machine's
+    (2026-12-01); each message's time is the latency's two ring steps and its bytes."""
+    from bench.project.scaling import network_from_probe
+
+    def probe(small_ms: list[float]) -> dict:
+        sizes = [1024 * 4**k for k in range(10)]
+        times = [*(ms / 1e3 for ms in small_ms),
+                 *(2 * 150e-6 + size / 1.0e9 for size in sizes[len(small_ms):])]
+        return {"probe_id": "p", "device": "cpu", "backend": "gloo", "world_size": 2,
+                "results": [{"bytes": b, "time_s": t} for b, t in zip(sizes, times)]}
+
+    quiet = network_from_probe(probe([0.319, 0.290, 0.361, 0.366]))
+    slowed = network_from_probe(probe([3.317, 0.386, 0.276, 0.845]))
+    assert 130e-6 < quiet.fixed_latency_s < 160e-6, quiet.fixed_latency_s
+    assert 120e-6 < slowed.fixed_latency_s < 160e-6, slowed.fixed_latency_s
+    # the bandwidth is the large messages' (the slope to 256 MiB moves by 1 %)
+    assert abs(slowed.busbw(1) - quiet.busbw(1)) < 0.02 * quiet.busbw(1)
+
+
 def test_a_large_all_reduce_takes_the_ring_a_small_one_at_scale_the_tree():
     """Figures worked out by hand from NCCL 2.30's tuning.cc tables."""
     # ring/Simple: 8.4 us + 14 hops x 3.4 us + 100 MB x 14/8 / 400 GB/s (the Simple tree:

@@ -64,6 +64,10 @@ def test_exposed_communication_responds_to_communication_cost(tmp_path):
     # ... and its loop hardly waits for batches (in-process synthetic images, no delay)
     assert plain["summary"]["input_wait_share"] < 0.3, plain["summary"]
 
+# the one epoch a finished run has at least (a record of status ok without one is no record)
+ONE_EPOCH = [{"epoch": 1, "train_time_s": 10.0, "images_per_s": 5000.0, "top1": 0.01,
+              "peak_mem_bytes": 2**30}]
+
 
 def test_the_compute_step_is_the_median_of_each_steps_slowest_rank(tmp_path):
     """A synchronised step waits for whichever rank is slowest at that step. With a 500 ms
@@ -301,7 +305,7 @@ def test_report_prints_the_gpu_breakdown_of_a_real_h100_trace(tmp_path):
     run_id = "20261126T053559Z-ddp-1cuda-976d6a"  # a real run id: its lines in 120 columns
     rec = {"run_id": run_id, "status": "ok", "strategy": "ddp", "world_size": 1,
            "device": "cuda", "precision": "tf32", "profile_steps": 5,
-           "profile_trace": "/elsewhere/traces/t.trace.json.gz", "per_epoch": [],
+           "profile_trace": "/elsewhere/traces/t.trace.json.gz", "per_epoch": ONE_EPOCH,
            "started_at": "2026-11-23T03:07:04Z"}
     (runs / f"{run_id}.json").write_text(json.dumps(rec))
     proc = run_bench("report", "--results", str(tmp_path))
@@ -336,7 +340,7 @@ def test_a_trace_cut_short_or_of_another_shape_is_a_note_not_a_traceback(tmp_pat
         run_id = f"20261126T05355{i}Z-ddp-1cuda-976d6a"
         rec = {"run_id": run_id, "status": "ok", "strategy": "ddp", "world_size": 1,
                "device": "cuda", "precision": "tf32", "profile_steps": 5,
-               "profile_trace": f"/elsewhere/traces/{name}", "per_epoch": [],
+               "profile_trace": f"/elsewhere/traces/{name}", "per_epoch": ONE_EPOCH,
                "started_at": "2026-11-23T03:07:04Z"}
         (runs / f"{run_id}.json").write_text(json.dumps(rec))
     proc = run_bench("report", "--results", str(tmp_path), "--no-write")
@@ -374,7 +378,7 @@ def test_a_record_naming_a_file_that_is_no_trace_has_it_left_unread(tmp_path):
     run_id = "20261126T053559Z-ddp-1cuda-976d6a"
     rec = {"run_id": run_id, "status": "ok", "strategy": "ddp", "world_size": 1,
            "device": "cuda", "precision": "tf32", "profile_steps": 5,
-           "profile_trace": str(big), "per_epoch": [], "started_at": "2026-11-23T03:07:04Z"}
+           "profile_trace": str(big), "per_epoch": ONE_EPOCH, "started_at": "2026-11-23T03:07:04Z"}
     (runs / f"{run_id}.json").write_text(json.dumps(rec))
 
     def limited() -> None:

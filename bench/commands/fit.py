@@ -84,6 +84,7 @@ def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
     memory limit), and say why it failed: the kernel's OOM killer, torch's out-of-memory
     error, or anything else (the record's error)."""
     from bench.tools.memory_limit import MemoryCage
+    from bench.train.scratch import signal_name
 
     started = time.monotonic()
     global_batch = batch * replicas
@@ -105,6 +106,9 @@ def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                       env=env, preexec_fn=cage.enter if cage else None)
                 rc, text = proc.returncode, proc.stdout + proc.stderr
+                if rc < 0:  # bench run itself was killed: its last line says nothing of it
+                    text = (f"bench run was killed by signal {-rc} ({signal_name(-rc)}) "
+                            "before it closed its record")
             except subprocess.TimeoutExpired as exc:
                 rc, text = -1, f"timeout after {exc.timeout:.0f} s"
             killed = cage.oom_killed() if cage else False
@@ -117,7 +121,7 @@ def one_try(batch: int, replicas: int, args: list[str], limit: int | None,
         if gpu_memory is not None:  # the share caps what torch's allocator reserves
             peak = (rec.get("memory_parts") or {}).get("reserved")
         return Try(batch, True, cause, seconds, rec, peak or None)
-    error = str((rec or {}).get("error") or text.strip().splitlines()[-1:] or "failed")
+    error = str((rec or {}).get("error") or (text.strip().splitlines() or ["failed"])[-1])
     if killed:
         cause = (f"out of memory: the kernel's OOM killer ended a process at the "
                  f"{limit / 2**30:g} GiB limit ({error.splitlines()[0][:120]})")
@@ -381,6 +385,15 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
         print(f"bench fit: a try failed for another reason than memory: {failed.cause}",
               file=sys.stderr)
         return EXIT_FAILED
+    if lo is None and tries:
+        cap = (f"--memory-limit {args.memory_limit:g} GiB" if args.memory_limit is not None
+               else f"--gpu-memory {args.gpu_memory:g} GiB" if args.gpu_memory is not None
+               else "the GPU's memory")
+        least = min(t.batch for t in tries)
+        print(terminal.fill(f"bench fit: even {least} image{'s' * (least != 1)} per "
+                            f"replica ran out of memory within {cap}: give it more, or "
+                            "train a smaller model or image (--width, --image-size)",
+                            subsequent_indent="    "), file=sys.stderr)
     why = unclosed(lo, tries)
     if why:
         print(terminal.fill(f"bench fit: the search did not close in on the largest batch "

@@ -176,6 +176,8 @@ def record_problem(rec: Any) -> str | None:
     bucket = (rec.get("ddp_options") or {}).get("bucket_cap_mb")
     if bucket is not None and not 0 < bucket <= MAX_BUCKET_CAP_MB:  # as `bench run` checks
         return f"ddp_options.bucket_cap_mb is {bucket}, not a bucket size in MB"
+    if rec["status"] == "ok" and not rec["per_epoch"]:  # a finished run trained an epoch
+        return "status ok without an epoch"
     if rec.get("reached_target") and rec.get("time_to_target_s") is None:
         return "reached_target without time_to_target_s"
     for i, epoch in enumerate(rec["per_epoch"]):

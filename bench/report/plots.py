@@ -193,8 +193,10 @@ def workload_slug(name: str) -> str:
     'synthetic-d1-50000img-batch512-resnet18'. One longer than SLUG_CHARS keeps its start
     and a hash of the whole name: a file system's names end at 255 bytes, and a long CPU or
     ImageFolder name ended the report ('File name too long: write elsewhere', which could
-    not help)."""
-    text = name.replace("=", "").replace(" img", "img").replace("batch ", "batch")
+    not help). Only a count's ' img' and the 'batch ' of a number are joined: an ImageFolder
+    named 'imgs' or 'batches' stays a word of its own."""
+    text = re.sub(r"(\d) img\b", r"\1img", name.replace("=", ""))
+    text = re.sub(r"\bbatch (\d)", r"batch\1", text)
     slug = "-".join(re.findall(r"[A-Za-z0-9.]+", text)).replace(".", "_")
     if len(slug) <= SLUG_CHARS:
         return slug
