@@ -264,7 +264,7 @@ def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
     # mem/rank only where the block's runs measured their memory parts (the testbed's, not
     # the AMD EPYC table's older runs)
     headers = {lines[i - 1]: line for i, line in enumerate(lines) if line.startswith("strategy")}
-    epyc = next(h for block, h in headers.items() if block.startswith("synthetic 1536 img")
+    epyc = next(h for block, h in headers.items() if block.startswith("synthetic d=0 1536 img")
                 and "AMD EPYC" in block)
     assert "mem/rank" not in epyc, headers
     assert any("mem/rank" in h for h in headers.values()), headers

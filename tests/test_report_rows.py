@@ -306,3 +306,20 @@ def test_a_failed_rows_reason_leaves_out_the_cpp_file_gloo_named():
             "[in train epoch 1 step 3]") in " ".join(text.split()), text
     assert "unbound_buffer.cc" not in text
     assert said in set(table["error"])
+
+
+def test_the_easy_synthetic_set_is_named_d0_beside_the_default_d1():
+    """'synthetic 1536 img' was the easy set (difficulty 0) while the default (1) read
+    'synthetic d=1 ...': the label hid the difficulty it was meant to show. A record
+    without the field leaves it unsaid."""
+    from bench.records.describe import workload
+
+    def rec(config: dict) -> dict:
+        return {"dataset": "synthetic", "train_size": 1536, "global_batch": 64,
+                "config": config, "model": {"name": "resnet18-cifar"}}
+
+    assert workload(rec({"synthetic_difficulty": 0.0}), on=False).startswith(
+        "synthetic d=0 1536 img, batch 64")
+    assert workload(rec({"synthetic_difficulty": 1.0}), on=False).startswith(
+        "synthetic d=1 1536 img")
+    assert workload(rec({}), on=False).startswith("synthetic 1536 img")

@@ -243,7 +243,9 @@ def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
     config = rec.get("config") or {}
     size = rec.get("train_size") or config.get("train_limit") or 50_000
     data = rec.get("dataset") or config.get("data") or "?"
-    if data == "synthetic" and config.get("synthetic_difficulty"):
+    if data == "synthetic" and config.get("synthetic_difficulty") is not None:
+        # d=0 too: the easy set beside the default d=1 ('synthetic 1536 img' read as the
+        # default's); a record without the field leaves it unsaid
         data += f" d={config['synthetic_difficulty']:g}"
     if data.startswith("synthetic") and config.get("synthetic_classes") not in (None, 100):
         data += f" {config['synthetic_classes']} classes"
