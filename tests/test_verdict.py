@@ -112,6 +112,9 @@ def test_an_accuracy_blocks_crowded_times_are_not_the_noise_of_a_speed_block():
     flat = " ".join(to_text(summary_table(speed + crowded)).split())
     assert f"N=2: ddp-amp bf16 is fastest, 2.00× ddp fp32 (next), beyond noise (1 run each; " \
            f"{ONE_RUN_NOISE_SOURCE})" in flat, flat
+    # whose runs the bound comes from: not the user's ('where measured (parity rows)' read
+    # as rows of their own folder, which has none)
+    assert "in bench's committed repeats, not measured here" in flat, flat
 
 
 def test_a_large_loss_the_test_cannot_settle_is_said_apart_from_no_difference():

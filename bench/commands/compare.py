@@ -452,7 +452,8 @@ def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
     if not matched:  # a CI gate that compared nothing must not pass as if it had
         raise ConfigError(f"{a} and {b} have no configuration in common (workload, strategy, "
                           "N, precision, options, epochs): nothing was compared; compare "
-                          "results of the same workload (each side's are listed above)")
+                          "results that ran the same configuration (each side's rows are "
+                          "listed above)")
     print(f"bench compare: {terminal.count(len(matched), 'matched row')}, "
           f"{len(regressed)} regressed "
           f"(threshold {threshold:g} % in speed, p < 0.05 in top-1)", file=sys.stderr)

@@ -21,7 +21,9 @@ SIGNIFICANT = 0.05  # a two-sided p below this is "beyond noise"
 # own to measure it by: for CPU rows (measured there), and by `bench compare` for any device
 # (a GPU's runs vary less, so the bound errs towards silence).
 ONE_RUN_NOISE = 1.35
-ONE_RUN_NOISE_SOURCE = "CPU runs moved by up to 35% on their own where measured (parity rows)"
+# It says whose runs those were: a user's folder is judged by them, not by its own.
+ONE_RUN_NOISE_SOURCE = ("CPU runs moved by up to 35% on their own in bench's committed repeats, "
+                        "not measured here")
 
 
 @dataclass(frozen=True)
