@@ -103,8 +103,8 @@ def test_the_time_a_sweep_has_left_is_said_in_hours_past_one():
     sweep's own said '125 min 12 s'."""
     from bench.tools.terminal import duration
 
-    assert [duration(s) for s in (0.4, 45, 190, 7512)] == ["0 s", "45 s", "3 min 10 s",
-                                                           "2 h 05 min"]
+    assert [duration(s) for s in (0, 0.4, 45, 190, 7512)] == ["0 s", "1 s", "45 s",
+                                                              "3 min 10 s", "2 h 05 min"]
 
 
 def test_a_combination_named_twice_runs_once(tmp_path):

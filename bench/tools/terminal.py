@@ -61,8 +61,10 @@ def count(n: int, singular: str, plural: str | None = None) -> str:
 
 
 def duration(seconds: float) -> str:
-    """'45 s', '3 min 10 s', '2 h 05 min': a time left, as a person says it."""
-    seconds = max(0, round(seconds))
+    """'45 s', '3 min 10 s', '2 h 05 min': a time left, as a person says it. A time under
+    half a second is '1 s', not '0 s': a two-epoch run on a small set said 'about 0 s for 2
+    epochs', as if it took no time."""
+    seconds = max(0, round(seconds)) or (1 if seconds > 0 else 0)
     if seconds < 60:
         return f"{seconds} s"
     if seconds < 3600:
