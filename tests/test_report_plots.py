@@ -480,3 +480,20 @@ def test_a_folder_of_one_epoch_runs_draws_what_it_has_and_says_what_it_lacks():
     figures["top1"].canvas.draw()
     assert [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]] == [1.0]
     assert ax.get_ylim()[0] >= 0.0, ax.get_ylim()
+
+
+def test_the_legend_of_where_time_goes_covers_no_bar():
+    """A folder of one multi-rank run drew its one bar the axes' whole width, and the legend
+    ('compute (sync off)', 'exposed communication') on top of its exposed part."""
+    from bench.report import figures_per_workload
+
+    for n in (1, 3, 8):
+        rows = [{**record(f"r{i}", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "compute_step_s": 1.5,
+                 "ddp_options": {"bucket_cap_mb": 5.0 + i}} for i in range(n)]
+        fig = figures_per_workload(rows)[CPU_BLOCK.format(100)]["where_time_goes"]
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        legend = ax.get_legend().get_window_extent(renderer)
+        bars = [patch.get_window_extent(renderer) for patch in ax.patches]
+        assert bars and not any(legend.overlaps(bar) for bar in bars), n
+        assert legend.x1 <= fig.bbox.x1 + 1, n  # on the figure, not cut off at its edge

@@ -81,8 +81,8 @@ def where_time_goes_figure(ok):
     ax.set_xticks(range(len(rows)), bar_labels(rows), fontsize=7)
     ax.set_ylabel("step time (ms, median)")
     ax.set_title("Where the step time goes")
-    if rows:
-        ax.legend(fontsize=8)
+    if rows:  # beside the bars, as the memory figure's: inside, it covered a lone bar's top
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 
