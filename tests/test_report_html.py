@@ -139,3 +139,19 @@ def test_the_committed_report_opens_in_a_browser_at_desk_and_phone_widths(tmp_pa
         assert check["width"] <= check["viewport"] == width, check
         assert check["svgs"] == figures and check["drawn"], check
         assert check["loaded"] and check["verdict"] and check["tables"] >= 4, check
+
+
+def test_a_page_where_nothing_compares_still_answers_its_question(tmp_path):
+    """The page asks 'Which data-parallel strategy is fastest here, and does it cost
+    accuracy?'; a folder of one finished run and one interrupted left it without an answer
+    box at all, as if the report had nothing to say."""
+    stopped = {**record("b", "fsdp", 2, [3.0, 2.0], [0.1, 0.5]), "status": "interrupted",
+               "error": "Ctrl-C (SIGINT)", "train_size": 2000}
+    results = write_runs(tmp_path / "results",
+                         [record("a", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), stopped])
+    text = _page(tmp_path, results)[0].read_text()
+    box = text.split('<div class="answer">')[1].split("</div>")[0]
+    assert "Not answered yet: a workload needs two finished configurations" in box, box
+    assert "<code>bench sweep</code>" in box
+    assert "(2 cores)</b>: one configuration, nothing here to compare it with.</li>" in box, box
+    assert "(2 cores)</b>: no run here finished (its table says how each ended).</li>" in box

@@ -133,13 +133,20 @@ def html_page(records: list[dict[str, Any]], probes: list[dict[str, Any]], table
     answer = "".join(
         f"<li><b>{escape(name)}</b>: {_prose(' '.join(verdict))}</li>"
         for name, _, _, _, verdict in blocks if verdict)
-    unanswered = [(name, rows) for name, _, _, rows, verdict in blocks if not verdict]
-    if answer and unanswered:  # a block left out of the answer says why, not nothing
+    unanswered = [(name, [row[names.index("status")] for row in rows])
+                  for name, _, names, rows, verdict in blocks if not verdict]
+    if not answer and unanswered:  # the page asks the question: never leave it unanswered
+        answer = ("<li>Not answered yet: a workload needs two finished configurations to "
+                  "compare (another strategy, world size or precision on the same data, "
+                  "model and batch; <code>bench sweep</code> runs them all).</li>")
+    if unanswered:  # a block left out of the answer says why, not nothing
         answer += "".join(
             f'<li class="muted"><b>{escape(name)}</b>: '
-            + ("one configuration, nothing here to compare it with." if len(rows) == 1
+            + ("no run here finished (its table says how each ended)."
+               if not any(status.startswith("ok") for status in statuses)
+               else "one configuration, nothing here to compare it with." if len(statuses) == 1
                else "no two finished configurations to compare.") + "</li>"
-            for name, rows in unanswered)
+            for name, statuses in unanswered)
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
