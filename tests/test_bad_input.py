@@ -137,6 +137,9 @@ CASES = {
                                     "--mllog", "{here}/run.log"], "needs {run_id} in its name"),
     "project: unknown network": (["project", "{here}", "--network", "nope"],
                                  "--network must be one of"),
+    # an empty folder: the option is refused before the folder's records are looked for
+    "project: one bus bandwidth of two": (["project", "{here}", "--intra-busbw", "5"],
+                                          "--intra-busbw and --inter-busbw go together"),
     "project: more GPUs than any cluster": (
         ["project", "{here}", "--gpus", "8,99999999999999999999"],
         "--gpus goes up to 1,048,576"),

@@ -44,6 +44,20 @@ def test_compare_refuses_what_is_not_results(tmp_path):
     assert proc.returncode == 2 and "neither a results folder nor a record file" in proc.stderr
 
 
+@pytest.mark.parametrize("command", [["compare", "{empty}", "{empty}"], ["project", "{empty}"]])
+def test_a_folder_without_records_is_named_as_such(tmp_path, command):
+    """`bench project` of an empty folder once said "no ok cuda run in DIR has what a
+    projection needs ...; CPU runs project with --network probe": a hunt for a missing probe
+    where the folder held no record at all."""
+    empty = tmp_path / "empty"
+    (empty / "runs").mkdir(parents=True)
+    proc = run_bench(*(part.format(empty=empty) for part in command))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"bench: error: {empty} holds no run records; point it at a `bench run --output` "
+        "folder or a record file"]
+
+
 def test_one_run_a_side_or_overlapping_runs_are_not_a_regression(tmp_path):
     """Two single runs of the same code minutes apart once read `REGRESSED: img/s -16.1 %`
     and exit 1. A slow-down counts only beyond the run-to-run range of repeats."""

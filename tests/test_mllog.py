@@ -69,3 +69,58 @@ def test_a_target_not_reached_ends_the_log_aborted(tmp_path):
     assert [line.key for line in lines].count("eval_accuracy") == 2
     assert lines[-1].key == "run_stop" and lines[-1].value["metadata"]["status"] == "aborted"
 
+
+
+ATTEMPT = """
+import os, signal, sys
+from bench.train.mllog import MLPerfLog
+log = MLPerfLog.open(sys.argv[1], benchmark="resnet-synthetic", platform="cpu",
+                     hyperparameters={"global_batch_size": 32}, target_top1=None)
+log.run_start()
+log.epoch_start(1)
+if sys.argv[2] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+log.epoch_stop(1)
+log.run_stop(success=True)
+log.close()
+"""
+
+
+def test_an_attempt_whose_rank_0_was_killed_ends_aborted_in_the_log(tmp_path):
+    """A first attempt whose rank 0 died of SIGKILL (the kernel's out-of-memory killer, or
+    torchrun's kill of a rank that outlived its grace) left a run_start without a run_stop:
+    torchrun's next attempt appended its own, and the log read as one run whose first
+    attempt never ended (seen as ['success'] where the restart test wants ['aborted',
+    'success'], on a loaded machine). The next attempt ends it, at its last event's time."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    path = tmp_path / "run.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.run([sys.executable, "-c", ATTEMPT, str(path), "killed"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == -signal.SIGKILL, first.stderr
+    second = subprocess.run([sys.executable, "-c", ATTEMPT, str(path), "whole"],
+                            env={**env, "TORCHELASTIC_RESTART_COUNT": "1"},
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    lines = _parse(path)
+    keys = [line.key for line in lines]
+    assert keys.count("init_start") == 2 and keys.count("run_start") == 2, keys
+    stops = [line for line in lines if line.key == "run_stop"]
+    assert [s.value["metadata"]["status"] for s in stops] == ["aborted", "success"], keys
+    # the aborted stop closes the first attempt (before the second's init_start), at the time
+    # of its last event, the epoch it was killed in
+    first_stop = keys.index("run_stop")
+    assert keys[first_stop - 1] == "epoch_start" and first_stop < keys.index("init_start", 2)
+    assert lines[first_stop].timestamp == lines[first_stop - 1].timestamp
+    # a whole attempt before is not stopped twice
+    third = subprocess.run([sys.executable, "-c", ATTEMPT, str(path), "whole"],
+                           env={**env, "TORCHELASTIC_RESTART_COUNT": "2"},
+                           capture_output=True, text=True, timeout=60)
+    assert third.returncode == 0, third.stderr
+    assert [line.key for line in _parse(path)].count("run_stop") == 3

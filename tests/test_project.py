@@ -263,7 +263,10 @@ def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
     assert max(len(line) for line in lines) <= 120, proc.stdout
     # mem/rank only where the block's runs measured their memory parts (the testbed's, not
     # the AMD EPYC table's older runs)
-    headers = {lines[i - 1]: line for i, line in enumerate(lines) if line.startswith("strategy")}
+    blocks = "\n".join(lines).split("\n\n")  # a block's name (on one line or two), its rows
+    headers = {block.split("\nstrategy")[0]: next(line for line in block.splitlines()
+                                                  if line.startswith("strategy"))
+               for block in blocks}
     epyc = next(h for block, h in headers.items() if block.startswith("synthetic d=0 1536 img")
                 and "AMD EPYC" in block)
     assert "mem/rank" not in epyc, headers
@@ -278,6 +281,27 @@ def test_a_probe_projects_the_runs_of_the_device_it_measured_in_120_columns():
     said_networks = [line for line in lines if line.startswith("network: probe")]
     assert [line.split()[2] for line in said_networks] == [
         "20261124T065755Z-allreduce-2cpu-1aa16e", "20261127T021632Z-allreduce-2cpu-66bc42"], lines
+    # and each block says which of them it was projected over: with two "network:" lines and
+    # four blocks, nothing said which block took which probe. The Intel Xeon's runs over its
+    # loopback took the probe of the 1 Gbit/s testbed link (the only probe of that machine),
+    # which is said; its runs over that link took it as theirs, which needs no word
+    text = " ".join(proc.stdout.split())
+    for block, probe in (("on AMD EPYC (2 cores)", "20261124T065755Z-allreduce-2cpu-1aa16e "
+                          "(cpu gloo N=2)"),
+                         ("on Intel Xeon (2 cores)", "20261127T021632Z-allreduce-2cpu-66bc42 "
+                          "(cpu gloo N=2, testbed-1000mbit)"),
+                         ("on Intel Xeon (2 cores), over testbed-1000mbit",
+                          "20261127T021632Z-allreduce-2cpu-66bc42 (cpu gloo N=2, "
+                          "testbed-1000mbit)")):
+        assert (f"synthetic d=0 1536 img, batch 64, resnet18 {block} (projected from its runs "
+                f"over probe {probe}, not measured)") in text, proc.stdout
+    elsewhere = [line.strip() for line in said.split("bench project: ")
+                 if "network its runs" in line]
+    assert elsewhere == ["synthetic d=0 1536 img, batch 64, resnet18 on Intel Xeon (2 cores): "
+                         "no probe here measured the network its runs crossed, so it is "
+                         "projected over another its machine was probed on (named above its "
+                         "rows); a `bench probe` over it (with its runs' --tag, if any) "
+                         "measures its own"], said
     # nor in the report's columns (the page's projection table, summary.md): 16 rows of it
     from bench.records.files import load_records
     from bench.records.probes import load_probes

@@ -54,11 +54,7 @@ MARKDOWN = {"workload": "workload", "strategy": "strategy", "device": "device",
 
 def load_side(path: str) -> list[dict[str, Any]]:
     """A results folder (its runs/) or one record file."""
-    records = load_source(path, "compare")
-    if not records:
-        raise ConfigError(f"{path} holds no run records; point it at a `bench run --output` "
-                          "folder or a record file")
-    return records
+    return load_source(path, "compare")
 
 
 def _range(values: list[float]) -> list[float] | None:

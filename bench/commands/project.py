@@ -38,6 +38,7 @@ from bench.project.validation import calibration_lines, validate_records
 from bench.records.describe import (
     machine,
     median_step_s,
+    network_crossed,
     oversubscribed,
     shared_cores,
     workload,
@@ -111,6 +112,8 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
         if Path(plot).suffix not in (".png", ".svg"):
             raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
         file_to_write("--plot", plot, "scaling.png")
+    if network != "probe" or intra is not None or inter is not None:
+        resolve_network(network, intra, inter, [])  # a bad network refused before the folder
     records, root = _records(source)
     skipped: list[str] = []
     probes = load_probes(root, skipped)
@@ -150,6 +153,14 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
             subsequent_indent="    "), file=sys.stderr)
     nets = {id(rec): network_from_probe(probe_of[id(rec)]) if by_probe else net
             for rec, _ in measured}
+    crossed_elsewhere = sorted({workload(rec) for rec, _ in measured
+                                if by_probe and not _of_its_network(rec, probe_of[id(rec)])})
+    for name in crossed_elsewhere:  # the probe of its machine, not of the network it crossed
+        print(terminal.fill(f"bench project: {name}: no probe here measured the network its "
+                            "runs crossed, so it is projected over another its machine was "
+                            "probed on (named above its rows); a `bench probe` over it (with "
+                            "its runs' --tag, if any) measures its own",
+                            subsequent_indent="    "), file=sys.stderr)
     for line in suspect_sources(measured):
         print(terminal.fill(f"bench project: {line}", subsequent_indent="    "), file=sys.stderr)
     rows = [(rec, work, project(work, n, gpus_per_node, nets[id(rec)])) for rec, work in measured
@@ -159,7 +170,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                           "projection needs (a multi-rank run's compute_step_s, or a 1-rank "
                           "run's step time)"
                           + ("; CPU runs project with --network probe" if device else ""))
-    table = [_row(rec, work, p) for rec, work, p in rows]
+    table = [_row(rec, work, p, nets[id(rec)].name) for rec, work, p in rows]
     left_out = LEFT_OUT + (  # a 1-rank run's step, its compute here, ran the hook too
         "; PowerSGD's own compression work where its run did not measure it (`hook_work_s`: "
         "the comm probe measures it, not under --compile): such rows are optimistic by it"
@@ -195,6 +206,14 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                  f"projection leaves out: {left_out}", *calibration_lines(root), *datasheet):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
+
+
+def _of_its_network(rec: dict[str, Any], probe: dict[str, Any]) -> bool:
+    """Whether ``probe`` measured the network ``rec``'s runs crossed: the one its tag names
+    (``bench probe --tag``), or, untagged, that of a run over no named network."""
+    if probe.get("tag"):
+        return probe["tag"] == rec.get("tag")
+    return network_crossed(rec) is None
 
 
 def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str]:
@@ -233,13 +252,13 @@ def _bottleneck(rec: dict[str, Any], p: Projection) -> str:
     return p.bottleneck
 
 
-def _row(rec: dict[str, Any], work: Workload, p: Projection) -> dict[str, Any]:
+def _row(rec: dict[str, Any], work: Workload, p: Projection, network: str) -> dict[str, Any]:
     finite = math.isfinite(p.step_s)
     speed = (rec.get("per_rank_batch") or 0) * p.gpus / p.step_s if finite else None
     return {"workload": workload(rec),
             "strategy": p.strategy, "precision": rec.get("precision") or "?",
             "options": run_options(rec, work), "gpus": p.gpus,
-            "nodes": p.nodes, "measured_run": rec.get("run_id"),
+            "nodes": p.nodes, "network": network, "measured_run": rec.get("run_id"),
             "step_ms": round(1000 * p.step_s, 2) if finite else None,
             "images_per_s": round(speed) if speed else None,
             "efficiency": round(p.efficiency, 3) if finite else None,
@@ -256,11 +275,14 @@ def _text(table: list[dict[str, Any]]) -> str:
     header = ["strategy", "prec.", "options", "GPUs", "nodes", "step ms", "img/s", "eff.",
               "exposed", "mem/rank", "bottleneck"]
     blocks: dict[str, list[list[str]]] = {}
+    networks: dict[str, dict[str, None]] = {}  # a block's networks, in order (with a probe
+    # each series takes its own machine's; a folder may hold two machines' runs)
     # rows the model does not project (nn.DataParallel: one process, one node) are told
     # once per strategy below its block: a row of dashes each would say nothing
     untold: dict[str, dict[str, dict[str, list[str]]]] = {}
     for r in table:
         lines = blocks.setdefault(r["workload"], [header])
+        networks.setdefault(r["workload"], {})[r["network"]] = None
         if r["step_ms"] is None and r["images_per_s"] is None:
             what = " ".join([r["strategy"], str(r["precision"])]
                             + ([] if r["options"] == "—" else [r["options"]]))
@@ -281,7 +303,9 @@ def _text(table: list[dict[str, Any]]) -> str:
     for name, lines in blocks.items():
         if all(row[memory] == "—" for row in lines[1:]):
             lines = [row[:memory] + row[memory + 1:] for row in lines]
-        out += ["", *terminal.pack(name, ["(projected from its runs, not measured)"])]
+        over = " and ".join(networks[name])
+        out += ["", *terminal.pack(name, ["(projected from its runs", f"over {over},",
+                                          "not measured)"])]
         out += [line for row in terminal.aligned_rows(lines, terminal.WIDTH) for line in row]
         for what, reasons in untold.get(name, {}).items():
             told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"

@@ -393,7 +393,8 @@ def network_from_probe(probe: dict) -> Network:
     busbw = steps / ranks / per_byte / 1e9
     latency_bound = [t - size * per_byte for size, t in points if size * per_byte < t / 2]
     latency = max(0.0, min(latency_bound, default=t_small - small * per_byte)) / steps
-    label = f"probe {probe.get('probe_id')} ({probe['device']} {probe['backend']} N={ranks})"
+    tag = f", {probe['tag']}" if probe.get("tag") else ""  # the network it measured
+    label = f"probe {probe.get('probe_id')} ({probe['device']} {probe['backend']} N={ranks}{tag})"
     factors = {}
     if measured_split(probe):
         size = probe.get("gradient_bytes") or large

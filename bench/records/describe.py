@@ -255,7 +255,7 @@ def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
     pixels = (rec.get("model") or {}).get("image_size") or 32
     pixels = "" if pixels == 32 else f" {pixels}px"
     where = machine(rec) if on else None
-    crossed = network(rec) if link else None
+    crossed = network_crossed(rec) if link else None
     fits = config.get("batch_fits_in")  # bench sweep --batch-size max: each row its own
     batch = (f"batch: largest that fits {fits}" if fits
              else f"batch {rec.get('global_batch') or '?'}")  # null: not recorded
@@ -263,7 +263,7 @@ def workload(rec: dict[str, Any], on: bool = True, link: bool = True) -> str:
             + (f" on {where}" if where else "") + (f", over {crossed}" if crossed else ""))
 
 
-def network(rec: dict[str, Any]) -> str | None:
+def network_crossed(rec: dict[str, Any]) -> str | None:
     """The network a multi-node run crossed, as its ``--tag`` names it (the name ``bench
     probe --tag`` gives the probe of that network): runs over a 100 Mbit/s and a 10 Gbit/s
     link are different workloads, never repeats of one row. None on one node, or where the

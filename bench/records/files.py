@@ -267,7 +267,8 @@ def load_record_file(path: str | Path) -> dict[str, Any]:
 
 def load_source(source: str | Path, command: str) -> list[dict[str, Any]]:
     """The records of a results folder (the files it skips said on stderr as ``bench
-    COMMAND: ...``) or of one record file; a path that is neither is one line naming it."""
+    COMMAND: ...``) or of one record file; a path that is neither, or a folder without a
+    record, is one line naming it."""
     from bench.tools.errors import ConfigError
     from bench.tools.folders import looked_up
 
@@ -283,4 +284,7 @@ def load_source(source: str | Path, command: str) -> list[dict[str, Any]]:
     records, warnings = load_records(path)
     for line in warnings:
         print(f"bench {command}: {line}", file=sys.stderr)
+    if not records:
+        raise ConfigError(f"{source} holds no run records; point it at a `bench run --output` "
+                          "folder or a record file")
     return records

@@ -15,7 +15,7 @@ from bench.records.describe import (
     machine,
     median_of,
     median_step_s,
-    network,
+    network_crossed,
     oversubscribed,
     shared_cores,
     speed_options,
@@ -177,7 +177,7 @@ def run_rows(records: list[dict[str, Any]]):
                 "dataset": rec.get("dataset"),
                 "width": (rec.get("model") or {}).get("width"),
                 "workload": workload(rec),
-                "network": network(rec),
+                "network": network_crossed(rec),
                 "workload_here": workload(rec, link=False),  # what a row over a link scales by
                 "workload_alone": workload(rec, on=False),  # bench compare across machines
                 "machine": machine(rec),

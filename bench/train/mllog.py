@@ -9,7 +9,8 @@ comes after the last epoch with status ``success``; a run that fails, diverges o
 interrupted ends with status ``aborted``. Accuracy is a fraction (0.72), as MLPerf logs it.
 
 A run torchrun starts again (``--max-restarts``) keeps every attempt in the one log: the failed
-attempt's events, ending ``aborted``, then the next from ``init_start`` on. Its time runs from
+attempt's events, ending ``aborted`` (said by the next attempt where its rank 0 died
+without a word), then the next from ``init_start`` on. Its time runs from
 the first ``run_start``, as the run's did; a log that began again at the restart read as a
 clean run that took only the last attempt's time.
 """
@@ -69,6 +70,34 @@ class MLPerfLog:
         self._log = mllog.MLLogger(logger=self._logger, default_stack_offset=2,
                                    root_dir=str(Path(bench.__file__).resolve().parents[1]))
         self.stopped = False
+        if again:
+            self._stop_the_attempt_before(path)
+
+    def _stop_the_attempt_before(self, path: str) -> None:
+        """The attempt before this one ends ``aborted`` though its rank 0 could not say so:
+        killed (SIGKILL, the kernel's out-of-memory killer, torchrun's kill of a rank that
+        outlived its grace) or stuck in a collective until its launcher ended it, it left a
+        ``run_start`` without a ``run_stop``, and the log read as one run whose first
+        attempt never ended. The stop takes the time of that attempt's last event."""
+        import json
+
+        events = []
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    if line.startswith(":::MLLOG "):
+                        event = json.loads(line[len(":::MLLOG "):])
+                        if isinstance(event, dict):
+                            events.append(event)
+        keys = [e.get("key") for e in events]
+        c = self.constants
+        last = len(keys) - keys[::-1].index(c.INIT_START) if c.INIT_START in keys else 0
+        attempt = events[last - 1:] if last else events
+        started = [e.get("key") for e in attempt]
+        if c.RUN_START in started and c.RUN_STOP not in started:
+            time_ms = attempt[-1].get("time_ms")
+            self._log.end(key=c.RUN_STOP, metadata={c.STATUS: c.ABORTED},
+                          time_ms=time_ms if isinstance(time_ms, (int, float)) else None)
 
     @staticmethod
     def constants_module():
