@@ -87,7 +87,9 @@ def test_the_answer_names_a_block_it_has_nothing_to_say_about(tmp_path):
                                                  lone])
     text = _page(tmp_path, results)[0].read_text()
     box = text.split('<div class="answer">')[1].split("</div>")[0]
-    assert "on Test (2 cores)</b>: Top-1 against ddp N=1" in box, box
+    assert ("on Test (2 cores)</b>: One configuration, ddp, at N=1 and N=2: no other to race "
+            "at the same N; its speed-up and scaling efficiency say what more ranks gain. "
+            "Top-1 against ddp N=1") in box, box
     lone_line = "on Other (2 cores)</b>: one configuration, nothing here to compare it with."
     assert lone_line + "</li>" in box, box
 

@@ -497,3 +497,21 @@ def test_the_legend_of_where_time_goes_covers_no_bar():
         bars = [patch.get_window_extent(renderer) for patch in ax.patches]
         assert bars and not any(legend.overlaps(bar) for bar in bars), n
         assert legend.x1 <= fig.bbox.x1 + 1, n  # on the figure, not cut off at its edge
+
+
+def test_the_fastest_point_of_the_scaling_plot_is_drawn_whole():
+    """dp at N=1 (670 img/s) beside ddp-zero at N=2 (519): the y axis started at 0 and kept
+    matplotlib's margin, a share of the points' own range, so the fastest point sat on the
+    frame with the top half of its marker cut off."""
+    from bench.report import figures_per_workload
+
+    rows = [record("a", "dp", 1, [3.0, 1.0], [0.1, 0.5]),
+            record("b", "ddp-zero", 2, [3.0, 1.3], [0.1, 0.5])]
+    fig = figures_per_workload(rows)[CPU_BLOCK.format(100)]["scaling"]
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    frame = ax.get_window_extent(renderer)
+    for line in ax.get_lines():
+        size = line.get_markersize() * fig.dpi / 72  # the marker's width in pixels
+        for y in ax.transData.transform(line.get_xydata())[:, 1]:
+            assert y + size / 2 <= frame.y1, (line.get_label(), y, frame.y1)

@@ -173,6 +173,30 @@ def test_a_block_without_its_reference_row_says_top1_is_not_compared_and_how_to_
             in flat), flat
 
 
+def test_a_block_with_no_two_rows_at_one_n_says_why_speed_is_not_ranked():
+    """`bench run` of dp and of ddp-zero at --gpus 2 on CPU (dp: one replica, N=1) gave a
+    report whose verdict said only that top-1 was not compared: nothing about speed, the
+    question's first half. Each N holds one row: no race, and the verdict says so; one
+    configuration at N=1 and N=2 is scaling, which its speed-up column measures."""
+    two = [run("a", "dp", 1, 1.0, 50.0), run("b", "ddp-zero", 2, 0.5, 50.0)]
+    flat = " ".join(to_text(summary_table(two)).split())
+    assert ("→ Speed is not ranked: no N here has two finished configurations to race (dp at "
+            "N=1 and ddp-zero at N=2); `bench sweep` runs several at one N.") in flat, flat
+    scaling = [run("a", "ddp", 1, 1.0, 50.0), run("b", "ddp", 2, 0.8, 50.0)]
+    flat = " ".join(to_text(summary_table(scaling)).split())
+    assert ("→ One configuration, ddp, at N=1 and N=2: no other to race at the same N; its "
+            "speed-up and scaling efficiency say what more ranks gain.") in flat, flat
+    assert "1.25×" in flat  # (the speed-up it points to: 1,250 against 1,000 img/s)
+    no_base = [run("a", "ddp", 2, 1.0, 50.0), run("b", "ddp", 4, 0.8, 50.0)]
+    flat = " ".join(to_text(summary_table(no_base)).split())
+    assert ("One configuration, ddp, at N=2 and N=4: no other to race at the same N; no N=1 "
+            "run here to scale it against.") in flat, flat
+    # a race at one N is the verdict's own; a lone row elsewhere adds nothing
+    raced = [*two, run("c", "ddp", 2, 1.0, 50.0)]
+    flat = " ".join(to_text(summary_table(raced)).split())
+    assert "N=2: ddp-zero is fastest, 2.00× ddp (next)" in flat and "not ranked" not in flat
+
+
 def test_one_run_each_is_judged_against_what_one_run_moves_by_or_not_at_all():
     """CPU: no repeated row in the folder, so the bound measured on CPU (the committed
     parity rows: 35 %) decides; 2x is beyond it, 1.2x within. A GPU has no such figure:

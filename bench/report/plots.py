@@ -105,7 +105,9 @@ def _make_figures(records: list[dict[str, Any]], probes: list[dict[str, Any]] | 
             ax.plot(ns, [one["images_per_s"].iloc[0] * n for n in ns], ":", color="grey")
     ax.set_xlabel("world size N (GPUs or CPU processes)")
     ax.set_ylabel("images/s (training)")
-    ax.set_ylim(bottom=0)
+    # from 0, with room above the highest point: the margin matplotlib leaves is a share of
+    # the points' own range, and a lone fastest point sat on the frame, half its marker cut
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.06 * ax.dataLim.y1))
     if len(ok):
         ax.set_xticks(sorted({int(n) for n in ok["world_size"]}))
     ax.set_title("Scaling (dotted: ideal linear from N=1; dash: loader alone)"

@@ -63,6 +63,10 @@ class WorkloadVerdict:
     # rows with no time to target (more than one run, or its one run, missed it): (label,
     # target %, runs that missed, runs, final top-1 %)
     missed_target: list[tuple[str, float, int, int, float]] = field(default_factory=list)
+    # two or more finished configurations, yet none of them shares its N with another: no
+    # speed call could be made (the rows' labels with their N)
+    no_race: list[str] = field(default_factory=list)
+    no_race_n: list[int] = field(default_factory=list)
 
 
 def _label(r: dict, precisions: set[str]) -> str:
@@ -253,6 +257,11 @@ def verdicts(table, reference: str = "ddp:1") -> dict[str, WorkloadVerdict]:
         block = [r for r in rows if r["workload"] == name]
         verdict.speed = ([] if speed_not_comparable(block)
                          else speed_calls(block, noise_by_device.get(block[0]["device"])))
+        alone = [r for group in _finished_by_n(block).values() for r in group]
+        if not verdict.speed and not speed_not_comparable(block) and len(alone) > 1:
+            label = labeller(alone)
+            verdict.no_race = [label(r) for r in alone]
+            verdict.no_race_n = [int(r["world_size"]) for r in alone]
         accuracy_verdict(block, verdict, reference)
         verdict.missed_target = missed_target(block)
         verdict.own_batches = any(r["own_batch"] for r in block)
@@ -350,8 +359,24 @@ def target_sentences(verdict: WorkloadVerdict) -> list[str]:
 def verdict_sentences(verdict: WorkloadVerdict) -> list[str]:
     """The verdict in sentences: speed per N, the rows that missed the target, then
     accuracy."""
-    return ([speed_sentence(c) for c in verdict.speed] + target_sentences(verdict)
-            + accuracy_sentences(verdict))
+    return ([speed_sentence(c) for c in verdict.speed] + no_race_sentences(verdict)
+            + target_sentences(verdict) + accuracy_sentences(verdict))
+
+
+def no_race_sentences(verdict: WorkloadVerdict) -> list[str]:
+    """Why a block of two or more finished rows has no speed call: each N holds one."""
+    if not verdict.no_race:
+        return []
+    ns = _names([f"N={n}" for n in verdict.no_race_n])
+    if len(set(verdict.no_race)) == 1:  # one configuration at several N: scaling, no race
+        scaled = ("its speed-up and scaling efficiency say what more ranks gain"
+                  if 1 in verdict.no_race_n else "no N=1 run here to scale it against")
+        return [f"One configuration, {verdict.no_race[0]}, at {ns}: no other to race at the "
+                f"same N; {scaled}."]
+    return ["Speed is not ranked: no N here has two finished configurations to race ("
+            + _names([f"{label} at N={n}" for label, n in zip(verdict.no_race,
+                                                              verdict.no_race_n)])
+            + "); `bench sweep` runs several at one N."]
 
 
 def add_verdict_fields(table, reference: str = "ddp:1"):
