@@ -713,3 +713,17 @@ def test_a_probe_of_no_runs_machine_is_one_line(tmp_path):
         f"bench: error: --network probe: no probe in {tmp_path} measured the machine of its "
         "runs (H100 80GB HBM3); run `bench probe` there, or name a --network"], proc.stderr
     assert proc.stdout == ""
+
+
+def test_figures_given_on_the_command_line_name_the_network_they_project_over():
+    """`--intra-busbw 10 --inter-busbw 5` named its network "custom": each block's heading
+    read "(projected from its runs over custom, not measured)"."""
+    proc = run_bench("project", str(ROOT / "results"), "--intra-busbw", "10", "--inter-busbw",
+                     "5", "--gpus", "8")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    assert ("resnet18 on H200 (projected from its runs over busbw 10 GB/s in a node and 5 GB/s "
+            "across nodes, not measured)") in text, proc.stdout
+    assert ("network: busbw 10 GB/s in a node and 5 GB/s across nodes — given on the command "
+            "line") in text, proc.stdout
+    assert "custom" not in proc.stdout

@@ -56,7 +56,9 @@ def resolve_network(name: str | None, intra: float | None, inter: float | None,
     if intra is not None or inter is not None:
         if intra is None or inter is None or intra <= 0 or inter <= 0:
             raise ConfigError("--intra-busbw and --inter-busbw go together, in GB/s > 0")
-        return Network("custom", intra, inter, "nvlink", "given on the command line")
+        # named by its figures: each block's heading says what it was projected over
+        return Network(f"busbw {intra:g} GB/s in a node and {inter:g} GB/s across nodes", intra,
+                       inter, "nvlink", "given on the command line")
     if name == "probe":
         if not probes:
             raise ConfigError(f"--network probe needs a `bench probe` record in {root}/probes; "
