@@ -18,6 +18,7 @@ from bench.project.from_records import (
     MAX_GPUS,
     MAX_GPUS_PER_NODE,
     comm_hook,
+    measured_its_network,
     probe_for,
     run_options,
     series_key,
@@ -38,7 +39,6 @@ from bench.project.validation import calibration_lines, validate_records
 from bench.records.describe import (
     machine,
     median_step_s,
-    network_crossed,
     oversubscribed,
     shared_cores,
     workload,
@@ -114,8 +114,9 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
         if Path(plot).suffix not in (".png", ".svg"):
             raise ConfigError(f"--plot {plot}: the file must end in .png or .svg")
         file_to_write("--plot", plot, "scaling.png")
-    if network != "probe" or intra is not None or inter is not None:
-        resolve_network(network, intra, inter, [])  # a bad network refused before the folder
+    # a network named or given needs no probe: resolved (or refused) before the folder is read
+    given = (resolve_network(network, intra, inter, [])
+             if network != "probe" or intra is not None or inter is not None else None)
     records, root = _records(source)
     skipped: list[str] = []
     probes = load_probes(root, skipped)
@@ -123,7 +124,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
         print(f"bench project: {line}", file=sys.stderr)
     if validate:
         return validate_records(records, probes, root)
-    net = resolve_network(network, intra, inter, probes, root)
+    net = given or resolve_network(network, intra, inter, probes, root)
     by_probe = network == "probe" and intra is None
     # A GPU network preset projects GPU runs; probes the runs of the machines they measured
     # (gloo between CPU processes says nothing of NCCL between GPUs, nor one machine's
@@ -156,7 +157,7 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
     nets = {id(rec): network_from_probe(probe_of[id(rec)]) if by_probe else net
             for rec, _ in measured}
     crossed_elsewhere = sorted({workload(rec) for rec, _ in measured
-                                if by_probe and not _of_its_network(rec, probe_of[id(rec)])})
+                                if by_probe and not measured_its_network(rec, probe_of[id(rec)])})
     for name in crossed_elsewhere:  # the probe of its machine, not of the network it crossed
         print(terminal.fill(f"bench project: {name}: no probe here measured the network its "
                             "runs crossed, so it is projected over another its machine was "
@@ -208,14 +209,6 @@ def cmd_project(source: str, gpus: list[int], gpus_per_node: int, network: str |
                  f"projection leaves out: {left_out}", *calibration_lines(root), *datasheet):
         print(terminal.fill(line, subsequent_indent="  "))
     return 0
-
-
-def _of_its_network(rec: dict[str, Any], probe: dict[str, Any]) -> bool:
-    """Whether ``probe`` measured the network ``rec``'s runs crossed: the one its tag names
-    (``bench probe --tag``), or, untagged, that of a run over no named network."""
-    if probe.get("tag"):
-        return probe["tag"] == rec.get("tag")
-    return network_crossed(rec) is None
 
 
 def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str]:

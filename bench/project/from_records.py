@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from bench.project.scaling import FSDP_UNITS, RESNET18_BN_LAYERS, Workload
-from bench.records.describe import machine, median_step_s
+from bench.records.describe import machine, median_step_s, network_crossed
 from bench.records.gradient_timeline import GradientTimeline
 
 SLOW_COMM = re.compile(r"SLOW COMMUNICATION INJECTED \(BENCH_SLOW_COMM_MS\): ([0-9.]+) ms")
@@ -104,6 +104,15 @@ def _of_its_network(rec: dict[str, Any], probes: list[dict[str, Any]]) -> list[d
     the untagged probes."""
     return ([p for p in probes if rec.get("tag") and p.get("tag") == rec["tag"]]
             or [p for p in probes if not p.get("tag")])
+
+
+def measured_its_network(rec: dict[str, Any], probe: dict[str, Any]) -> bool:
+    """Whether ``probe`` measured the network ``rec``'s runs crossed: the one its tag names,
+    or, untagged, that of a run over no named network. ``probe_for`` falls back to another
+    network of the run's machine where none did; this says when it had to."""
+    if probe.get("tag"):
+        return probe["tag"] == rec.get("tag")
+    return network_crossed(rec) is None
 
 
 def probe_for(rec: dict[str, Any], probes: list[dict[str, Any]],

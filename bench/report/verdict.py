@@ -64,9 +64,8 @@ class WorkloadVerdict:
     # target %, runs that missed, runs, final top-1 %)
     missed_target: list[tuple[str, float, int, int, float]] = field(default_factory=list)
     # two or more finished configurations, yet none of them shares its N with another: no
-    # speed call could be made (the rows' labels with their N)
-    no_race: list[str] = field(default_factory=list)
-    no_race_n: list[int] = field(default_factory=list)
+    # speed call could be made (each row's label and N)
+    no_race: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _label(r: dict, precisions: set[str]) -> str:
@@ -255,13 +254,14 @@ def verdicts(table, reference: str = "ddp:1") -> dict[str, WorkloadVerdict]:
         out.setdefault(r["workload"], WorkloadVerdict())
     for name, verdict in out.items():
         block = [r for r in rows if r["workload"] == name]
-        verdict.speed = ([] if speed_not_comparable(block)
-                         else speed_calls(block, noise_by_device.get(block[0]["device"])))
-        alone = [r for group in _finished_by_n(block).values() for r in group]
-        if not verdict.speed and not speed_not_comparable(block) and len(alone) > 1:
+        comparable = not speed_not_comparable(block)
+        verdict.speed = (speed_calls(block, noise_by_device.get(block[0]["device"]))
+                         if comparable else [])
+        if comparable and not verdict.speed:
+            alone = [r for group in _finished_by_n(block).values() for r in group]
             label = labeller(alone)
-            verdict.no_race = [label(r) for r in alone]
-            verdict.no_race_n = [int(r["world_size"]) for r in alone]
+            verdict.no_race = ([(label(r), int(r["world_size"])) for r in alone]
+                               if len(alone) > 1 else [])
         accuracy_verdict(block, verdict, reference)
         verdict.missed_target = missed_target(block)
         verdict.own_batches = any(r["own_batch"] for r in block)
@@ -367,15 +367,15 @@ def no_race_sentences(verdict: WorkloadVerdict) -> list[str]:
     """Why a block of two or more finished rows has no speed call: each N holds one."""
     if not verdict.no_race:
         return []
-    ns = _names([f"N={n}" for n in verdict.no_race_n])
-    if len(set(verdict.no_race)) == 1:  # one configuration at several N: scaling, no race
+    labels = {label for label, _ in verdict.no_race}
+    if len(labels) == 1:  # one configuration at several N: scaling, no race
+        ns = [n for _, n in verdict.no_race]
         scaled = ("its speed-up and scaling efficiency say what more ranks gain"
-                  if 1 in verdict.no_race_n else "no N=1 run here to scale it against")
-        return [f"One configuration, {verdict.no_race[0]}, at {ns}: no other to race at the "
-                f"same N; {scaled}."]
+                  if 1 in ns else "no N=1 run here to scale it against")
+        return [f"One configuration, {labels.pop()}, at {_names([f'N={n}' for n in ns])}: no "
+                f"other to race at the same N; {scaled}."]
     return ["Speed is not ranked: no N here has two finished configurations to race ("
-            + _names([f"{label} at N={n}" for label, n in zip(verdict.no_race,
-                                                              verdict.no_race_n)])
+            + _names([f"{label} at N={n}" for label, n in verdict.no_race])
             + "); `bench sweep` runs several at one N."]
 
 

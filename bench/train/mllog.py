@@ -89,10 +89,9 @@ class MLPerfLog:
                         event = json.loads(line[len(":::MLLOG "):])
                         if isinstance(event, dict):
                             events.append(event)
-        keys = [e.get("key") for e in events]
         c = self.constants
-        last = len(keys) - keys[::-1].index(c.INIT_START) if c.INIT_START in keys else 0
-        attempt = events[last - 1:] if last else events
+        starts = [i for i, e in enumerate(events) if e.get("key") == c.INIT_START]
+        attempt = events[starts[-1]:] if starts else events
         started = [e.get("key") for e in attempt]
         if c.RUN_START in started and c.RUN_STOP not in started:
             time_ms = attempt[-1].get("time_ms")
