@@ -63,9 +63,9 @@ def make_records(folder: Path, count: int, epochs: int = 10, seed: int = 0) -> N
         first = rec["per_epoch"][-1]
         rec["per_epoch"] = []
         for epoch in range(1, epochs + 1):
-            row = dict(first, epoch=epoch, warmup=epoch == 1,
-                       train_time_s=1536 / speed * (1.3 if epoch == 1 else 1.0),
-                       images_per_s=speed * rng.uniform(0.97, 1.03),
+            time = 1536 / (speed * rng.uniform(0.97, 1.03)) * (1.3 if epoch == 1 else 1.0)
+            row = dict(first, epoch=epoch, warmup=epoch == 1, train_time_s=time,
+                       train_images=1536, images_per_s=1536 / time,  # as a run writes it
                        top1=min(0.99, 0.1 * epoch + 0.02 * rng.random()))
             rec["per_epoch"].append(row)
         if index % 97 == 13:  # a few failed runs, as a long sweep has

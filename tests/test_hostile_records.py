@@ -136,7 +136,32 @@ MALFORMED = {
     "a step of 0 s": {"per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
                                      "step_time_p50_s": 0.0}]},
     "a negative compute step": {"compute_step_s": -0.02},
+    # an edited speed: its images over its time say otherwise (read, it was the row's img/s)
+    "a speed its images and time contradict": {
+        "per_epoch": [{**record("x", "ddp", 2, [2.0], [0.1])["per_epoch"][0],
+                       "train_images": 1000, "train_time_s": 2.0, "images_per_s": 1e300}]},
 }
+
+
+def test_absurd_figures_that_agree_with_each_other_end_in_no_traceback(tmp_path):
+    """Three runs of 1e300 img/s (1,000 images in 1e-297 s: a record consistent with itself)
+    beside two plain ones: the tests over repeats summed their squares exactly, in
+    fractions, and a variance of 1e600 was an OverflowError in report and compare."""
+    def absurd(run_id: str, world: int) -> dict:
+        rec = record(run_id, "ddp", world, [2.0, 1.0], [0.1, 0.2])
+        for epoch in rec["per_epoch"]:
+            epoch.update(train_images=1000, images_per_s=1e300, train_time_s=1000 / 1e300)
+        return rec
+
+    results = write_runs(tmp_path / "results", [
+        record("plain1", "ddp", 2, [2.0, 1.0], [0.1, 0.2]),
+        record("plain2", "ddp", 1, [2.0, 1.0], [0.1, 0.2]),
+        absurd("a1", 2), absurd("a2", 2), absurd("a3", 1)])
+    for args in (["report", "--results", str(results), "--no-write"],
+                 ["compare", str(results), str(results)]):
+        proc = subprocess.run([*BENCH, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+        assert "skipped" not in proc.stderr, proc.stderr  # a record, read as it is
 
 
 def test_fields_recorded_as_null_read_as_not_recorded(tmp_path):

@@ -195,4 +195,12 @@ def record_problem(rec: Any) -> str | None:
             return f"per_epoch[{i}].top1 is {epoch['top1']!r}, not a fraction"
         if epoch["train_time_s"] <= 0 or epoch["images_per_s"] <= 0:  # an epoch trains
             return f"per_epoch[{i}] has a time or speed of {epoch['train_time_s']!r} s"
+        # the speed is its images over its time (RunRecord.add_epoch): a record whose speed
+        # says otherwise was edited, and every figure read from it (img/s, speed-up,
+        # verdict) would be the edit's
+        images = epoch.get("train_images")
+        if images is not None and not math.isclose(
+                epoch["images_per_s"], images / epoch["train_time_s"], rel_tol=1e-9):
+            return (f"per_epoch[{i}].images_per_s is {epoch['images_per_s']:g}, not its "
+                    f"{images} images over its {epoch['train_time_s']:g} s")
     return None

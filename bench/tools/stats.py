@@ -61,6 +61,17 @@ def t_quantile(p: float, df: float) -> float:
     return (lo + hi) / 2.0
 
 
+def variance(values: list[float], *, root: bool = False) -> float:
+    """The sample variance (``root``: the standard deviation), infinite where it lies beyond
+    a float: ``statistics`` sums exactly, in fractions, and its float of 1e600 was an
+    OverflowError (a record of 1e300 img/s, consistent with itself, ended ``bench report``
+    in a traceback)."""
+    try:
+        return statistics.stdev(values) if root else statistics.variance(values)
+    except OverflowError:
+        return math.inf
+
+
 def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     """Mean and the half-width of its ``level`` confidence interval (NaN with one value)."""
     values = [v for v in values if not math.isnan(v)]
@@ -69,7 +80,7 @@ def mean_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan
-    sem = statistics.stdev(values) / math.sqrt(len(values))
+    sem = variance(values, root=True) / math.sqrt(len(values))
     return mean, t_quantile(0.5 + level / 2.0, len(values) - 1) * sem
 
 
@@ -83,7 +94,7 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float]:
     diff = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:
         return diff, math.nan
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    va, vb = variance(a) / len(a), variance(b) / len(b)
     if va + vb == 0.0:
         return diff, 1.0 if diff == 0.0 else 0.0
     t = diff / math.sqrt(va + vb)
