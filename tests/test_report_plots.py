@@ -515,3 +515,27 @@ def test_the_fastest_point_of_the_scaling_plot_is_drawn_whole():
         size = line.get_markersize() * fig.dpi / 72  # the marker's width in pixels
         for y in ax.transData.transform(line.get_xydata())[:, 1]:
             assert y + size / 2 <= frame.y1, (line.get_label(), y, frame.y1)
+
+
+def test_time_vs_accuracy_draws_time_from_0_and_every_point_whole():
+    """Two rows 1 s apart in 127 s (make demo's ddp at N=1 and N=2 on 2 cores): the time
+    axis was fitted to the points' own range, 126.0 to 127.1 s, and a 0.8 % gap was drawn as
+    the axis's whole width. From 0, the gap is drawn as the share of the time it is."""
+    from bench.report import figures_per_workload
+
+    rows = [record("a", "ddp", 1, [50.0, 38.0, 38.5], [0.4, 0.9, 0.998]),
+            record("b", "ddp", 2, [50.0, 38.0, 37.5], [0.5, 0.9, 1.0])]
+    fig = figures_per_workload(rows)[CPU_BLOCK.format(100)]["time_vs_accuracy"]
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    assert low == 0, (low, high)
+    frame = ax.get_window_extent(fig.canvas.get_renderer())
+    xs = []
+    for container in ax.containers:  # each row's error bar: its point, then caps and bar
+        line = container.lines[0]
+        size = line.get_markersize() * fig.dpi / 72
+        for x, y in ax.transData.transform(line.get_xydata()):
+            xs.append(x)
+            assert frame.x0 <= x - size / 2 and x + size / 2 <= frame.x1, (x, size, frame)
+            assert y + size / 2 <= frame.y1, (y, size, frame)
+    assert len(xs) == 2 and abs(xs[0] - xs[1]) < 0.05 * frame.width, (xs, frame.width)
