@@ -50,9 +50,35 @@ def test_a_workloads_bandwidth_figure_shows_the_newest_probe_of_its_own_devices(
     by_device = {("cuda" if "50000" in name else "cpu"): figs for name, figs in figures.items()}
     assert "busbw" not in by_device["cuda"]
     (line,) = [line for line in by_device["cpu"]["busbw"].axes[0].lines
-               if not line.get_label().startswith("_")]  # the dotted gradient size aside
+               if line.get_linestyle() != ":"]  # the dotted gradient size aside
     assert line.get_label() == "cpu gloo N=2" and set(line.get_ydata()) == {2.0}
-    assert "one resnet18-cifar gradient" in by_device["cpu"]["busbw"].axes[0].get_xlabel()
+    # records without a parameter count: the probe's model's gradient, named as such
+    (dotted,) = [line for line in by_device["cpu"]["busbw"].axes[0].lines
+                 if line.get_linestyle() == ":"]
+    assert dotted.get_label() == "one resnet18-cifar gradient", dotted.get_label()
+    assert set(dotted.get_xdata()) == {44880528}
+
+
+def test_the_all_reduce_figure_marks_what_the_workloads_own_steps_send():
+    """The committed ResNet-18 x0.125 workloads' figures marked a 42.8 MiB gradient, the
+    full model's that the probe measured for, where their runs send 712 KiB (and 356 KiB
+    under the fp16 hook, 23 KiB under PowerSGD): the mark says where on the curve this
+    workload's all-reduce sits, so it is each size its rows send."""
+    from bench.report import figures_per_workload
+
+    small = {"width": 0.125, "parameters": 182_000}
+    plain = {**record("a", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "model": small}
+    hooked = {**record("b", "ddp", 2, [3.0, 2.0], [0.1, 0.5]), "model": small,
+              "ddp_options": {"comm_hook": "fp16"}}
+    figures = figures_per_workload([plain, hooked], [probe("p", "cpu", 2.0)])
+    (figure,) = (figs["busbw"] for figs in figures.values())
+    dotted = [line for line in figure.axes[0].lines if line.get_linestyle() == ":"]
+    assert sorted(x for line in dotted for x in set(line.get_xdata())) == [
+        2 * 182_000, 4 * 182_000]  # 44,880,528 (the probe's model) is not drawn
+    labels = [line.get_label() for line in dotted if not line.get_label().startswith("_")]
+    assert labels == ["this workload's gradient, as sent: 355 KiB, 711 KiB"], labels
+    assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [
+        "cpu gloo N=2", labels[0]]
 
 
 def test_rows_that_differ_in_accumulation_are_named_apart_in_where_time_goes():

@@ -267,8 +267,17 @@ def plain_powers(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def busbw_figure(probes: list[dict[str, Any]]):
-    """Bus bandwidth against message size, one line per probe (device, backend, N)."""
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+
+
+def busbw_figure(probes: list[dict[str, Any]], gradients: list[int] | None = None):
+    """Bus bandwidth against message size, one line per probe (device, backend, N), and
+    dotted where the workload's step all-reduces (``gradients``: the bytes its rows send,
+    in the precision they send them). The probe's own model was drawn instead: the
+    committed ResNet-18 x0.125 workload's figure marked the full model's 42.8 MiB, where
+    its runs send 0.7 MiB. Without the workload's sizes (records without a parameter
+    count), the probe's model's gradient is marked and named."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -278,12 +287,17 @@ def busbw_figure(probes: list[dict[str, Any]]):
         ax.plot([r["bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-",
                 label=f"{probe['device']} {probe['backend']} N={probe['world_size']}"
                       + (f", {nodes} nodes" if nodes > 1 else ""))
-        ax.axvline(probe["gradient_bytes"], color="grey", linestyle=":")
-    models = {probe.get("model") for probe in probes}
-    model = models.pop() if len(models) == 1 else None
+    if gradients:
+        label = "this workload's gradient, as sent: " + ", ".join(_mib(size) for size in gradients)
+    else:
+        models = {probe.get("model") for probe in probes}
+        model = models.pop() if len(models) == 1 else None
+        label = f"one {model or 'model'} gradient"
+    for i, size in enumerate(sorted(gradients or {p["gradient_bytes"] for p in probes})):
+        ax.axvline(size, color="grey", linestyle=":", label=None if i else label)
     ax.set_xscale("log", base=2)
     plain_powers(ax.xaxis)
-    ax.set_xlabel(f"message size (bytes; dotted: one {model or 'model'} gradient)")
+    ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("all-reduce bus bandwidth (GB/s)")
     ax.set_title("All-reduce ceiling (bench probe)")
     ax.legend(fontsize=7)

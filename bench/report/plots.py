@@ -187,7 +187,8 @@ def _make_figures(records: list[dict[str, Any]], probes: list[dict[str, Any]] | 
     shown = probes_of(set(ok["device"]), probes or [],
                        {n if isinstance(n, str) else None for n in ok["network"]})
     if shown:
-        figures["busbw"] = busbw_figure(shown)
+        figures["busbw"] = busbw_figure(shown, sorted(
+            {int(b) for b in ok["gradient_bytes"] if isinstance(b, (int, float)) and b > 0}))
     for fig in figures.values():
         fig.tight_layout()
     return figures

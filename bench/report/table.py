@@ -273,6 +273,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             compute_step_s=median_of(list(ok["compute_step_s"])),
             mfu=median_of(list(ok["mfu"])),
             step_time_s=median_of(list(ok["step_time_s"])),
+            gradient_bytes=use["gradient_bytes"].iloc[-1],
             comm_ceiling=comm_ceiling(probes or [], use.iloc[-1],
                                       (by_id.get(use["run_id"].iloc[-1]) or {}).get("tag"))
             if timed else None,
