@@ -565,3 +565,20 @@ def test_time_vs_accuracy_draws_time_from_0_and_every_point_whole():
             assert frame.x0 <= x - size / 2 and x + size / 2 <= frame.x1, (x, size, frame)
             assert y + size / 2 <= frame.y1, (y, size, frame)
     assert len(xs) == 2 and abs(xs[0] - xs[1]) < 0.05 * frame.width, (xs, frame.width)
+
+
+def test_time_to_target_draws_a_whisker_only_where_runs_spread():
+    """One run per row (the committed CPU table): every bar carried the caps of a zero-length
+    whisker, drawn like a tight interval. A row of one run has no spread to draw; a row of
+    three that reached the target spans their fastest and slowest."""
+    from bench.report import figures_per_workload
+
+    def reached(run_id, world, seconds):
+        return {**record(run_id, "ddp", world, [3.0, 2.0], [0.1, 0.5]), "target_top1": 40.0,
+                "reached_target": True, "time_to_target_s": seconds}
+
+    rows = [reached("one", 1, 20.0), *(reached(f"r{s}", 2, s) for s in (8.0, 10.0, 13.0))]
+    ax = figures_per_workload(rows)[CPU_BLOCK.format(100)]["time_to_target"].axes[0]
+    caps = sorted(round(y, 6) for line in ax.lines for y in line.get_ydata())
+    assert caps == [8.0, 13.0], caps  # N=2's fastest and slowest; nothing on N=1's bar
+    assert sorted(round(p.get_height(), 6) for p in ax.patches) == [10.0, 20.0]

@@ -25,12 +25,14 @@ from bench.tools.terminal import wrapped_cell
 
 def time_to_target_figure(ok):
     """A bar per row: the MLPerf-scored time to target, the whisker spanning the runs that
-    reached it; rows that did not converge are named with no bar."""
+    reached it where two or more did (one run has no spread to draw: its zero-length
+    whisker's caps sat on every bar of the committed one-run table like a tight interval);
+    rows that did not converge are named with no bar."""
     import matplotlib.pyplot as plt
 
     rows = [r for r in ok.itertuples() if not math.isnan(r.time_to_target_s)]
     fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
-    labels, heights, low, high = [], [], [], []
+    labels, heights, low, high, spread = [], [], [], [], []
     for r in rows:
         reached = [t for t in r.run_times_to_target if not math.isinf(t)]
         score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
@@ -43,7 +45,12 @@ def time_to_target_figure(ok):
         heights.append(score)
         low.append(score - min(reached) if reached and score else 0.0)
         high.append(max(reached) - score if reached and score else 0.0)
-    ax.bar(range(len(rows)), heights, yerr=[low, high], capsize=3, color="tab:green")
+        spread.append(len(reached) > 1 and bool(score))
+    ax.bar(range(len(rows)), heights, color="tab:green")
+    whiskers = [i for i, drawn in enumerate(spread) if drawn]
+    if whiskers:
+        ax.errorbar(whiskers, [heights[i] for i in whiskers], fmt="none", ecolor="black",
+                    yerr=[[low[i] for i in whiskers], [high[i] for i in whiskers]], capsize=3)
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     target = sorted({r.target_top1 for r in rows if r.target_top1 == r.target_top1})
     ax.set_ylabel("time to target (s, MLPerf score)")
