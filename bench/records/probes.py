@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.records.files import read_record
 from bench.records.schema import NUMBER, optional_problem, wrong_type
-from bench.tools.terminal import printable
+from bench.tools.terminal import message_size, printable
 
 KIB, MIB = 1024, 1024 * 1024
 SPLIT_COLLECTIVES = ("all_gather_s", "reduce_scatter_s")  # a result's optional keys
@@ -28,7 +28,7 @@ def probe_table(record: dict[str, Any]) -> str:
              + (f"  {'all-gather (ms)':>15}  {'reduce-scatter (ms)':>19}" if split else "")]
     for r in record["results"]:
         size = r["bytes"]
-        label = f"{size / MIB:.1f} MiB" if size >= MIB else f"{size // KIB} KiB"
+        label = message_size(size)
         mark = "  <- one gradient" if size == record["gradient_bytes"] else ""
         both = (f"  {1000 * r['all_gather_s']:>15.3f}  {1000 * r['reduce_scatter_s']:>19.3f}"
                 if split else "")

@@ -20,7 +20,7 @@ from bench.report.plot_labels import (
     sets_apart,
 )
 from bench.tools.plot_style import line_look
-from bench.tools.terminal import wrapped_cell
+from bench.tools.terminal import message_size, wrapped_cell
 
 
 def time_to_target_figure(ok):
@@ -274,10 +274,6 @@ def plain_powers(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
-
-
 def busbw_figure(probes: list[dict[str, Any]], gradients: list[int] | None = None):
     """Bus bandwidth against message size, one line per probe (device, backend, N), and
     dotted where the workload's step all-reduces (``gradients``: the bytes its rows send,
@@ -295,7 +291,8 @@ def busbw_figure(probes: list[dict[str, Any]], gradients: list[int] | None = Non
                 label=f"{probe['device']} {probe['backend']} N={probe['world_size']}"
                       + (f", {nodes} nodes" if nodes > 1 else ""))
     if gradients:
-        label = "this workload's gradient, as sent: " + ", ".join(_mib(size) for size in gradients)
+        label = "this workload's gradient, as sent: " + ", ".join(
+            message_size(size) for size in gradients)
     else:
         models = {probe.get("model") for probe in probes}
         model = models.pop() if len(models) == 1 else None

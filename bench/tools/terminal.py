@@ -60,6 +60,11 @@ def count(n: int, singular: str, plural: str | None = None) -> str:
     return f"{n} {singular if n == 1 else plural or singular + 's'}"
 
 
+def message_size(size: int) -> str:
+    """'712 KiB', '42.8 MiB': a message's bytes as the probe's table and figure name them."""
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB"
+
+
 def duration(seconds: float) -> str:
     """'45 s', '3 min 10 s', '2 h 05 min': a time left, as a person says it. A time under
     half a second is '1 s', not '0 s': a two-epoch run on a small set said 'about 0 s for 2
