@@ -32,8 +32,8 @@ def time_to_target_figure(ok):
 
     rows = [r for r in ok.itertuples() if not math.isnan(r.time_to_target_s)]
     fig, ax = plt.subplots(figsize=(bars_width(len(rows)), 4))
-    labels, heights, low, high, spread = [], [], [], [], []
-    for r in rows:
+    labels, heights, whiskers = [], [], []  # whiskers: (bar, below, above)
+    for i, r in enumerate(rows):
         reached = [t for t in r.run_times_to_target if not math.isinf(t)]
         score = r.time_to_target_s if not math.isinf(r.time_to_target_s) else 0.0
         lines = [r.strategy, n_label(r), f"{r.device} {r.precision}"]
@@ -43,14 +43,13 @@ def time_to_target_figure(ok):
         lines += [f"{FLAG} flagged"] * bool(r.flags)
         labels.append("\n".join(lines))
         heights.append(score)
-        low.append(score - min(reached) if reached and score else 0.0)
-        high.append(max(reached) - score if reached and score else 0.0)
-        spread.append(len(reached) > 1 and bool(score))
+        if len(reached) > 1 and score:
+            whiskers.append((i, score - min(reached), max(reached) - score))
     ax.bar(range(len(rows)), heights, color="tab:green")
-    whiskers = [i for i, drawn in enumerate(spread) if drawn]
     if whiskers:
-        ax.errorbar(whiskers, [heights[i] for i in whiskers], fmt="none", ecolor="black",
-                    yerr=[[low[i] for i in whiskers], [high[i] for i in whiskers]], capsize=3)
+        bars, below, above = zip(*whiskers)
+        ax.errorbar(bars, [heights[i] for i in bars], yerr=[below, above], fmt="none",
+                    ecolor="black", capsize=3)
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     target = sorted({r.target_top1 for r in rows if r.target_top1 == r.target_top1})
     ax.set_ylabel("time to target (s, MLPerf score)")
@@ -291,13 +290,13 @@ def busbw_figure(probes: list[dict[str, Any]], gradients: list[int] | None = Non
                 label=f"{probe['device']} {probe['backend']} N={probe['world_size']}"
                       + (f", {nodes} nodes" if nodes > 1 else ""))
     if gradients:
-        label = "this workload's gradient, as sent: " + ", ".join(
-            message_size(size) for size in gradients)
+        sizes = sorted(gradients)
+        label = "this workload's gradient, as sent: " + ", ".join(map(message_size, sizes))
     else:
+        sizes = sorted({probe["gradient_bytes"] for probe in probes})
         models = {probe.get("model") for probe in probes}
-        model = models.pop() if len(models) == 1 else None
-        label = f"one {model or 'model'} gradient"
-    for i, size in enumerate(sorted(gradients or {p["gradient_bytes"] for p in probes})):
+        label = f"one {models.pop() if len(models) == 1 else 'model'} gradient"
+    for i, size in enumerate(sizes):
         ax.axvline(size, color="grey", linestyle=":", label=None if i else label)
     ax.set_xscale("log", base=2)
     plain_powers(ax.xaxis)
