@@ -19,6 +19,12 @@ from pathlib import Path
 # 1.1 s with passive waiting). The tests check what bench does, not how fast it trains, so
 # every process they start waits passively; set before torch (and its libgomp) loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# bench's text fills the terminal it is shown on, else COLUMNS, else 120 columns
+# (bench.tools.terminal.columns): the tests read it at 120, as a file or a pipe gets it,
+# wherever they run. pytest's readline sets COLUMNS (80 here) in the C environment that
+# processes started without env= inherit, unseen in os.environ.
+os.environ.pop("COLUMNS", None)
+os.unsetenv("COLUMNS")
 
 
 def _pin_xdist_worker() -> None:

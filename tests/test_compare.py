@@ -513,7 +513,7 @@ def test_two_sides_with_nothing_in_common_are_no_pass(tmp_path):
     assert "only in A (1 row)" in proc.stdout and "only in B (1 row)" in proc.stdout
     assert "have no configuration in common" in proc.stderr
     # the fix it names: the same configuration (a workload alone was not enough)
-    assert "compare results that ran the same configuration" in proc.stderr, proc.stderr
+    assert "compare runs of the same workload, strategy, N" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert run_bench("compare", str(a), str(a)).returncode == 0
 

@@ -727,3 +727,39 @@ def test_figures_given_on_the_command_line_name_the_network_they_project_over():
     assert ("network: busbw 10 GB/s in a node and 5 GB/s across nodes — given on the command "
             "line") in text, proc.stdout
     assert "custom" not in proc.stdout
+
+
+def test_the_validation_says_what_the_model_gains_over_each_guess():
+    """A prediction is worth what it gains over the obvious guess: the validation's line
+    says so in words, not only the medians side by side (on the committed loopback runs the
+    model was no closer than the guess that communication costs nothing, and a reader had
+    to find it). A gain within half the repeats' spread is none."""
+    from bench.project.validation import summary_line
+
+    def summary(model, no_comm, no_overlap, heavy=None, spread=8.0):
+        s = {"points": [{}] * 40, "median_error_pct": model, "worst_error_pct": 3 * model,
+             "no_communication_median_error_pct": no_comm,
+             "no_communication_worst_error_pct": 90.0,
+             "no_overlap_median_error_pct": no_overlap, "no_overlap_worst_error_pct": 40.0,
+             "comm_heavy_runs": 0, "median_repeat_spread_pct": spread}
+        if heavy:
+            s.update(comm_heavy_runs=30, comm_heavy_median_error_pct=heavy[0],
+                     no_communication_comm_heavy_median_error_pct=heavy[1],
+                     no_overlap_comm_heavy_median_error_pct=heavy[2])
+        return " ".join(summary_line(s).split())
+
+    # the testbed's: far closer than no communication, within ±4 % of no overlap
+    line = summary(4.8, 68.0, 4.7, heavy=(3.6, 87.7, 3.5))
+    assert line.endswith(
+        "so the model is closer than no communication by 63.2 points and no closer than no "
+        "overlap (where communication is 25 % or more: closer than no communication by 84.1 "
+        "points and no closer than no overlap), a difference within ±4.0% (half the repeats' "
+        "spread) counting as none"), line
+    # within the noise of both: one phrase
+    assert "so the model is no closer than either, a difference within ±4.0%" in summary(
+        10.2, 13.9, 10.0)
+    # worse than a guess beyond the noise, and no repeats to say what the noise is
+    line = summary(20.9, 29.6, 4.6, spread=None)
+    assert line.endswith("so the model is closer than no communication by 8.7 points and "
+                         "further than no overlap by 16.3 points (no repeats here say how "
+                         "far a point's step moves)"), line

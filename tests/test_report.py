@@ -329,3 +329,59 @@ def test_runs_over_different_links_and_bucket_caps_are_rows_of_their_own():
     # a sweep's tag names no network: that run is the 2-node work with no link named
     assert rows[("resnet18", "—", 2)].runs == 1
     assert all(r.gpus_requested == r.world_size for r in table.itertuples())
+
+
+def _shown_on_a_terminal(args: list[str], columns: int) -> list[str]:
+    """The lines `bench ARGS` shows on a terminal of ``columns`` columns (a real pty for
+    its stdout and stderr, its size set as a terminal emulator sets it)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # every writer is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")
+    return seen.decode().replace("\r\n", "\n").splitlines()
+
+
+def test_the_report_fits_the_terminal_it_is_shown_on(tmp_path):
+    """On a terminal of 80 columns (a terminal emulator's default) the report's lines were
+    120 wide, each folded mid-word by the terminal; now its text fits the terminal, and its
+    table first narrows the options, then leaves out a column another one repeats (the
+    speed-up: eff. is it over N), never the status. A file or a pipe, and a terminal of 120
+    or more, get 120 columns as before."""
+    options = {"bucket_cap_mb": 1.0, "static_graph": True, "comm_hook": "powersgd",
+               "powersgd_rank": 4}
+    write_runs(tmp_path, [
+        {**record(f"r{i}", s, n, [5.0, 2.0 + n / 10 + i / 7, 2.1], [0.2, 0.4, 0.5 + i / 100]),
+         **({"ddp_options": options} if i == 2 else {})}
+        for i, (s, n) in enumerate([("ddp", 1), ("ddp", 2), ("ddp", 2), ("fsdp", 2),
+                                    ("horovod", 2), ("ddp-zero", 2)])]
+        + [record("x", "ddp-amp", 2, [], [], status="failed", error="rank 1: RuntimeError")])
+    args = ["report", "--results", str(tmp_path), "--no-write"]
+    narrow = _shown_on_a_terminal(args, 80)
+    assert max(map(len, narrow)) <= 80, "\n".join(narrow)
+    table = [line.split() for line in narrow
+             if line.split(" ")[0] in ("strategy", "ddp", "fsdp", "horovod", "ddp-zero",
+                                       "ddp-amp")]
+    assert sorted(row[-1] for row in table) == ["failed", *["ok"] * 6, "status"], narrow
+    assert "speed-up" not in table[0] and "eff." in table[0], narrow
+    piped = run_bench(*args)
+    wide = (piped.stdout + piped.stderr).splitlines()
+    assert 80 < max(map(len, wide)) <= 120, piped.stdout
+    assert any(line.startswith("strategy ") and "speed-up" in line for line in wide), wide
+    assert _shown_on_a_terminal(args, 200) == wide  # at most 120 columns

@@ -252,10 +252,16 @@ def test_the_ok_line_of_a_gpu_run_keeps_to_120_columns():
 def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tmp_path):
     """torchrun's ranks write to a pipe that bench passes on: on a terminal their bar
     showed nothing for minutes. Now bench passes it on as it comes (carriage returns
-    included) and tells rank 0 its stderr ends on a terminal."""
+    included) and tells rank 0 its stderr ends on a terminal, and how wide it is: on one
+    of 80 columns (a terminal's default) every line fits, the bar's redraws too (a line of
+    120 folds there, and a bar that folds leaves a line behind at each redraw)."""
+    import fcntl
     import pty
+    import struct
+    import termios
 
     leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
            "--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "16",
            "--epochs", "1", "--width", "0.125", "--batch-size", "32", *NO_PROBE,
@@ -280,3 +286,5 @@ def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tm
     # (8 steps: said after 5)
     assert re.search(r"\[\S+\] about \d+ s for 1 epoch \(from the first 5 steps", text), text
     assert re.search(r"run ≈ \d+ s left", text), text[-2000:]
+    shown = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)  # what the terminal shows of each
+    assert max(map(len, re.split(r"[\r\n]", shown))) <= 80, shown  # line, each redraw too

@@ -16,6 +16,7 @@ from bench.measure.flops import train_flops_per_image
 from bench.models.registry import ModelSpec
 from bench.records.peaks import peak_tflops
 from bench.report import summary_table, to_markdown
+from bench.report.views import plausibility_warnings
 
 SMALL = ["--strategy", "ddp", "--gpus", "2", "--cpu", "--epochs", "2", "--data", "synthetic",
          "--train-limit", "256", "--test-limit", "32", "--width", "0.125", "--batch-size",
@@ -258,7 +259,7 @@ def test_report_shows_exposed_comm_mfu_and_the_comm_ceiling(tmp_path):
     for epoch in rec["per_epoch"]:
         epoch.update(step_time_p50_s=0.04, mfu=0.42)
     probe = {"kind": "allreduce-probe", "device": "cpu", "backend": "gloo", "world_size": 2,
-             "gradient_bytes": 4_000_000,
+             "gradient_bytes": 4_000_000, "env": rec["env"],  # of the run's machine
              "results": [{"bytes": 1_000_000, "time_s": 0.001},
                          {"bytes": 16_000_000, "time_s": 0.016}]}
     table = summary_table([rec], probes=[probe])
@@ -462,9 +463,25 @@ def test_a_row_takes_the_probe_of_its_own_machine(tmp_path):
     row = summary_table([on("AMD EPYC 7B13", rec)], probes=[mine, theirs]).iloc[0]
     # 4 MB at 1 ms a MB (log-log between its two sizes): 4 ms, as its own probe says
     assert row["comm_ceiling"] == "4.0 / 40.0", row["comm_ceiling"]
-    # no probe of its machine: the newest of its device, as before
-    row = summary_table([on("AMD EPYC 9B14", rec)], probes=[mine, theirs]).iloc[0]
-    assert row["comm_ceiling"] == "0.4 / 40.0", row["comm_ceiling"]
+    assert row["projected_efficiency"].endswith("% (projected)"), row["projected_efficiency"]
+    assert not plausibility_warnings(summary_table([on("AMD EPYC 7B13", rec)], probes=[mine]))
+    # no probe of its machine: the newest of its device, and both cells say so, and a note
+    # names the machine it measured (they read as its own before: 10x off here)
+    table = summary_table([on("AMD EPYC 9B14", rec)], probes=[mine, theirs])
+    row = table.iloc[0]
+    assert row["comm_ceiling"] == "0.4 / 40.0 (another machine)", row["comm_ceiling"]
+    assert row["projected_efficiency"].endswith("% (projected over another machine)"), row[
+        "projected_efficiency"]
+    notes = plausibility_warnings(table)
+    assert len(notes) == 1 and ("the `bench probe` of another machine (Intel Xeon Gold 6338 "
+                                "(2 cores)) gave its rows' ideal all-reduce and projection, "
+                                "no probe of its own" in notes[0]), notes
+    # a probe of its machine over another network than its runs crossed (the testbed's
+    # link, for a run over one machine's loopback) is marked alike
+    tagged = {**on("AMD EPYC 9B14", tenfold), "tag": "testbed-100mbit"}
+    row = summary_table([on("AMD EPYC 9B14", rec)], probes=[tagged]).iloc[0]
+    assert row["projected_efficiency"].endswith("(projected over another network)"), row[
+        "projected_efficiency"]
     # the projection column alike: the committed AMD EPYC rows were projected over the
     # Intel Xeon's testbed probe, the newest (58 % at 64 GPUs; over their own, 94 %)
     def projected(*probes):

@@ -30,7 +30,6 @@ from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 from bench.tools.stats import welch
 
 FORMATS = ("text", "markdown", "csv", "json")
-WIDTH = 120
 # CSV and JSON: numbers stay numbers (a range or CI in its own fields); the time to target's
 # text says how it was scored ("36.15 (MLPerf, 5 runs, 1 missed)", "did not converge (...)").
 COLUMNS = ["workload", "strategy", "device", "world_size", "gpus_requested", "precision",
@@ -374,10 +373,11 @@ _SAID_ONCE = {"dev": "", "prec.": "", "options": "options", "runs A/B": "runs A/
               "torch": "torch"}
 
 
-def to_text(rows: list[dict[str, Any]], width: int = WIDTH) -> str:
-    """A block per workload, at most ``width`` columns: a column empty in every row of a
-    block is left out, one with a single value said in the heading; a verdict's reasons on
-    the lines below its row."""
+def to_text(rows: list[dict[str, Any]], width: int | None = None) -> str:
+    """A block per workload, at most ``width`` columns (the terminal's: ``terminal.columns``):
+    a column empty in every row of a block is left out, one with a single value said in the
+    heading; a verdict's reasons on the lines below its row."""
+    width = width or terminal.columns()
     blocks: dict[str, list[dict[str, str]]] = {}
     differ: dict[str, list[tuple[str, ...]]] = {}  # each block's rows' apart_by (A's and B's)
     top1_only = {str(row["workload"]) for row in rows if row.get("top1_only")}
@@ -446,10 +446,9 @@ def cmd_compare(a: str, b: str, threshold: float, fmt: str) -> int:
     regressed = [r for r in rows if str(r.get("verdict", "")).startswith("REGRESSED")]
     matched = [r for r in rows if r.get("verdict") not in ("only in A", "only in B")]
     if not matched:  # a CI gate that compared nothing must not pass as if it had
-        raise ConfigError(f"{a} and {b} have no configuration in common (workload, strategy, "
-                          "N, precision, options, epochs): nothing was compared; compare "
-                          "results that ran the same configuration (each side's rows are "
-                          "listed above)")
+        raise ConfigError(f"{a} and {b} have no configuration in common (their rows above): "
+                          "compare runs of the same workload, strategy, N, precision, "
+                          "options and epochs")
     print(f"bench compare: {terminal.count(len(matched), 'matched row')}, "
           f"{len(regressed)} regressed "
           f"(threshold {threshold:g} % in speed, p < 0.05 in top-1)", file=sys.stderr)

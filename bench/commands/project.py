@@ -301,7 +301,7 @@ def _text(table: list[dict[str, Any]]) -> str:
         over = " and ".join(networks[name])
         out += ["", *terminal.pack(name, ["(projected from its runs", f"over {over},",
                                           "not measured)"])]
-        out += [line for row in terminal.aligned_rows(lines, terminal.WIDTH) for line in row]
+        out += [line for row in terminal.aligned_rows(lines, terminal.columns()) for line in row]
         for what, reasons in untold.get(name, {}).items():
             told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"
                              for reason, gpus in reasons.items())

@@ -91,18 +91,17 @@ class Outcome:
     detail: str = ""
 
     def line(self) -> str:
-        """One row of HEADER's table, wrapped to 120 columns."""
+        """One row of HEADER's table, wrapped to the terminal's width (at most 120)."""
         if self.status == "skipped":
-            return textwrap.fill(f"{self.strategy:<11} skipped  {self.detail}", width=WIDTH,
-                                 subsequent_indent=" " * 21)
+            return textwrap.fill(f"{self.strategy:<11} skipped  {self.detail}",
+                                 width=terminal.columns(), subsequent_indent=" " * 21)
         row = (f"{self.strategy:<11} {self.status:<7}  {self.precision:<7}  {self.norm:<14}  "
                f"{_against(self.loss_diff, self.tolerance.loss):<16}  "
                f"{_against(self.param_diff, self.tolerance.params):<17}  ")
-        return textwrap.fill(row + self.detail, width=WIDTH,
+        return textwrap.fill(row + self.detail, width=terminal.columns(),
                              subsequent_indent=" " * len(row)) if self.detail else row.rstrip()
 
 
-WIDTH = 120
 HEADER = (f"{'strategy':<11} {'result':<7}  {'prec.':<7}  {'BatchNorm':<14}  "
           f"{'loss diff (tol.)':<16}  {'param diff (tol.)':<17}  reference")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bench.launch.output import end_open_line, nccl_watchdog_timeout
 from bench.launch.slurm import SlurmTask
+from bench.tools import terminal
 from bench.tools.lifetime import ForkedChild
 from bench.train.scratch import ENDED_FOR_RESTART, RankError, Scratch, read_beat
 
@@ -173,9 +174,12 @@ def child_env(threads: int) -> dict[str, str]:
 
 def mark_terminal(env: MutableMapping[str, str]) -> None:
     """BENCH_TTY=1 where this process's stderr is a terminal: the ranks' stderr reaches it
-    through this process (tee), and their progress bars are drawn there all the same."""
+    through this process (tee), and their progress bars are drawn there all the same; and
+    COLUMNS, the width of bench's own lines (``terminal.columns``), so that a rank's lines
+    fit that terminal too (its stderr is a pipe: 120 columns otherwise)."""
     if sys.stderr.isatty():
         env["BENCH_TTY"] = "1"
+    env["COLUMNS"] = str(terminal.columns())
 
 
 def find_root_cause(output: str, scratch: Scratch, killed: tuple[int, int] | None,

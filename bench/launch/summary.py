@@ -55,22 +55,21 @@ def print_start(plan: RunPlan, record: RunRecord) -> None:
               "--timeout")
     usable = usable_cores()
     if plan.workers_per_process > usable:  # torch's DataLoader warns above this, per rank
-        print(f"bench: note: {plan.workers_per_process} loader workers a process, on "
+        _note(f"{plan.workers_per_process} loader workers a process, on "
               f"{terminal.count(usable, 'core')} this process may use: they compete with "
-              "its training for them", file=sys.stderr)
+              "its training for them")
     # the cores the ranks may use, not the machine's: 2 ranks pinned to one core (taskset, a
     # Slurm task's cpuset) or under a 1-core quota crowd it as 2 ranks on 1 machine core do
     if plan.device_type == "cpu" and plan.local_processes > usable:
-        print(f"bench: note: {plan.local_processes} CPU processes on "
-              f"{terminal.count(usable, 'core')} compete for them: this run's times say "
-              "little about scaling", file=sys.stderr)
+        _note(f"{plan.local_processes} CPU processes on {terminal.count(usable, 'core')} "
+              "compete for them: this run's times say little about scaling")
         if plan.writes_record:
             record.data["oversubscribed"] = {"processes": plan.local_processes, "cores": usable}
             record.write()
 
 
 def _note(text: str) -> None:
-    """A note of bench's on stderr, within 120 columns."""
+    """A note of bench's on stderr, within the terminal's width (``terminal.columns``)."""
     print(terminal.fill(f"bench: note: {text}", subsequent_indent="  "), file=sys.stderr)
 
 

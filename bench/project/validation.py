@@ -202,7 +202,38 @@ def summary_line(s: dict[str, Any]) -> str:
     if s.get("median_repeat_spread_pct") is not None:
         line += (f"; repeats of a point lie {s['median_repeat_spread_pct']:.1f} % apart "
                  "(median)")
-    return line
+    return line + "; " + null_verdict(s)
+
+
+def null_verdict(s: dict[str, Any]) -> str:
+    """What the model gains over each null model, in words: a prediction is worth what it
+    gains over the obvious guess. Its median |error| against each null's, over every run
+    and over the communication-heavy ones; a difference within half the median spread of
+    a point's repeats (what the measured step itself moves by) is no gain. The numbers
+    alone left the reader to find that on the loopback runs the model was no closer than
+    the guess that communication costs nothing."""
+    noise = (s.get("median_repeat_spread_pct") or 0.0) / 2
+
+    def against(runs: str, null: str, name: str) -> str:
+        gain = s[f"{null}{runs}median_error_pct"] - s[f"{runs}median_error_pct"]
+        if gain > noise:
+            return f"closer than {name} by {gain:.1f} points"
+        if gain < -noise:
+            return f"further than {name} by {-gain:.1f} points"
+        return f"no closer than {name}"
+
+    def both(runs: str) -> str:
+        said = (against(runs, "no_communication_", "no communication"),
+                against(runs, "no_overlap_", "no overlap"))
+        return ("no closer than either" if all(x.startswith("no ") for x in said)
+                else " and ".join(said))
+
+    out = f"so the model is {both('')}"
+    if s.get("comm_heavy_runs"):
+        out += (f" (where communication is {100 * COMM_HEAVY:.0f} % or more: "
+                f"{both('comm_heavy_')})")
+    return out + (f", a difference within ±{noise:.1f}% (half the repeats' spread) counting "
+                  "as none" if noise else " (no repeats here say how far a point's step moves)")
 
 
 def validation_table(points: list[dict[str, Any]]) -> str:

@@ -96,7 +96,7 @@ def _projection(table) -> str:
                 for k in ("comm_ceiling", "projected_efficiency"))]
              for r in rows]
     return ("<h2>Projection</h2><p>From the newest <code>bench probe</code> of each row's "
-            "machine and network (else of its device): "
+            "machine and network (else of its device, and the cell says so): "
             "the ideal all-reduce of a step's gradient against the measured step, and the "
             "efficiency <code>bench project</code> gives at 64 and 512 GPUs (8 per node) on "
             "that network. A projection, not a measurement.</p>"

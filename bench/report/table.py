@@ -242,6 +242,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         use = ok if len(ok) else group
         row = dict(zip(GROUP_KEYS, key))
         timed = row["workload"] not in crowded
+        elsewhere: list[tuple[str, str]] = []  # figures from a probe not of its own
         times = [t for t in ok["epoch_time_s"] if not math.isnan(t)]
         final_top1, final_top1_ci = mean_ci(list(ok["final_top1"]))
         row.update(
@@ -275,10 +276,12 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
             step_time_s=median_of(list(ok["step_time_s"])),
             gradient_bytes=use["gradient_bytes"].iloc[-1],
             comm_ceiling=comm_ceiling(probes or [], use.iloc[-1],
-                                      (by_id.get(use["run_id"].iloc[-1]) or {}).get("tag"))
-            if timed else None,
+                                      (by_id.get(use["run_id"].iloc[-1]) or {}).get("tag"),
+                                      elsewhere) if timed else None,
             projected_efficiency=projected_efficiency(
-                probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) and timed else None),
+                probes or [], by_id.get(ok["run_id"].iloc[-1]) if len(ok) and timed else None,
+                elsewhere),
+            probes_elsewhere=elsewhere,
             oversubscribed=bool(ok["oversubscribed"].any()),
             threads=median_of(list(ok["threads"])),
             tuning=use["tuning"].iloc[-1],
@@ -350,22 +353,36 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
     return add_verdict_fields(table.iloc[order].reset_index(drop=True), reference)
 
 
-def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None) -> str | None:
+def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None,
+                 elsewhere: list[tuple[str, str]] | None = None) -> str | None:
     """The ideal time to all-reduce what this row's step sends (from the newest ``bench
     probe`` of the same device, backend, ranks, nodes and network ``tag``, as ``bench
-    project`` picks it) beside the measured step."""
-    from bench.project.from_records import matching_probe
+    project`` picks it) beside the measured step; marked, and what the probe measured
+    instead appended to ``elsewhere``, where it is not of the row's machine and network."""
+    from bench.project.from_records import matching_probe, probe_elsewhere
     from bench.records.probes import ideal_allreduce_s
 
-    probe = matching_probe({"device": run["device"], "backend": run["backend"],
-                            "world_size": run["world_size"], "nodes": run["nodes"],
-                            "tag": tag, "machine": run["machine"]}, probes)
+    rec = {"device": run["device"], "backend": run["backend"], "world_size": run["world_size"],
+           "nodes": run["nodes"], "tag": tag, "machine": run["machine"]}
+    probe = matching_probe(rec, probes)
     if probe is None or not run["gradient_bytes"] or run["world_size"] < 2:
         return None
     ideal = ideal_allreduce_s(probe, run["gradient_bytes"])
     step = run["step_time_s"]
-    return f"{1000 * ideal:.1f} / {1000 * step:.1f}" if not math.isnan(step) else (
-        f"{1000 * ideal:.1f} / —")
+    cell = f"{1000 * ideal:.1f} / " + ("—" if math.isnan(step) else f"{1000 * step:.1f}")
+    return cell + _elsewhere(probe_elsewhere(rec, probe), "ideal all-reduce", elsewhere)
+
+
+def _elsewhere(caveat: str | None, figure: str, elsewhere: list[tuple[str, str]] | None
+               ) -> str:
+    """A cell's mark where its probe is not of the row's own machine and network (its
+    ``caveat``), which the row's note then names: (figure, caveat) appended to
+    ``elsewhere``; '' where it is."""
+    if caveat is None:
+        return ""
+    if elsewhere is not None:
+        elsewhere.append((figure, caveat))
+    return f" ({caveat.split(':')[0]})"
 
 
 # What else keeps rows apart (GROUP_KEYS) whose strategy, N, precision and options are alike,
@@ -400,15 +417,16 @@ def apart(row: dict[str, Any], keys: tuple[str, ...]) -> str:
 PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe of the device
 
 
-def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | None
-                         ) -> str | None:
+def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | None,
+                         elsewhere: list[tuple[str, str]] | None = None) -> str | None:
     """bench project's efficiency for this row's newest ok run at 64 and 512 GPUs (8 per
     node) over the network measured by the newest ``bench probe`` of its device (of its
     machine and of the network it crossed, its ``--tag``, where one is here: the AMD EPYC
     rows were projected over the Intel Xeon's 1 Gbit/s testbed link, 58 % at 64 GPUs where
-    their own loopback gives 94 %); marked as a projection. None without such a probe, or a
-    run the model cannot take."""
-    from bench.project.from_records import probe_for, workload_of
+    their own loopback gives 94 %); marked as a projection, and as over another machine or
+    network where its own has no probe here (what that probe measured then appended to
+    ``elsewhere``). None without a probe of its device, or a run the model cannot take."""
+    from bench.project.from_records import probe_elsewhere, probe_for, workload_of
     from bench.project.scaling import network_from_probe, project
 
     probe = probe_for(rec, probes) if rec is not None else None
@@ -417,7 +435,8 @@ def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | Non
         return None
     net = network_from_probe(probe)
     cells = [f"{100 * project(work, n, 8, net).efficiency:.0f}%" for n in PROJECTED_AT]
-    return " / ".join(cells) + " (projected)"
+    mark = _elsewhere(probe_elsewhere(rec, probe), "projection", elsewhere)
+    return " / ".join(cells) + (f" (projected over {mark[2:]}" if mark else " (projected)")
 
 
 def report_order(row: dict[str, Any]) -> tuple:

@@ -136,6 +136,7 @@ def plausibility_warnings(table) -> list[str]:
     do not concern."""
     lines = []
     accuracy_blocks = accuracy_workloads(table.to_dict("records"))
+    elsewhere: dict[tuple[str, str], dict[str, None]] = {}  # its figures, in order
     for r in table.itertuples():
         row = f"{r.strategy} N={r.world_size} ({r.workload})"
         for run_id, epoch, seed in r.other_batches:  # ABOUT_TOP1: said in any block
@@ -157,6 +158,8 @@ def plausibility_warnings(table) -> list[str]:
                 "its own")
         if r.workload in accuracy_blocks:
             continue
+        for figure, caveat in r.probes_elsewhere or ():  # said once a workload, below
+            elsewhere.setdefault((r.workload, caveat), {})[figure] = None
         if "efficiency > 100 %" in r.flags and r.device == "cpu" and r.base_threads > r.threads:
             why = (" under OMP_WAIT_POLICY=passive (threads that sleep between operations: "
                    "unset it)" if str(dict(r.base_tuning or ()).get("OMP_WAIT_POLICY")).lower()
@@ -225,6 +228,13 @@ def plausibility_warnings(table) -> list[str]:
                          f"epoch time ({seconds:.2f} s vs {median:.2f} s; a loaded machine, a "
                          "throttled GPU?); the row's medians hold, its mean top-1 and spread "
                          "include it: rerun it, or move its record aside")
+    for (name, caveat), figures in elsewhere.items():
+        kind, what = caveat.split(": ", 1)
+        lines.append(f"{name}: the `bench probe` of {kind} ({what}) gave its rows' "
+                     f"{' and '.join(figures)}, no probe of its own being here: gloo over one "
+                     "machine's loopback measures that machine's memory, and one link says "
+                     "nothing of another; `bench probe` on its machine (with its runs' --tag, "
+                     "if any) measures its own")
     return lines
 
 
@@ -266,16 +276,24 @@ def block_heading(block: str, same: list[str], width: int) -> list[str]:
     """A block's heading, its workload and what all its rows share, broken between the
     shared items (never inside 'GPU clock 100%') where it passes ``width``; a workload too
     long for its dash ('… on AMD EPYC family 25 model 1 (2 cores) → AMD EPYC family 25 model
-    17 (2 cores)', in `bench compare`) has the shared items on the lines below."""
+    17 (2 cores)', in `bench compare`) has the shared items on the lines below, and one
+    longer than a line goes on as many as it needs."""
     parts = [part + ("," if i < len(same) - 1 else "") for i, part in enumerate(same)]
-    if same and len(block) + 2 > width:
-        return [block, *terminal.pack("  —", parts, width)]
-    return terminal.pack(block + (" —" if same else ""), parts, width)
+    *first, last = terminal.wrap(block, width, subsequent_indent="  ")  # longer than a line
+    if same and len(last) + 2 > width:
+        return [*first, last, *terminal.pack("  —", parts, width)]
+    return [*first, *terminal.pack(last + (" —" if same else ""), parts, width)]
 
 
 # What a block too wide for the terminal leaves out first (`--format wide` has them all):
 # never the status, which a cut line would lose, nor *same start*, which a ✗ makes the news.
 _SPARED_LAST = ("img/J", "util", "clock", "runs", "mem/rank")
+# Then, where the options narrowed onto more lines still pass a narrow terminal (80
+# columns), what another column says too: the speed-up (eff. is it over N), img/s (the
+# epoch time ranks a block's rows alike: same images), Δ top-1 (top-1 beside the
+# reference's; the verdict below says what differs), then eff. A row still too wide passes
+# the width: cut, it lost its status.
+_SPARED_ON_A_NARROW_TERMINAL = ("speed-up", "img/s", "Δ top-1", "Δ top-1 (p)", "eff.")
 
 
 def _fit(names: list[str], rows: list[list[str]], width: int
@@ -288,8 +306,10 @@ def _fit(names: list[str], rows: list[list[str]], width: int
                 + [max(len(x.partition(": ")[0].partition(" ⚠ ")[0]) + 2 for x in cols[-1])])
 
     widths = widths_of(names, rows)
-    for name in _SPARED_LAST:
-        if sum(widths) + 2 * (len(widths) - 1) <= width:
+    for name in _SPARED_LAST + _SPARED_ON_A_NARROW_TERMINAL:
+        needed = (widths if name in _SPARED_LAST
+                  else terminal.narrowed_options(names, rows, widths, width))
+        if sum(needed) + 2 * (len(needed) - 1) <= width:
             break
         if name in names:
             i = names.index(name)
@@ -371,8 +391,10 @@ def accuracy_only(names: list[str], rows: list[list[str]], records: list[dict]
     return [names[i] for i in keep], rows, [ACCURACY_ONLY]
 
 
-def to_text(table, width: int = 120) -> str:
-    """The key columns, one block per workload, each line at most ``width`` characters."""
+def to_text(table, width: int | None = None) -> str:
+    """The key columns, one block per workload, each line at most ``width`` characters (the
+    terminal's: ``terminal.columns``)."""
+    width = width or terminal.columns()
     header = [h for _, h in TERMINAL_COLUMNS]
     picked = [COLUMN_INDEX[c] for c, _ in TERMINAL_COLUMNS]
     blocks: dict[str, list[list[str]]] = {}
@@ -431,7 +453,7 @@ def to_text(table, width: int = 120) -> str:
                                                             widths))
                 reason = (f"⚠ {flags}" + (f"; {reason}" if reason else ""))
                 status = ""
-            out.append(text.rstrip()[:width])
+            out.append(text.rstrip())
             out += more
             if reason:  # why a row is not ok (or what it is flagged for), on lines of its own
                 out += terminal.wrap(f"{f'{status}: ' if status else ''}{reason}", width,

@@ -1,13 +1,34 @@
-"""Text for a terminal of 120 columns: wrapping that never splits a `quoted command`, so
-that what a line tells a user to type can be copied whole; tables whose options column
+"""Text for a terminal of up to 120 columns: wrapping that never splits a `quoted command`,
+so that what a line tells a user to type can be copied whole; tables whose options column
 narrows onto more lines rather than pass the width."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import textwrap
 
-WIDTH = 120
+WIDTH = 120  # the widest bench writes: a file, a pipe and a wide terminal get this
+NARROWEST = 60  # below it a table's key columns do not fit at all
+
+
+def columns() -> int:
+    """The columns bench's text fills: ``COLUMNS`` where set, else the terminal's where
+    stdout or stderr is one (a rank's stderr is a pipe to bench: bench passes its width
+    on as ``COLUMNS``), at most WIDTH and at least NARROWEST; WIDTH for a file or a pipe.
+    An 80-column terminal showed every line of 120 folded in two, mid-word."""
+    given = os.environ.get("COLUMNS", "")
+    if given.isdigit() and int(given) > 0:
+        return max(NARROWEST, min(WIDTH, int(given)))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            size = os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0
+        except (AttributeError, OSError, ValueError):  # closed, replaced, or no size
+            continue
+        if size > 0:  # (a terminal whose size was never set says 0)
+            return max(NARROWEST, min(WIDTH, size))
+    return WIDTH
 _GLUE = "\x00"  # stands for a space inside backticks while wrapping
 
 # What a terminal obeys rather than shows: C0 and C1 controls (ESC starts the sequences
@@ -26,26 +47,29 @@ def printable(text: str, keep: str = "") -> str:
                          else f"\\u{ord(m.group()):04x}", text)
 
 
-def wrap(text: str, width: int = WIDTH, initial_indent: str = "",
+def wrap(text: str, width: int | None = None, initial_indent: str = "",
          subsequent_indent: str = "") -> list[str]:
     """``textwrap.wrap`` whose lines break outside backticks (only a span longer than a
-    whole line is cut, as any word that long is), never at a hyphen."""
+    whole line is cut, as any word that long is), never at a hyphen; ``width``: the
+    terminal's (``columns``) unless given."""
+    width = width or columns()
     glued = re.sub(r"`[^`]*`", lambda m: m.group().replace(" ", _GLUE), text)
     lines = textwrap.wrap(glued, width, initial_indent=initial_indent,
                           subsequent_indent=subsequent_indent, break_on_hyphens=False)
     return [line.replace(_GLUE, " ") for line in lines]
 
 
-def fill(text: str, width: int = WIDTH, initial_indent: str = "",
+def fill(text: str, width: int | None = None, initial_indent: str = "",
          subsequent_indent: str = "") -> str:
     return "\n".join(wrap(text, width, initial_indent, subsequent_indent))
 
 
-def pack(head: str, parts: list[str], width: int = WIDTH, separator: str = " ",
+def pack(head: str, parts: list[str], width: int | None = None, separator: str = " ",
          indent: str = "  ") -> list[str]:
     """``head`` then each of ``parts`` after ``separator``, a part that would pass ``width``
     starting a line of its own after ``indent``: lines broken between parts, never inside
     one ('GPU clock 100%', 'final top1 99.61%')."""
+    width = width or columns()
     lines = [head]
     for part in parts:
         if len(lines[-1]) + len(separator) + len(part) > width:

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import bench
+from bench.tools import terminal
 from bench.tools.errors import ConfigError
 from bench.tools.folders import file_to_write
 from bench.tools.restarts import restart_count
@@ -211,7 +212,8 @@ class _LogFile(logging.FileHandler):
         why = getattr(exc, "strerror", None) or str(exc)
         self.failure = (f"MLPerf log {self.baseFilename} incomplete: a write failed ({why}); "
                         "the run went on without it")
-        print(f"bench: warning: {self.failure}", file=sys.stderr, flush=True)
+        print(terminal.fill(f"bench: warning: {self.failure}", subsequent_indent="  "),
+              file=sys.stderr, flush=True)
         with contextlib.suppress(OSError, ValueError):
             if self.stream is not None:
                 self.stream.close()  # what it still buffers can never be written

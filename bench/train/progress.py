@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from bench.measure.gpu_clocks import epoch_suffix
-from bench.tools.terminal import duration
+from bench.tools.terminal import columns, duration, fill
 
 
 def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
@@ -19,9 +19,13 @@ def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
 
     # Under torchrun / launch / horovodrun stderr is a pipe to bench, which passes it on to
     # its terminal as it comes (BENCH_TTY=1 says that terminal is one): draw there too.
-    drawn = sys.stderr.isatty() or os.environ.get("BENCH_TTY") == "1"
+    # tqdm measures a terminal, not a pipe: there it takes bench's width (COLUMNS, passed
+    # on), less the column a line that fills the terminal would wrap at. A bar wider than
+    # its terminal folds, and each redraw then left a line behind.
+    here = sys.stderr.isatty()
+    drawn = here or os.environ.get("BENCH_TTY") == "1"
     return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step",
-                disable=not drawn, file=sys.stderr)
+                disable=not drawn, file=sys.stderr, ncols=None if here else columns() - 1)
 
 
 class RunClock:
@@ -63,22 +67,23 @@ class RunClock:
         if not self.said and self.epoch == 0:
             self.said = True
             total = left + time.perf_counter() - self.started
-            line = (f"[{self.strategy}] about {duration(total)} for {self.epochs} epoch"
-                    f"{'s' * (self.epochs != 1)} (from the first {self.done} steps, the "
-                    "warm-up's pace; evaluation not counted)")
+            line = fill(f"[{self.strategy}] about {duration(total)} for {self.epochs} epoch"
+                        f"{'s' * (self.epochs != 1)} (from the first {self.done} steps, the "
+                        "warm-up's pace; evaluation not counted)", subsequent_indent="    ")
             if bar is not None and not bar.disable:
                 bar.write(line, file=sys.stderr)
             else:
                 print(line, file=sys.stderr, flush=True)
 
 
-def epoch_line(strategy: str, epochs: int, entry: dict[str, Any], width: int = 120) -> str:
+def epoch_line(strategy: str, epochs: int, entry: dict[str, Any], width: int | None = None
+               ) -> str:
     """One epoch on the terminal (top-5 is in the record); the GPUs' figures go on a line of
-    their own when both would not fit in ``width`` columns."""
+    their own when both would not fit in ``width`` columns (the terminal's: ``columns``)."""
     waited = entry["input_wait_s"] / entry["train_time_s"]
     line = (f"[{strategy}] epoch {entry['epoch']}/{epochs}  "
             f"{entry['train_time_s']:.2f}s  {entry['images_per_s']:.0f} img/s  "
             f"input wait {100 * waited:.0f}%  loss {entry['train_loss']:.3f}  "
             f"top1 {100 * entry['top1']:.2f}%")
     gpus = epoch_suffix(entry.get("gpu_clocks"))
-    return line + gpus if len(line + gpus) <= width else f"{line}\n  {gpus}"
+    return line + gpus if len(line + gpus) <= (width or columns()) else f"{line}\n  {gpus}"
