@@ -65,6 +65,14 @@ def test_the_processes_are_the_runs_and_the_view_fits_120_columns():
     assert max(len(line) for line in lines) <= 120, text.stdout
     rows = [line.split() for line in lines if re.fullmatch(r" +\d+ +[\d,]+ +[\d.]+", line)]
     assert [r[0] for r in rows] == ["0", "1"], text.stdout
+    # the answer under the figures: the count whose figure is highest, and the rate above
+    # which a model is input-bound even with it (85 % of that figure)
+    best = max(rows, key=lambda r: float(r[1].replace(",", "")))
+    said = " ".join(text.stdout.split())
+    assert f"→ fastest here: {best[0]} workers per replica ({best[1]} img/s)" in said, said
+    limit = re.search(r"one faster than ([\d,]+) img/s is", said)
+    assert limit and abs(float(limit[1].replace(",", "")) / float(best[1].replace(",", ""))
+                         - 0.85) < 0.001, said
 
 
 def test_the_gpu_loader_is_one_figure_without_workers():

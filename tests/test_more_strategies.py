@@ -69,6 +69,12 @@ def test_ddp_apex_is_unavailable_here_with_the_reason(cifar_dir, tmp_path):
     listing = run_bench("list")
     assert_ok(listing)
     assert max(map(len, listing.stdout.splitlines())) <= 120, listing.stdout  # 120 columns
+    # on a terminal of 80 (COLUMNS says so where the output is a pipe) the descriptions go
+    # on as many lines as they need, whole
+    narrow = run_bench("list", env={"COLUMNS": "80"}).stdout
+    assert max(map(len, narrow.splitlines())) <= 80, narrow
+    assert ("DDP + ZeroRedundancyOptimizer (optimizer state sharded: ZeRO-1)"
+            in " ".join(narrow.split())), narrow
     reason = listing.stdout[listing.stdout.index("  ddp-apex:"):]
     assert "CUDA" in reason and "25.05" in reason and "make apex" in reason
     if bf16_in_cpu_flags() is not None:  # and whether ddp-amp's bf16 is emulated here

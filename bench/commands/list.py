@@ -31,8 +31,16 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
         if reason:
             reasons.append(f"  {name}: {reason}")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    lead = sum(widths) + 6  # where the last column starts
+    beside = terminal.columns() - lead >= 40  # else it goes below its row (80 columns)
     for row in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
+        cells = "  ".join(c.ljust(w) for c, w in zip(row[:3], widths))
+        if beside:
+            first, *more = terminal.wrap(row[3], terminal.columns() - lead)
+            print(f"{cells}  {first}", *(" " * lead + line for line in more), sep="\n")
+        else:
+            print(cells.rstrip(), *terminal.wrap(row[3], initial_indent="    ",
+                                                 subsequent_indent="    "), sep="\n")
     print(f"(device here: {device_type})")
     if device_type == "cpu" and cpu_bf16_instructions() is False:  # ddp-amp's CPU precision
         print(terminal.fill(f"note: ddp-amp trains in bf16 on CPU, and {emulated_bf16_note()}",

@@ -24,6 +24,8 @@ from typing import Any
 
 from bench.config.options import config_from_args, given, parse_list, run_options_for
 from bench.config.run_config import RunConfig
+from bench.records.describe import INPUT_BOUND_SHARE
+from bench.tools import terminal
 from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
 RANK_TIMEOUT_S = 600.0  # a process that has not answered by then is taken as failed
@@ -267,20 +269,27 @@ def text_view(result: SweepResult) -> list[str]:
         f"  {shape.steps} draws timed per count, after every worker's first",
     ]
     rates = result.images_per_s()
+    bound = f"{INPUT_BOUND_SHARE:.0%}".replace("%", " %")
     if shape.workers_per_process == [None]:
         lines.append(f"  --loader gpu: {rates[0]:,.0f} img/s")
-        lines.append("A run that trains at 85 % or more of it is input-bound (the report's "
-                     "flag).")
+        lines += terminal.wrap(f"A run that trains at {bound} or more of it is input-bound "
+                               "(the report's flag).")
     else:
         lines.append(f"  {per:>22}  {'img/s':>9}  {'ms per draw':>11}")
         for w, s, ips in zip(shape.workers_per_process, result.seconds, rates):
             lines.append(f"  {_per_replica(shape, w):>22}  {ips:>9,.0f}  "
                          f"{1000 * s / shape.steps:>11.1f}")
-        lines.append("A run that trains at 85 % or more of its count's figure is input-bound "
-                     "(the report's flag): choose a count")
-        lines.append("whose figure is above your model's training rate / 0.85, or --loader "
-                     "gpu.")
-    lines += [f"note: {note}" for note in result.notes]
+        # the answer, not only the figures: the count to use, and how fast a model may
+        # train before even that count sets its pace
+        best, fastest = max(zip(shape.workers_per_process, rates), key=lambda pair: pair[1])
+        lines += terminal.wrap(
+            f"→ fastest here: {_per_replica(shape, best)} {per} ({fastest:,.0f} img/s). A "
+            f"run that trains at {bound} or more of its count's figure is input-bound (the "
+            f"report's flag): with {_per_replica(shape, best)}, one faster than "
+            f"{INPUT_BOUND_SHARE * fastest:,.0f} img/s is; feed such a model with --loader gpu.",
+            subsequent_indent="  ")
+    lines += [line for note in result.notes
+              for line in terminal.wrap(f"note: {note}", subsequent_indent="  ")]
     return lines
 
 
