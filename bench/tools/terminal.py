@@ -29,6 +29,8 @@ def columns() -> int:
         if size > 0:  # (a terminal whose size was never set says 0)
             return max(NARROWEST, min(WIDTH, size))
     return WIDTH
+
+
 _GLUE = "\x00"  # stands for a space inside backticks while wrapping
 
 # What a terminal obeys rather than shows: C0 and C1 controls (ESC starts the sequences
