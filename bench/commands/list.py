@@ -32,11 +32,12 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
             reasons.append(f"  {name}: {reason}")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     lead = sum(widths) + 6  # where the last column starts
-    beside = terminal.columns() - lead >= 40  # else it goes below its row (80 columns)
+    room = terminal.columns() - lead
+    beside = room >= 40  # else it goes below its row (80 columns)
     for row in [header, *rows]:
         cells = "  ".join(c.ljust(w) for c, w in zip(row[:3], widths))
         if beside:
-            first, *more = terminal.wrap(row[3], terminal.columns() - lead)
+            first, *more = terminal.wrap(row[3], room)
             print(f"{cells}  {first}", *(" " * lead + line for line in more), sep="\n")
         else:
             print(cells.rstrip(), *terminal.wrap(row[3], initial_indent="    ",

@@ -281,12 +281,13 @@ def text_view(result: SweepResult) -> list[str]:
                          f"{1000 * s / shape.steps:>11.1f}")
         # the answer, not only the figures: the count to use, and how fast a model may
         # train before even that count sets its pace
-        best, fastest = max(zip(shape.workers_per_process, rates), key=lambda pair: pair[1])
+        workers, fastest = max(zip(shape.workers_per_process, rates), key=lambda pair: pair[1])
+        best = _per_replica(shape, workers)
         lines += terminal.wrap(
-            f"→ fastest here: {_per_replica(shape, best)} {per} ({fastest:,.0f} img/s). A "
-            f"run that trains at {bound} or more of its count's figure is input-bound (the "
-            f"report's flag): with {_per_replica(shape, best)}, one faster than "
-            f"{INPUT_BOUND_SHARE * fastest:,.0f} img/s is; feed such a model with --loader gpu.",
+            f"→ fastest here: {best} {per} ({fastest:,.0f} img/s). A run that trains at "
+            f"{bound} or more of its count's figure is input-bound (the report's flag): with "
+            f"{best}, one faster than {INPUT_BOUND_SHARE * fastest:,.0f} img/s is; feed such a "
+            "model with --loader gpu.",
             subsequent_indent="  ")
     lines += [line for note in result.notes
               for line in terminal.wrap(f"note: {note}", subsequent_indent="  ")]

@@ -115,17 +115,17 @@ def measured_its_network(rec: dict[str, Any], probe: dict[str, Any]) -> bool:
     return network_crossed(rec) is None
 
 
-def probe_elsewhere(rec: dict[str, Any], probe: dict[str, Any]) -> str | None:
-    """What ``probe`` measured that is not ``rec``'s own, in a few words ('another machine:
-    Intel Xeon (2 cores)', 'another network: its loopback'), or None where it measured the
-    run's machine and the network its runs crossed. ``probe_for`` and ``matching_probe``
-    fall back to such a probe where none of the run's own is here; a figure taken from it
-    must say so: gloo over one machine's loopback measures that machine's memory, and one
-    link says nothing of another."""
+def probe_elsewhere(rec: dict[str, Any], probe: dict[str, Any]) -> tuple[str, str] | None:
+    """What ``probe`` measured that is not ``rec``'s own, as (what kind, which): ('another
+    machine', 'Intel Xeon (2 cores)'), ('another network', 'its loopback'); None where it
+    measured the run's machine and the network its runs crossed. ``probe_for`` and
+    ``matching_probe`` fall back to such a probe where none of the run's own is here; a
+    figure taken from it must say so: gloo over one machine's loopback measures that
+    machine's memory, and one link says nothing of another."""
     if machine(probe) != (rec.get("machine") or machine(rec)):
-        return f"another machine: {machine(probe).replace('?', 'one unnamed')}"
+        return "another machine", machine(probe).replace("?", "one unnamed")
     if not measured_its_network(rec, probe):
-        return f"another network: {probe.get('tag') or 'its loopback'}"
+        return "another network", probe.get("tag") or "its loopback"
     return None
 
 

@@ -214,8 +214,7 @@ def null_verdict(s: dict[str, Any]) -> str:
     the guess that communication costs nothing."""
     noise = (s.get("median_repeat_spread_pct") or 0.0) / 2
 
-    def against(runs: str, null: str, name: str) -> str:
-        gain = s[f"{null}{runs}median_error_pct"] - s[f"{runs}median_error_pct"]
+    def against(gain: float, name: str) -> str:
         if gain > noise:
             return f"closer than {name} by {gain:.1f} points"
         if gain < -noise:
@@ -223,10 +222,12 @@ def null_verdict(s: dict[str, Any]) -> str:
         return f"no closer than {name}"
 
     def both(runs: str) -> str:
-        said = (against(runs, "no_communication_", "no communication"),
-                against(runs, "no_overlap_", "no overlap"))
-        return ("no closer than either" if all(x.startswith("no ") for x in said)
-                else " and ".join(said))
+        gains = {name: s[f"{null}{runs}median_error_pct"] - s[f"{runs}median_error_pct"]
+                 for null, name in (("no_communication_", "no communication"),
+                                    ("no_overlap_", "no overlap"))}
+        if all(abs(gain) <= noise for gain in gains.values()):
+            return "no closer than either"
+        return " and ".join(against(gain, name) for name, gain in gains.items())
 
     out = f"so the model is {both('')}"
     if s.get("comm_heavy_runs"):

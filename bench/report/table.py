@@ -242,7 +242,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
         use = ok if len(ok) else group
         row = dict(zip(GROUP_KEYS, key))
         timed = row["workload"] not in crowded
-        elsewhere: list[tuple[str, str]] = []  # figures from a probe not of its own
+        elsewhere: list[tuple[str, str, str]] = []  # figures from a probe not of its own
         times = [t for t in ok["epoch_time_s"] if not math.isnan(t)]
         final_top1, final_top1_ci = mean_ci(list(ok["final_top1"]))
         row.update(
@@ -354,7 +354,7 @@ def summary_table(records: list[dict[str, Any]], reference: str = "ddp:1",
 
 
 def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None,
-                 elsewhere: list[tuple[str, str]] | None = None) -> str | None:
+                 elsewhere: list[tuple[str, str, str]] | None = None) -> str | None:
     """The ideal time to all-reduce what this row's step sends (from the newest ``bench
     probe`` of the same device, backend, ranks, nodes and network ``tag``, as ``bench
     project`` picks it) beside the measured step; marked, and what the probe measured
@@ -370,19 +370,20 @@ def comm_ceiling(probes: list[dict[str, Any]], run, tag: str | None = None,
     ideal = ideal_allreduce_s(probe, run["gradient_bytes"])
     step = run["step_time_s"]
     cell = f"{1000 * ideal:.1f} / " + ("—" if math.isnan(step) else f"{1000 * step:.1f}")
-    return cell + _elsewhere(probe_elsewhere(rec, probe), "ideal all-reduce", elsewhere)
+    kind = _elsewhere(probe_elsewhere(rec, probe), "ideal all-reduce", elsewhere)
+    return cell + (f" ({kind})" if kind else "")
 
 
-def _elsewhere(caveat: str | None, figure: str, elsewhere: list[tuple[str, str]] | None
-               ) -> str:
-    """A cell's mark where its probe is not of the row's own machine and network (its
-    ``caveat``), which the row's note then names: (figure, caveat) appended to
-    ``elsewhere``; '' where it is."""
+def _elsewhere(caveat: tuple[str, str] | None, figure: str,
+               elsewhere: list[tuple[str, str, str]] | None) -> str | None:
+    """What kind of probe not of the row's own machine and network a cell's ``figure`` took
+    ('another machine'), which the row's note then names: (figure, kind, which) appended to
+    ``elsewhere``; None where it is its own."""
     if caveat is None:
-        return ""
+        return None
     if elsewhere is not None:
-        elsewhere.append((figure, caveat))
-    return f" ({caveat.split(':')[0]})"
+        elsewhere.append((figure, *caveat))
+    return caveat[0]
 
 
 # What else keeps rows apart (GROUP_KEYS) whose strategy, N, precision and options are alike,
@@ -418,7 +419,7 @@ PROJECTED_AT = (64, 512)  # GPUs, 8 per node, on the network of the newest probe
 
 
 def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | None,
-                         elsewhere: list[tuple[str, str]] | None = None) -> str | None:
+                         elsewhere: list[tuple[str, str, str]] | None = None) -> str | None:
     """bench project's efficiency for this row's newest ok run at 64 and 512 GPUs (8 per
     node) over the network measured by the newest ``bench probe`` of its device (of its
     machine and of the network it crossed, its ``--tag``, where one is here: the AMD EPYC
@@ -435,8 +436,8 @@ def projected_efficiency(probes: list[dict[str, Any]], rec: dict[str, Any] | Non
         return None
     net = network_from_probe(probe)
     cells = [f"{100 * project(work, n, 8, net).efficiency:.0f}%" for n in PROJECTED_AT]
-    mark = _elsewhere(probe_elsewhere(rec, probe), "projection", elsewhere)
-    return " / ".join(cells) + (f" (projected over {mark[2:]}" if mark else " (projected)")
+    kind = _elsewhere(probe_elsewhere(rec, probe), "projection", elsewhere)
+    return " / ".join(cells) + (f" (projected over {kind})" if kind else " (projected)")
 
 
 def report_order(row: dict[str, Any]) -> tuple:

@@ -136,7 +136,7 @@ def plausibility_warnings(table) -> list[str]:
     do not concern."""
     lines = []
     accuracy_blocks = accuracy_workloads(table.to_dict("records"))
-    elsewhere: dict[tuple[str, str], dict[str, None]] = {}  # its figures, in order
+    elsewhere: dict[tuple[str, str, str], dict[str, None]] = {}  # its figures, in order
     for r in table.itertuples():
         row = f"{r.strategy} N={r.world_size} ({r.workload})"
         for run_id, epoch, seed in r.other_batches:  # ABOUT_TOP1: said in any block
@@ -158,8 +158,8 @@ def plausibility_warnings(table) -> list[str]:
                 "its own")
         if r.workload in accuracy_blocks:
             continue
-        for figure, caveat in r.probes_elsewhere or ():  # said once a workload, below
-            elsewhere.setdefault((r.workload, caveat), {})[figure] = None
+        for figure, kind, which in r.probes_elsewhere or ():  # said once a workload, below
+            elsewhere.setdefault((r.workload, kind, which), {})[figure] = None
         if "efficiency > 100 %" in r.flags and r.device == "cpu" and r.base_threads > r.threads:
             why = (" under OMP_WAIT_POLICY=passive (threads that sleep between operations: "
                    "unset it)" if str(dict(r.base_tuning or ()).get("OMP_WAIT_POLICY")).lower()
@@ -228,9 +228,8 @@ def plausibility_warnings(table) -> list[str]:
                          f"epoch time ({seconds:.2f} s vs {median:.2f} s; a loaded machine, a "
                          "throttled GPU?); the row's medians hold, its mean top-1 and spread "
                          "include it: rerun it, or move its record aside")
-    for (name, caveat), figures in elsewhere.items():
-        kind, what = caveat.split(": ", 1)
-        lines.append(f"{name}: the `bench probe` of {kind} ({what}) gave its rows' "
+    for (name, kind, which), figures in elsewhere.items():
+        lines.append(f"{name}: the `bench probe` of {kind} ({which}) gave its rows' "
                      f"{' and '.join(figures)}, no probe of its own being here: gloo over one "
                      "machine's loopback measures that machine's memory, and one link says "
                      "nothing of another; `bench probe` on its machine (with its runs' --tag, "
