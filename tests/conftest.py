@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,6 +137,14 @@ def assert_comm_probe(rec: dict, steps: int = 20) -> None:
     assert rec["comm_probe_steps"] == steps, rec["comm_probe_note"]
     assert rec["compute_step_s"] > 0
     assert math.isfinite(rec["exposed_comm_fraction"]) and rec["exposed_comm_fraction"] < 1
+
+
+def messages(stderr: str) -> list[str]:
+    """What bench said, one entry a message: a message wrapped to the width begins at the
+    margin and goes on in indented lines, joined here with single spaces (where it breaks
+    depends on the length of the paths it names: a tmp path one digit longer moved a
+    warning's reason onto its next line)."""
+    return [" ".join(part.split()) for part in re.split(r"\n(?=\S)", stderr) if part.strip()]
 
 
 def assert_ok(proc) -> None:

@@ -283,12 +283,16 @@ def test_a_run_beside_other_work_says_so_and_a_quiet_one_does_not(tmp_path):
     crowded = subprocess.CompletedProcess(crowded.args, crowded.returncode, out, err)
     assert_ok(crowded)
     shared = only_record(tmp_path / "crowded")
-    taken = shared["summary"]["others_cores"]
+    summary = shared["summary"]
+    taken = summary["others_cores"]
     # two loops and one rank share the cores: the loops hold about 2/3 of one core, and of
     # two cores about 1 (the rank's threads take the rest)
     assert taken > 0.4 * min(cores, 2), shared["per_epoch"]
-    assert shared["summary"]["run_cores"] + taken > 0.9 * cores
-    assert shared["summary"]["waited_cores"] > 0.25, shared["per_epoch"]  # the loops' cores
+    # and none left idle, the hypervisor's share (steal) counted as shared_cores counts it:
+    # a CI runner's one core read run 0.261 + others 0.485, the rest not in the assertion
+    assert summary["run_cores"] + taken + summary["steal_cores"] > 0.9 * cores, \
+        shared["per_epoch"]
+    assert summary["waited_cores"] > 0.25, shared["per_epoch"]  # the loops' cores
     assert "bench: note: other processes kept" in crowded.stderr, crowded.stderr
     report = run_bench("report", "--results", str(tmp_path / "crowded"), "--no-write")
     assert report.returncode == 0, report.stderr

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, only_record
+from conftest import ROOT, messages, only_record
 
 from tests.report_records import record, write_runs
 
@@ -175,7 +175,7 @@ def test_an_mllog_that_cannot_be_written_is_a_warning_not_the_runs_end(tmp_path)
                       "--target-top1", "1", "--mllog", str(log), "--output", str(out))
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Traceback" not in proc.stderr and "Logging error" not in proc.stderr, proc.stderr
-        warnings = [line for line in proc.stderr.splitlines() if "MLPerf log" in line]
+        warnings = [said for said in messages(proc.stderr) if "MLPerf log" in said]
         assert len(warnings) == 1 and "No space left on device" in warnings[0], proc.stderr
         rec = only_record(out)
         assert rec["status"] == "ok" and len(rec["per_epoch"]) == 2
