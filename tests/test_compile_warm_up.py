@@ -83,9 +83,14 @@ def test_a_compiled_ddp_run_prints_no_spurious_stride_warning_and_keeps_real_one
     proc = run_bench("run", "--strategy", "ddp", "--gpus", "2", "--cpu", "--compile",
                      "--model", "user_models:shortcut_cnn", "--data", "synthetic",
                      "--train-limit", "128", "--test-limit", "32", "--batch-size", "32",
-                     "--epochs", "2", "--no-progress", "--comm-probe-steps", "0", "--output",
+                     "--epochs", "2", "--comm-probe-steps", "0", "--output",
                      str(tmp_path), env=USER_MODELS, timeout=600)
     assert_ok(proc)
+    # the compile is said before it starts (it took 40 s here with no word) and when done
+    said = " ".join(proc.stderr.split())
+    compiling = said.find("[ddp] compiling the model on one batch (--compile default)")
+    compiled = re.search(r"\[ddp\] compiled in \d+ s", said)
+    assert 0 <= compiling < compiled.start() < said.find("[ddp] about "), said
     assert "Grad strides" not in proc.stdout + proc.stderr, proc.stderr
     # nor torch's two notes of no consequence: Dynamo dropping DDP's profiler label, and
     # Inductor's C++ build on CPU naming the CUDA toolkit it does not use. No rank logs a

@@ -10,7 +10,17 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAST, NO_PROBE, ROOT, assert_ok, only_record, records, run_bench
+from conftest import (
+    FAST,
+    HELD_MODEL,
+    NO_PROBE,
+    ROOT,
+    assert_ok,
+    held_env,
+    only_record,
+    records,
+    run_bench,
+)
 
 from bench.models.parameters import initial_params_sha1
 from bench.models.registry import ModelSpec
@@ -254,7 +264,10 @@ def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tm
     showed nothing for minutes. Now bench passes it on as it comes (carriage returns
     included) and tells rank 0 its stderr ends on a terminal, and how wide it is: on one
     of 80 columns (a terminal's default) every line fits, the bar's redraws too (a line of
-    120 folds there, and a bar that folds leaves a line behind at each redraw)."""
+    120 folds there, and a bar that folds leaves a line behind at each redraw). The run's
+    expected length counts the steps its probe takes after the epochs, and the probe says
+    when it starts: on a CPU it took 66 s after two epochs of 27 s, in silence, and a run
+    said to need "about 55 s" took 128. (Each step here waits 0.1 s in its forward: held.)"""
     import fcntl
     import pty
     import struct
@@ -264,9 +277,12 @@ def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tm
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     cmd = [sys.executable, "-m", "bench", "run", "--strategy", strategy, "--gpus", "2",
            "--cpu", "--data", "synthetic", "--train-limit", "256", "--test-limit", "16",
-           "--epochs", "1", "--width", "0.125", "--batch-size", "32", *NO_PROBE,
-           "--output", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower)
+           "--epochs", "1", *HELD_MODEL, "--batch-size", "32", "--comm-probe-steps", "60",
+           "--loader-probe-steps", "0", "--output", str(tmp_path / "out")]
+    hold = tmp_path / "hold"
+    hold.touch()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=follower,
+                            env=held_env(dict(os.environ), hold))
     os.close(follower)
     seen = b""
     while True:
@@ -284,7 +300,16 @@ def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tm
     assert "epoch 1/1" in text and "step" in text and "\r" in text, text[-2000:]
     # how long the run will take: once from its first steps, then in the bar as it goes
     # (8 steps: said after 5)
-    assert re.search(r"\[\S+\] about \d+ s for 1 epoch \(from the first 5 steps", text), text
-    assert re.search(r"run ≈ \d+ s left", text), text[-2000:]
     shown = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)  # what the terminal shows of each
     assert max(map(len, re.split(r"[\r\n]", shown))) <= 80, shown  # line, each redraw too
+    said = " ".join(shown.split())
+    # the probe's 60 steps and its 2 of warm-up, each at least 0.1 s
+    length = re.search(r"\[\S+\] about \d+ s for 1 epoch, then (\d+) s for 62 measuring steps "
+                       r"\(from the first 5 steps", said)
+    assert length and int(length[1]) >= 6, said
+    assert re.search(r"run ≈ \d+ s left", text), text[-2000:]
+    probe = re.search(r"\[\S+\] 62 more steps, about (\d+) s: its compute timed without "
+                      r"gradient communication", said)
+    assert probe and int(probe[1]) >= 6, said
+    assert length.start() < probe.start(), said  # (the epoch's line goes to stdout)
+    assert only_record(tmp_path / "out")["comm_probe_steps"] == 60

@@ -35,6 +35,18 @@ ONE_RANK_TIMELINE_STEPS = 5  # one process: steps run only for the gradient time
 StepContext = Callable[[int, bool], contextlib.AbstractContextManager]
 
 
+def probe_steps_planned(steps: int, world_size: int, comm_hook: str, compiled: bool) -> int:
+    """The steps ``compute_only_steps`` and ``hook_work`` take for a probe of ``steps``, their
+    warm-ups included: what a run's expected length adds after its epochs. (A strategy
+    that cannot switch its synchronisation off takes none: the count is then high.)"""
+    if not steps:
+        return 0
+    if world_size < 2:
+        return PROBE_WARMUP + min(steps, ONE_RANK_TIMELINE_STEPS)
+    hooked = comm_hook != "none" and not compiled
+    return PROBE_WARMUP + steps + (2 * (ALONE_WARMUP + steps) if hooked else 0)
+
+
 @dataclass(frozen=True)
 class CommProbe:
     steps: int  # timed steps (after PROBE_WARMUP)

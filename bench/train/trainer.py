@@ -25,15 +25,21 @@ from bench.measure.across_ranks import (
 from bench.measure.gpu_clocks import INTERVAL_S, ClockMonitor, start_monitor
 from bench.measure.machine_load import LoadMeter
 from bench.measure.memory_parts import held, memory_parts
-from bench.measure.step_probes import compute_only_steps, loader_alone, profile_steps
+from bench.measure.step_probes import (
+    compute_only_steps,
+    loader_alone,
+    probe_steps_planned,
+    profile_steps,
+)
 from bench.measure.timing import InputWait, step_intervals, step_mark
 from bench.models.parameters import initial_params_sha1
 from bench.records.run_record import EvalStats, RunRecord, TrainStats
 from bench.tools.errors import Diverged
 from bench.tools.faults import Fault
+from bench.tools.terminal import duration, fill
 from bench.train.build import CUDA_GRAPH_MODES, CudaGraphWatch, ModelParts
 from bench.train.mllog import MLPerfLog, NoLog
-from bench.train.progress import RunClock, epoch_line, progress_bar
+from bench.train.progress import RunClock, epoch_line, progress_bar, say
 from bench.train.schedule import BatchSplit, lr_at
 from bench.train.scratch import Heartbeat
 from strategies.base import Strategy
@@ -96,6 +102,12 @@ class Trainer:
         self.held: dict[str, int] | None = None  # memory_parts.held after the first epoch
         self.load = load
         self.cpu_load: dict[str, float] | None = None  # the last epoch's, from the meter
+
+    def probe_steps(self) -> int:
+        """The steps the compute-only probe takes after the epochs (warm-ups included)."""
+        cfg = self.cfg
+        return probe_steps_planned(cfg.comm_probe_steps, self.strategy.world_size,
+                                   cfg.ddp_comm_hook, cfg.compile)
 
     def run(self) -> None:
         """The timed run: warm-up compile, the epochs (train, evaluate, record), the
@@ -204,7 +216,8 @@ class Trainer:
         shown = self.record is not None and cfg.progress
         bar = progress_bar(shown, self.steps_per_epoch, epoch, cfg.epochs)
         if shown and self.run_clock is None:
-            self.run_clock = RunClock(cfg.strategy, cfg.epochs, self.steps_per_epoch)
+            self.run_clock = RunClock(cfg.strategy, cfg.epochs, self.steps_per_epoch,
+                                      after=cfg.profile_steps + self.probe_steps())
         step = epoch * self.steps_per_epoch
         # the cores' counters read before the ranks gather, not after: the ms it takes would
         # otherwise hold the other ranks' first step, inside their timed region
@@ -379,6 +392,13 @@ class Trainer:
             images, labels = next(iter(self.loaders.train))[:2]
         images = images.to(s.device, parts.dtype, memory_format=parts.memory_format)
         labels = labels.to(s.device)
+        # A compile takes a minute on a CPU and more under max-autotune, before any bar:
+        # with progress on, the run says what it is waiting for, and how long it took.
+        shown = self.record is not None and self.cfg.progress
+        if shown:
+            say(fill(f"[{self.cfg.strategy}] compiling the model on one batch (--compile "
+                     f"{self.cfg.compile_mode}), before the timed epochs",
+                     subsequent_indent="    "), None)
         # The compile is one long call, and a rank that finished compiling waits for its
         # peers in the backward's collectives: the rank beats from a thread throughout, for
         # at most the stated limit (the group's collectives may wait as long: group_timeout).
@@ -390,6 +410,8 @@ class Trainer:
             s.backward(loss, parts.optimizer, parts.precision)
             sync_devices(s)
             seconds = time.perf_counter() - start
+        if shown:
+            say(f"[{self.cfg.strategy}] compiled in {duration(seconds)}", None)
         s.discard_gradients(parts.optimizer)
         with torch.no_grad():
             for buffer, value in zip(module.buffers(), saved):
@@ -412,10 +434,19 @@ def finish_run(trainer: Trainer) -> None:
     ceiling = loader_alone(trainer, batches) if batches else None
     if trainer.record is not None and batches:
         trainer.record.loader_probe(batches, ceiling)
+    clock = trainer.run_clock
     if trainer.cfg.profile_steps:
         trace = trainer.record.trace_path() if trainer.record is not None else None
+        if clock is not None:
+            clock.measuring(trainer.cfg.profile_steps, "a profile of the run's steps "
+                            "(--profile-steps)")
         profile_steps(trainer, trainer.cfg.profile_steps, trace)
     steps = trainer.cfg.comm_probe_steps
+    if clock is not None:
+        clock.measuring(trainer.probe_steps(), "its compute timed without gradient "
+                        "communication, for the projection (--comm-probe-steps 0 leaves "
+                        "them out)" if trainer.strategy.world_size > 1 else
+                        "when each gradient is ready (--comm-probe-steps 0 leaves them out)")
     probe = compute_only_steps(trainer, steps) if steps else None
     if trainer.record is not None:
         if probe is not None:
