@@ -212,6 +212,30 @@ def test_the_model_predicts_measured_runs_and_ddp_buckets(tmp_path):
     assert same.returncode == 0 and ", 0 regressed" in same.stderr, same.stdout + same.stderr
 
 
+def test_the_projection_fits_a_terminal_of_80_columns():
+    """On 80 columns (a terminal's default) the table was 88 wide and a workload over a
+    shaped link 100, with a probe's name 86: each line folded, its last columns under its
+    first. The table leaves out exposed (eff. says nearly as much), then nodes (its heading
+    says the GPUs a node); a heading or a name longer than a line wraps. On 120 nothing
+    is left out."""
+    from conftest import ROOT
+
+    args = ["project", str(ROOT / "results" / "testbed"), "--network", "probe"]
+    narrow = run_bench(*args, env={"COLUMNS": "80"})
+    wide = run_bench(*args)
+    assert narrow.returncode == 0 and wide.returncode == 0, narrow.stderr + wide.stderr
+    assert max(map(len, narrow.stdout.splitlines())) <= 80, narrow.stdout
+    headers = [line.split() for line in narrow.stdout.splitlines() if line.startswith("strategy")]
+    assert headers and all("exposed" not in h and "nodes" not in h for h in headers), headers
+    # the projection is to 8 GPUs a node by default: a 64-GPU row is 8 nodes
+    said = " ".join(narrow.stdout.split())
+    assert said.count("8 GPUs a node,") == len(headers), narrow.stdout
+    assert " over testbed-1000mbit (projected " in said, narrow.stdout
+    headers = [line.split() for line in wide.stdout.splitlines() if line.startswith("strategy")]
+    assert headers and all("exposed" in h and "nodes" in h for h in headers), headers
+    assert "GPUs a node" not in wide.stdout, wide.stdout
+
+
 def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet():
     import subprocess
     import sys

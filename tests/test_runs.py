@@ -298,6 +298,7 @@ def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tm
     assert proc.returncode == 0, seen.decode(errors="replace")[-2000:]
     text = seen.decode(errors="replace")
     assert "epoch 1/1" in text and "step" in text and "\r" in text, text[-2000:]
+    assert "eval 1/1" in text, text[-2000:]  # the evaluation has its bar
     # how long the run will take: once from its first steps, then in the bar as it goes
     # (8 steps: said after 5)
     shown = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)  # what the terminal shows of each

@@ -263,6 +263,9 @@ def _row(rec: dict[str, Any], work: Workload, p: Projection, network: str) -> di
                                     else round(memory_at(rec, p.gpus) / 2**30, 3))}
 
 
+_SPARED_ON_A_NARROW_TERMINAL = ("exposed", "nodes", "img/s")
+
+
 def _text(table: list[dict[str, Any]]) -> str:
     """A block per workload within 120 columns: the mem/rank column only in a block whose
     runs have memory parts (a block of older runs' dashes widened every row past 120), a
@@ -298,15 +301,31 @@ def _text(table: list[dict[str, Any]]) -> str:
     for name, lines in blocks.items():
         if all(row[memory] == "—" for row in lines[1:]):
             lines = [row[:memory] + row[memory + 1:] for row in lines]
+        width = terminal.columns()
+        # on a narrow terminal: exposed (eff. says nearly as much), then nodes (the heading
+        # says the GPUs a node), then img/s (step ms ranks the rows alike)
+        spared = terminal.spare_columns(lines, width, _SPARED_ON_A_NARROW_TERMINAL)
         over = " and ".join(networks[name])
+        a_node = [] if "nodes" in spared[0] else [f"{_gpus_a_node(lines)},"]
         out += ["", *terminal.pack(name, ["(projected from its runs", f"over {over},",
-                                          "not measured)"])]
-        out += [line for row in terminal.aligned_rows(lines, terminal.columns()) for line in row]
+                                          *a_node, "not measured)"])]
+        out += [line for row in terminal.aligned_rows(spared, width) for line in row]
         for what, reasons in untold.get(name, {}).items():
             told = "; ".join(f"{', '.join(gpus)} GPUs — {reason}"
                              for reason, gpus in reasons.items())
             out += terminal.wrap(f"{what} is not projected: {told}", subsequent_indent="  ")
     return "\n".join(out[1:])
+
+
+def _gpus_a_node(lines: list[list[str]]) -> str:
+    """How a block's rows (its header first) spread over nodes, said in its heading where
+    the nodes column is left out: '8 GPUs a node' (from the rows of more than one node; a
+    row of fewer GPUs is one node), '8 or 4 GPUs a node' where a user's --gpus-per-node made
+    two of its runs' projections differ, 'one node' where every row is one."""
+    gpus, nodes = lines[0].index("GPUs"), lines[0].index("nodes")
+    counts = sorted({int(row[gpus]) // int(row[nodes]) for row in lines[1:]
+                     if row[nodes].isdigit() and int(row[nodes]) > 1}, reverse=True)
+    return " or ".join(map(str, counts)) + " GPUs a node" if counts else "one node"
 
 
 def _count(value: int | None) -> str:

@@ -70,14 +70,17 @@ def pack(head: str, parts: list[str], width: int | None = None, separator: str =
          indent: str = "  ") -> list[str]:
     """``head`` then each of ``parts`` after ``separator``, a part that would pass ``width``
     starting a line of its own after ``indent``: lines broken between parts, never inside
-    one ('GPU clock 100%', 'final top1 99.61%')."""
+    one ('GPU clock 100%', 'final top1 99.61%'), unless the head or a part alone is longer
+    than a line (a workload over a shaped link, a probe's name: 86 columns on 80)."""
     width = width or columns()
-    lines = [head]
+    lines = wrap(head, width, subsequent_indent=indent) if len(head) > width else [head]
     for part in parts:
-        if len(lines[-1]) + len(separator) + len(part) > width:
-            lines.append(indent + part)
-        else:
+        if len(lines[-1]) + len(separator) + len(part) <= width:
             lines[-1] += separator + part
+        elif len(indent + part) > width:
+            lines += wrap(part, width, initial_indent=indent, subsequent_indent=indent)
+        else:
+            lines.append(indent + part)
     return lines
 
 
@@ -116,6 +119,23 @@ def narrowed_options(names: list[str], rows: list[list[str]], widths: list[int],
     longest_word = max((len(word) + 1 for row in rows for word in re.split(r"[ ,]", row[i])),
                        default=0)
     return [*widths[:i], max(longest_word, len("options"), widths[i] - over), *widths[i + 1:]]
+
+
+def spare_columns(table: list[list[str]], width: int, spare: tuple[str, ...]
+                  ) -> list[list[str]]:
+    """``table`` (its header first) without the columns named in ``spare``, left out in
+    that order while a row would pass ``width`` with its options narrowed: on a terminal
+    of 80 columns a row that passes it folds, and its last columns land under its first."""
+    for name in spare:
+        widths = narrowed_options(table[0], table[1:],
+                                  [max(len(x) for x in column) for column in zip(*table)],
+                                  width)
+        if sum(widths) + 2 * (len(widths) - 1) <= width:
+            break
+        if name in table[0]:
+            i = table[0].index(name)
+            table = [row[:i] + row[i + 1:] for row in table]
+    return table
 
 
 def wrapped_cell(text: str, width: int) -> list[str]:

@@ -11,8 +11,10 @@ from bench.measure.gpu_clocks import epoch_suffix
 from bench.tools.terminal import columns, duration, fill
 
 
-def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
-    """tqdm over one epoch's steps (rank 0 only), or None."""
+def progress_bar(enabled: bool, steps: int | None, epoch: int, epochs: int,
+                 what: str = "epoch"):
+    """tqdm over one epoch's steps, or its evaluation's batches (``what``: "eval"), or None
+    where no bar is shown (rank 0 only, with progress on). ``steps`` None: not known."""
     if not enabled:
         return None
     from tqdm import tqdm
@@ -24,7 +26,8 @@ def progress_bar(enabled: bool, steps: int, epoch: int, epochs: int):
     # its terminal folds, and each redraw then left a line behind.
     here = sys.stderr.isatty()
     drawn = here or os.environ.get("BENCH_TTY") == "1"
-    return tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step",
+    return tqdm(total=steps, desc=f"{what} {epoch + 1}/{epochs}", leave=False,
+                unit="step" if what == "epoch" else "batch",
                 disable=not drawn, file=sys.stderr, ncols=None if here else columns() - 1)
 
 
