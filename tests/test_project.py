@@ -236,6 +236,27 @@ def test_the_projection_fits_a_terminal_of_80_columns():
     assert "GPUs a node" not in wide.stdout, wide.stdout
 
 
+def test_a_compute_step_its_record_contradicts_is_flagged_not_projected_in_silence(tmp_path):
+    """A committed run whose compute_step_s was set to 1e6 s, its exposed_comm_fraction
+    left as it was: the projection started from steps of 11 days, and said nothing (the
+    warning read the record's fraction, not the step it projected from)."""
+    import shutil
+
+    from conftest import ROOT
+
+    source = ROOT / "results" / "runs" / "20261121T183931Z-ddp-amp-2cpu-7e655c.json"
+    rec = json.loads(source.read_text())
+    assert -0.1 < rec["exposed_comm_fraction"] < 0.5  # the run's own: no warning
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / source.name).write_text(json.dumps({**rec, "compute_step_s": 1e6}))
+    shutil.copytree(ROOT / "results" / "probes", tmp_path / "probes")
+    proc = run_bench("project", str(tmp_path), "--network", "probe")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "ddp-amp N=2" in said and "its compute-only step (1000000.00 s) ran slower than its " \
+        "measured step" in said and "rerun it on an idle machine" in said, proc.stderr
+
+
 def test_csv_keeps_options_with_commas_in_one_field_and_a_closed_pipe_is_quiet():
     import subprocess
     import sys

@@ -220,8 +220,12 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
 
     lines = []
     for rec, work in measured:
-        exposed = rec.get("exposed_comm_fraction")
-        if isinstance(exposed, (int, float)) and exposed < -EXPOSED_COMM_NOISE:
+        # from the compute step the projection starts from, not the record's own fraction:
+        # a record whose compute_step_s was 1e6 s and its fraction left as it was projected
+        # steps of 11 days, unflagged
+        step = median_step_s(rec)
+        exposed = 1 - work.compute_step_s / step if step > 0 else math.nan
+        if exposed < -EXPOSED_COMM_NOISE:
             lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
                          f"its compute-only step ({work.compute_step_s:.2f} s) ran slower than "
                          f"its measured step ({median_step_s(rec):.2f} s; exposed "

@@ -249,7 +249,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--output", default="results",
                      help="results folder; records go to OUTPUT/runs/ (default results)")
-    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--no-progress", action="store_true",
+                     help="no progress bar, nor the lines that say how long the run and "
+                          "its steps after the epochs will take")
     out.add_argument("--tag", default=None, help="free-form label stored in the record")
     # bench sweep --batch-size max: where bench fit found --batch-size the largest
     out.add_argument("--batch-fits-in", default=None, help=argparse.SUPPRESS)
