@@ -258,6 +258,23 @@ def test_the_ok_line_of_a_gpu_run_keeps_to_120_columns():
         "bench: ok  median epoch 15.32s  100 img/s  final top1 99.61%")
 
 
+def test_the_steps_after_the_epochs_are_said_only_where_they_take_a_while(capsys):
+    """A GPU's 22 probe steps take 0.6 s: not worth a word in the run's length (nor a line
+    as they start); a CPU's take a minute. Steps here take microseconds: 22 of them stay
+    unsaid, a billion of them not."""
+    from bench.train.progress import RunClock
+
+    for after, said in ((22, False), (10**9, True)):
+        clock = RunClock("ddp", 1, 5, after=after)
+        clock.start_epoch(0)
+        for _ in range(5):
+            clock.step(None)
+        clock.measuring(after, "the probe")
+        err = capsys.readouterr().err
+        assert err.startswith("[ddp] about "), err
+        assert ("measuring steps" in err) is said and ("more steps" in err) is said, err
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp-launch"])
 def test_progress_bar_reaches_a_terminal_through_the_launchers_pipe(strategy, tmp_path):
     """torchrun's ranks write to a pipe that bench passes on: on a terminal their bar

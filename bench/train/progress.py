@@ -41,6 +41,9 @@ class RunClock:
     "about 55 s" took 128."""
 
     FIRST_SAY = 5  # steps of the first epoch before the run's length is said
+    # the steps after the epochs are said (in the run's length, and as they start) where
+    # they take this long: a GPU's 22 probe steps (0.6 s) are not worth a word
+    SAY_AFTER_S = 5.0
 
     def __init__(self, strategy: str, epochs: int, steps_per_epoch: int, after: int = 0):
         self.strategy, self.epochs, self.steps = strategy, epochs, steps_per_epoch
@@ -78,7 +81,7 @@ class RunClock:
             after = self.after * self.step_s
             epochs = left - after + time.perf_counter() - self.started
             then = (f", then {duration(after)} for {self.after} measuring steps"
-                    if self.after else "")
+                    if after >= self.SAY_AFTER_S else "")
             say(fill(f"[{self.strategy}] about {duration(epochs)} for {self.epochs} epoch"
                      f"{'s' * (self.epochs != 1)}{then} (from the first {self.done} steps, "
                      "the warm-up's pace; evaluation not counted)", subsequent_indent="    "),
@@ -87,7 +90,7 @@ class RunClock:
     def measuring(self, steps: int, what: str) -> None:
         """Said as steps after the epochs begin, where they take a while (5 s or more at
         the epochs' pace): how long, and what for."""
-        if steps and self.step_s is not None and steps * self.step_s >= 5:
+        if steps and self.step_s is not None and steps * self.step_s >= self.SAY_AFTER_S:
             say(fill(f"[{self.strategy}] {steps} more steps, about "
                      f"{duration(steps * self.step_s)}: {what}", subsequent_indent="    "), None)
 
