@@ -228,7 +228,7 @@ def suspect_sources(measured: list[tuple[dict[str, Any], Workload]]) -> list[str
         if exposed < -EXPOSED_COMM_NOISE:
             lines.append(f"{rec.get('strategy')} N={rec.get('world_size')} ({workload(rec)}): "
                          f"its compute-only step ({work.compute_step_s:.2f} s) ran slower than "
-                         f"its measured step ({median_step_s(rec):.2f} s; exposed "
+                         f"its measured step ({step:.2f} s; exposed "
                          f"communication {flagged_exposed(exposed)}), so its projection starts "
                          "from a slowed probe: rerun it on an idle machine before trusting it")
         shared = shared_cores(rec)

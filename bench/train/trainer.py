@@ -103,6 +103,12 @@ class Trainer:
         self.load = load
         self.cpu_load: dict[str, float] | None = None  # the last epoch's, from the meter
 
+    @property
+    def shows_progress(self) -> bool:
+        """Whether this rank draws the bars and says the run's length (rank 0, with
+        progress on)."""
+        return self.record is not None and self.cfg.progress
+
     def probe_steps(self) -> int:
         """The steps the compute-only probe takes after the epochs (warm-ups included)."""
         cfg = self.cfg
@@ -213,7 +219,7 @@ class Trainer:
         if cuda:
             for device in s.process_devices():
                 torch.cuda.reset_peak_memory_stats(device)
-        shown = self.record is not None and cfg.progress
+        shown = self.shows_progress
         bar = progress_bar(shown, self.steps_per_epoch, epoch, cfg.epochs)
         if shown and self.run_clock is None:
             self.run_clock = RunClock(cfg.strategy, cfg.epochs, self.steps_per_epoch,
@@ -357,8 +363,7 @@ class Trainer:
             batches = len(self.loaders.test)  # type: ignore[arg-type]
         except TypeError:
             batches = None
-        bar = progress_bar(self.record is not None and self.cfg.progress, batches, epoch,
-                           self.cfg.epochs, what="eval")
+        bar = progress_bar(self.shows_progress, batches, epoch, self.cfg.epochs, what="eval")
         net = s.eval_module(self.parts.model)
         s.broadcast_buffers(net)
         net.eval()
@@ -407,7 +412,7 @@ class Trainer:
         labels = labels.to(s.device)
         # A compile takes a minute on a CPU and more under max-autotune, before any bar:
         # with progress on, the run says what it is waiting for, and how long it took.
-        shown = self.record is not None and self.cfg.progress
+        shown = self.shows_progress
         if shown:
             say(fill(f"[{self.cfg.strategy}] compiling the model on one batch (--compile "
                      f"{self.cfg.compile_mode}), before the timed epochs",
