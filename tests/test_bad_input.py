@@ -169,6 +169,9 @@ CASES = {
          "localhost:29400", "--max-size", "0", "--output", "{empty}"], "--node-rank must lie"),
     "probe of no sizes": (["probe", "--cpu", "--max-size", "0", "--output", "{empty}"],
                           "--max-size must be positive"),
+    "probe: a negative contention batch": (
+        ["probe", "--cpu", "--contention-batch", "-1", "--output", "{empty}"],
+        "--contention-batch must be 0 (not measured) or more images a rank"),
     "more ranks than memory": (["run", "--strategy", "ddp", *BASE, "--gpus", _BEYOND_MEMORY],
                                "lower --gpus"),
     # should the check be gone, too few images for a batch still refuses them all unstarted

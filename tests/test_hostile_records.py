@@ -318,6 +318,11 @@ def test_a_malformed_record_is_skipped_with_its_reason(case, tmp_path):
     # the gradient's size and the machine's name from them
     *(({}, change) for change in ({"nodes": [1, 2]}, {"nodes": 0}, {"gradient_bytes": "x"},
                                   {"env": 3}, {"backend": 1})),
+    # what overlap costs, as bench project reads it: 1 + a slowdown of -1 or less divides
+    # by zero or runs time backwards
+    *(({}, {"contention": change}) for change in (
+        3, {"compute_slowdown": "x"}, {"compute_slowdown": -1.0},
+        {"compute_slowdown": 0.2, "comm_slowdown": float("inf")})),
 ])
 def test_a_probe_with_impossible_figures_is_skipped_with_its_reason(figures, fields, tmp_path):
     from tests.report_records import probe

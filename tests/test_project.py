@@ -93,6 +93,47 @@ def test_buckets_follow_the_measured_timeline():
         assert GradientTimeline.from_record(bad) is None
 
 
+
+def test_communication_under_backward_slows_both_as_the_probe_measured():
+    """The timeline's two buckets (12 MB ready at 50 ms, 20 MB at 90 ms; 1 GB/s), on a
+    network whose probe measured compute 100 % slower beside an all-reduce and the
+    all-reduce 50 % slower beside compute. Worked by hand: from 50 to 68 ms both run
+    (bucket 1's 12 ms at 1/1.5 take 18; backward does 9 of its 40 ms left at half speed);
+    backward's other 31 ms, alone, end at 99 ms; bucket 2 (20 ms) then runs alone to 119;
+    the optimizer's 10 ms: 129 ms, against 120 where overlap is free."""
+    timeline = GradientTimeline(5, 0.35, ((1_000_000, 0.4), (2_000_000, 0.5),
+                                          (1_000_000, 0.7), (4_000_000, 0.9)))
+    work = Workload("ddp", 0.100, 32_000_000, 10_000_000, timeline=timeline)
+    contended = replace(NET, compute_slowdown=1.0, comm_slowdown=0.5)
+    p = project(work, 2, 2, contended, measured_allreduce=lambda size: size / 1e9)
+    assert p.step_s == pytest.approx(0.129) and p.exposed_s == pytest.approx(0.029)
+    # a bucket ready only as backward ends overlaps nothing: contention costs it nothing
+    late = Workload("ddp", 0.100, 32_000_000, 100_000_000, timeline=timeline)
+    for net in (NET, contended):
+        assert project(late, 2, 2, net, measured_allreduce=lambda size: size / 1e9
+                       ).step_s == pytest.approx(0.100 + 0.032)
+
+
+def test_a_probes_contention_reaches_the_network_and_noise_below_zero_is_none():
+    """The testbed's 10 Gbit/s probe measured compute +134 % and the all-reduce +37 % beside
+    each other (2026-12-03); a host's noise can read a slowdown below 0, which is no gain;
+    a probe from before it measured nothing (overlap free, as before)."""
+    from bench.project.scaling import network_from_probe
+
+    sizes = [1024 * 4**k for k in range(6)]
+    probe = {"probe_id": "p", "device": "cpu", "backend": "gloo", "world_size": 2,
+             "results": [{"bytes": b, "time_s": 1e-4 + b / 1e9} for b in sizes]}
+    measured = network_from_probe({**probe, "contention": {"compute_slowdown": 1.34,
+                                                           "comm_slowdown": 0.37}})
+    assert (measured.compute_slowdown, measured.comm_slowdown) == (1.34, 0.37)
+    assert "compute 134 % slower, the all-reduce 37 %" in measured.source
+    noisy = network_from_probe({**probe, "contention": {"compute_slowdown": -0.03,
+                                                        "comm_slowdown": None}})
+    assert (noisy.compute_slowdown, noisy.comm_slowdown) == (0.0, 0.0)
+    before = network_from_probe(probe)
+    assert (before.compute_slowdown, before.comm_slowdown) == (0.0, 0.0)
+    assert "slower" not in before.source
+
 def test_fsdp_takes_its_all_gathers_and_reduce_scatter_at_what_the_probe_measured():
     """An FSDP step of 1 s (forward 1/3, backward 2/3) moving 100 MB in five units. At 1 GB/s
     per all-reduce and half of it per all-gather and reduce-scatter (NCCL's rings: 50 ms

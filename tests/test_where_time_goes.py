@@ -179,6 +179,16 @@ def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
     by_size = {r["bytes"]: r["algbw_GBps"] for r in probe["results"]}
     assert by_size[1024**2] > 10 * by_size[1024]
     assert probe["gradient_bytes"] == 4 * probe_parameters()  # float32 gradients
+    # what overlap costs: the model's steps alone and beside all-reduces of its gradient.
+    # On loopback gloo's copies take the cores the compute needs (+59 to +111 % here)
+    contention = probe["contention"]
+    assert contention["allreduce_bytes"] == probe["gradient_bytes"], contention
+    assert len(contention["compute_alone_s"]) == len(contention["compute_beside_s"]) == 3
+    assert min(contention["compute_alone_s"]) > 0, contention
+    assert contention["compute_slowdown"] > 0.1, contention
+    said = " ".join(proc.stdout.split())
+    assert (f"beside all-reduces of the gradient, a step of 32 images a rank took "
+            f"{100 * contention['compute_slowdown']:+.0f} %") in said, proc.stdout
     # the gradient's model as the report names it: ResNet-18 at its width
     assert (f"one resnet18 x0.125 gradient ({probe['gradient_bytes'] / 2**20:.1f} MiB) "
             "all-reduces in") in proc.stdout, proc.stdout
@@ -190,7 +200,7 @@ def test_bench_probe_measures_the_gradient_of_the_model_named(tmp_path):
     """ResNet-50 with a 100-class head (bench run's default classes): torchvision's
     25,557,032 parameters less the 1,000-class head plus a 100-class one, 4 bytes each."""
     proc = run_bench("probe", "--cpu", "--gpus", "2", "--model", "torchvision:resnet50",
-                     "--max-size", "0.01", "--output", str(tmp_path))
+                     "--max-size", "0.01", "--contention-batch", "0", "--output", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = (tmp_path / "probes").glob("*.json")
     probe = json.loads(path.read_text())
@@ -198,6 +208,7 @@ def test_bench_probe_measures_the_gradient_of_the_model_named(tmp_path):
     assert probe["model"] == "torchvision:resnet50" and probe["gradient_bytes"] == grad
     assert grad in [r["bytes"] for r in probe["results"]]
     assert "one resnet50 gradient (90.5 MiB)" in proc.stdout
+    assert "contention" not in probe  # --contention-batch 0: not measured
     bad = run_bench("probe", "--cpu", "--model", "torchvision:resnet5000", "--output",
                     str(tmp_path / "x"))
     assert bad.returncode == 2 and "did you mean" in bad.stderr

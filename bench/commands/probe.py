@@ -6,7 +6,11 @@ algbw · 2(n-1)/n) and the ideal time to all-reduce one gradient, and writes a r
 size it also times the all-gather and the reduce-scatter of a tensor that size (FSDP's and
 ZeRO's collectives): what they cost against an all-reduce is the backend's, not the bytes'
 (gloo's reduce-scatter took 2.6 all-reduces' time on loopback), and ``bench project`` takes
-FSDP's from them.
+FSDP's from them. Last, it times the model's forward and backward alone and beside
+all-reduces of its gradient (``contention``): what communication running under backward
+costs the compute, and the compute the communication (gloo's copies take the cores backward
+needs; NCCL's kernels a few SMs), which ``bench project`` counts where buckets overlap
+backward.
 
 ``python -m bench.commands.probe WORKER OUT.json SIZES...`` is one rank (torchrun's env)."""
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import statistics
@@ -42,6 +47,11 @@ from bench.tools.errors import EXIT_FAILED, EXIT_OK, ConfigError
 PROBE_SIZES = [KIB * 4**k for k in range(10)]  # 1 KiB, 4 KiB, ..., 256 MiB
 TARGET_S = 0.25  # time spent per size (at least MIN_ITERS iterations)
 MIN_ITERS, MAX_ITERS = 3, 50
+CONTENTION_BATCH = 32  # default images per rank in the contention measurement's steps
+CONTENTION_TARGET_S = 0.5  # compute timed per window (at least CONTENTION_MIN_STEPS steps)
+CONTENTION_MIN_STEPS, CONTENTION_MAX_STEPS = 2, 200
+CONTENTION_PAIRS = 3  # windows alone and beside, alternated (a host's speed drifts)
+CONTENTION_MAX_QUEUED = 4096  # all-reduces queued at once (NVLink: a 45 MB one in 0.2 ms)
 
 
 def _collectives(dist, torch, numel: int, world: int, device) -> dict[str, Any]:
@@ -81,7 +91,110 @@ def _time_collective(dist, torch, call, device) -> tuple[float, int]:
     return slowest.item(), int(count.item())
 
 
-def rank_main(backend: str, out: str, sizes: list[int], timeout: float) -> None:
+def _slowest(dist, torch, value: float, device) -> float:
+    """``value`` on the rank where it is largest (every rank calls it)."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
+    """The model's forward and backward (``batch`` random images a rank) timed
+    alone and beside all-reduces of its gradient queued to outlast them, in alternated
+    windows of the same steps: ``compute_slowdown`` is how much longer the compute took
+    with communication running the whole window (what overlapping a bucket with backward
+    costs backward), ``comm_slowdown`` how much longer each all-reduce took beside the
+    compute than alone. Medians over the windows, each the slowest rank's. Every rank
+    runs it: the all-reduces pair across ranks."""
+    torch.manual_seed(0)
+    model = spec.build().to(device)
+    images = torch.randn(batch, 3, spec.image_size, spec.image_size, device=device)
+
+    def sync() -> None:  # the compute's own stream: the queued all-reduces run on NCCL's
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        out = model(images)
+        (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+
+    def window(steps: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        return time.perf_counter() - start
+
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)  # its gradient
+    # zeros: summed again and again they stay finite; two, as DDP's next bucket can be
+    # all-reduced while the one before still is
+    buffers = [torch.zeros(numel, dtype=torch.float32, device=device) for _ in range(2)]
+    buffer = buffers[0]
+
+    def all_reduces(count: int) -> float:
+        """Seconds a rank waits for ``count`` all-reduces queued at once, with no compute."""
+        sync()
+        start = time.perf_counter()
+        for work in [dist.all_reduce(buffers[i % 2], async_op=True) for i in range(count)]:
+            work.wait()
+        sync()
+        return time.perf_counter() - start
+
+    for _ in range(2):
+        step()
+        dist.all_reduce(buffer)
+    allreduce_s = _slowest(dist, torch, all_reduces(2) / 2, device)
+    first = _slowest(dist, torch, window(1), device)
+    steps = int(_slowest(dist, torch, max(CONTENTION_MIN_STEPS, min(
+        CONTENTION_MAX_STEPS, int(CONTENTION_TARGET_S / max(first, 1e-6)))), device))
+    alone, beside, comm, comm_alone = [], [], [], []
+    for _ in range(CONTENTION_PAIRS):
+        dist.barrier()
+        alone.append(_slowest(dist, torch, window(steps), device))
+        # the all-reduces alone for about as long
+        count = int(_slowest(dist, torch, min(CONTENTION_MAX_QUEUED, max(
+            2, alone[-1] / max(allreduce_s, 1e-6))), device))
+        dist.barrier()
+        each_alone = _slowest(dist, torch, all_reduces(count), device) / count
+        comm_alone.append(each_alone)
+        # then enough of them queued to outlast the compute's window by a quarter (what is
+        # left runs out after it, untimed); where they ran out first on any rank the window
+        # was not all beside communication: again with twice as many
+        outlast = 1.25
+        while True:
+            queued = int(_slowest(dist, torch, min(CONTENTION_MAX_QUEUED, outlast * alone[-1]
+                                                   / max(each_alone, 1e-6) + 2), device))
+            dist.barrier()
+            works = [dist.all_reduce(buffers[i % 2], async_op=True) for i in range(queued)]
+            elapsed = window(steps)
+            done = sum(w.is_completed() for w in works)
+            for w in works:
+                w.wait()
+            sync()
+            del works
+            fewest = -_slowest(dist, torch, -float(done), device)  # finished in the window
+            if fewest < queued or queued >= CONTENTION_MAX_QUEUED or outlast >= 8:
+                break
+            outlast *= 2
+        beside.append(_slowest(dist, torch, elapsed, device))
+        # each all-reduce's time beside the compute: the window over those finished in it,
+        # the one still running at its end counted as half done
+        comm.append(beside[-1] / (fewest + 0.5) / each_alone if 2 <= fewest < queued
+                    else math.nan)
+    slowdown = statistics.median(b / a for a, b in zip(alone, beside)) - 1
+    rates = [c for c in comm if not math.isnan(c)]
+    return {"batch": batch, "image_size": spec.image_size, "steps": steps,
+            "allreduce_bytes": 4 * numel, "allreduce_alone_s": comm_alone,
+            "compute_alone_s": [a / steps for a in alone],
+            "compute_beside_s": [b / steps for b in beside],
+            "compute_slowdown": slowdown,
+            "comm_slowdown": statistics.median(rates) - 1 if rates else None}
+
+
+def rank_main(backend: str, out: str, sizes: list[int], timeout: float,
+              model: str | None = None, width: float = 1.0, batch: int = 0) -> None:
     """One rank of the probe (rank, world and rendezvous from torchrun's environment)."""
     import torch
     import torch.distributed as dist
@@ -103,9 +216,28 @@ def rank_main(backend: str, out: str, sizes: list[int], timeout: float) -> None:
                 row.update(iterations=iters, algbw_GBps=algbw / 1e9,
                            busbw_GBps=algbw * bus_factor(world) / 1e9)
         rows.append(row)
+    measured: dict[str, Any] = {"world_size": world, "results": rows}
+    if model is not None and batch > 0:
+        from bench.models.registry import ModelSpec, default_image_size
+
+        spec = ModelSpec(model, width, image_size=default_image_size(model))
+        measured["contention"] = measure_contention(dist, torch, device, spec, batch)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps({"world_size": world, "results": rows}))
+        Path(out).write_text(json.dumps(measured))
     dist.destroy_process_group()
+
+
+def contention_line(found: dict[str, Any]) -> str:
+    """What the contention measurement found, in a sentence."""
+    alone = 1000 * statistics.median(found["compute_alone_s"])
+    beside = 1000 * statistics.median(found["compute_beside_s"])
+    comm = found.get("comm_slowdown")
+    comm_said = ("" if comm is None else
+                 f", and each all-reduce {100 * comm:+.0f} % beside the compute")
+    return (f"bench probe: beside all-reduces of the gradient, a step of "
+            f"{found['batch']} images a rank took {100 * found['compute_slowdown']:+.0f} % "
+            f"({alone:.1f} ms alone, {beside:.1f} ms beside){comm_said}: what overlap costs "
+            "where buckets are all-reduced under backward (bench project counts it)")
 
 
 def topology_text() -> str | None:
@@ -132,7 +264,8 @@ def _wait(agent_proc: subprocess.Popen) -> int:
 def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output: str,
               model: str = DEFAULT_MODEL,
               nodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-              timeout: float = 300.0, max_mib: float = 256.0, tag: str | None = None) -> int:
+              timeout: float = 300.0, max_mib: float = 256.0, tag: str | None = None,
+              contention_batch: int = CONTENTION_BATCH) -> int:
     import torch
 
     from bench.launch.launchers import agent, agent_log_dir, host_the_rendezvous
@@ -169,6 +302,9 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                           "on one GPU)")
     if not max_mib > 0:
         raise ConfigError(f"--max-size must be positive (got {max_mib})")
+    if contention_batch < 0:
+        raise ConfigError(f"--contention-batch must be 0 (not measured) or more images a rank "
+                          f"(got {contention_batch})")
     check_processes_fit(gpus)
     folder, _ = writable_folder(Path(output) / "probes")
     from bench.models.parameters import count_parameters
@@ -191,11 +327,14 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
             cmd += ["--nnodes=1", f"--master-addr={MASTER_ADDR}",
                     f"--master-port={free_port()}"]
         cmd += ["-m", "bench.commands.probe", "WORKER", backend, str(partial), str(timeout),
-                *map(str, sizes)]
+                model, str(width), str(contention_batch), *map(str, sizes)]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, usable_cores() // gpus)),
                    BENCH_PROBE_CUDA="1" if device == "cuda" else "0")
-        print(f"bench probe: all-reduce, all-gather and reduce-scatter, {gpus * nodes} ranks "
-              f"({device}, {backend}), {len(sizes)} sizes", flush=True)
+        beside = (f"; then {short_name(model)}'s compute alone and beside all-reduces "
+                  f"({contention_batch} images a rank)" if contention_batch else "")
+        print(terminal.fill(f"bench probe: all-reduce, all-gather and reduce-scatter, "
+                            f"{gpus * nodes} ranks ({device}, {backend}), {len(sizes)} "
+                            f"sizes{beside}", subsequent_indent="  "), flush=True)
         # The agent dies with bench (kill -9 included: a 2-node probe's agent waits minutes
         # for its peer), its ranks with it (they arm their death signal: see the end of this
         # file). In its own session, a Ctrl-C reaches bench alone, which ends it.
@@ -221,6 +360,8 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
         "results": measured["results"], "env": capture_env(device),
         "topology": topology_text() if device == "cuda" else None,
     }
+    if measured.get("contention"):
+        record["contention"] = measured["contention"]
     if tag:
         record["tag"] = tag
     path = folder / f"{probe_id}.json"
@@ -229,7 +370,10 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
     scaled = f" x{width:g}" if width != 1.0 else ""  # as the report names a workload's model
     print(f"bench probe: one {short_name(model)}{scaled} gradient ({grad / MIB:.1f} MiB) "
           "all-reduces in "
-          f"{1000 * at_grad['time_s']:.2f} ms at best\nbench probe: record {path}")
+          f"{1000 * at_grad['time_s']:.2f} ms at best")
+    if record.get("contention"):
+        print(terminal.fill(contention_line(record["contention"]), subsequent_indent="  "))
+    print(f"bench probe: record {path}")
     return EXIT_OK
 
 
@@ -238,8 +382,10 @@ if __name__ == "__main__":
         from bench.tools.lifetime import die_with_parent
 
         die_with_parent(os.getppid())  # torchrun's agent killed outright: this rank too
-        _, _, backend_arg, out_arg, timeout_arg, *size_args = sys.argv
-        rank_main(backend_arg, out_arg, [int(s) for s in size_args], float(timeout_arg))
+        (_, _, backend_arg, out_arg, timeout_arg, model_arg, width_arg, batch_arg,
+         *size_args) = sys.argv
+        rank_main(backend_arg, out_arg, [int(s) for s in size_args], float(timeout_arg),
+                  model_arg, float(width_arg), int(batch_arg))
         from bench.tools.quick_exit import exit_now
 
         exit_now(0)
@@ -271,6 +417,10 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                             "probed)")
     probe.add_argument("--output", default="results",
                        help="results folder; the record goes to OUTPUT/probes/ (default results)")
+    probe.add_argument("--contention-batch", type=int, default=CONTENTION_BATCH,
+                       help="images a rank in the steps timed alone and beside all-reduces "
+                            "(what overlap costs compute; bench project counts it; default "
+                            f"{CONTENTION_BATCH}; 0 leaves it out)")
     probe.add_argument("--tag", default=None,
                        help="names the network probed: bench project matches it to the runs "
                             "of the same --tag (untagged probes: to any run)")
@@ -280,4 +430,5 @@ def main(args: argparse.Namespace, passed_on: list[str]) -> int:
     return run_probe(gpus=args.gpus, cpu=args.cpu, backend=args.backend, width=args.width,
                      model=args.model, output=args.output, nodes=args.nodes,
                      node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                     timeout=args.timeout, max_mib=args.max_size, tag=args.tag)
+                     timeout=args.timeout, max_mib=args.max_size, tag=args.tag,
+                     contention_batch=args.contention_batch)

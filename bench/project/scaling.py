@@ -82,6 +82,13 @@ class Network:
     # its backend's (gloo's took 3.8 and 5.2 on loopback, 2 ranks, 89.6 MB)
     gather_factor: float = 1.0
     scatter_factor: float = 1.0
+    # What communication and compute cost each other while they overlap, as the probe
+    # measured them on its machines (``bench probe``'s contention): compute takes
+    # 1 + compute_slowdown times as long with an all-reduce running, and an all-reduce
+    # 1 + comm_slowdown times as long beside the compute. 0 where not measured (datasheet
+    # networks, probes before 2026-12-03): overlapped communication is then free.
+    compute_slowdown: float = 0.0
+    comm_slowdown: float = 0.0
 
     def busbw(self, nodes: int) -> float:
         """Bytes/s a ring achieves: the intra-node links, and across nodes the slower of
@@ -270,21 +277,52 @@ class Projection:
 
 
 def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
-                    per_bucket_extra: float = 0.0) -> tuple[float, float]:
+                    per_bucket_extra: float = 0.0, compute_slowdown: float = 0.0,
+                    comm_slowdown: float = 0.0) -> tuple[float, float]:
     """(step seconds, seconds of it spent on communication that compute did not hide): each
     bucket's all-reduce starts when it is ready and the one before has finished; the
-    optimizer runs after backward and the last all-reduce."""
+    optimizer runs after backward and the last all-reduce. While an all-reduce runs under
+    backward, backward goes ``1 + compute_slowdown`` times slower and the all-reduce
+    ``1 + comm_slowdown`` times (what the probe measured them to cost each other: on a CPU
+    node gloo's copies take the cores backward needs); at 0 overlapped communication is
+    free, and the step is max(backward's end, the last all-reduce's) plus the optimizer."""
     c = w.compute_step_s
     backward_end = w.forward_s() + w.backward_s()
-    comm_end, delay, k = 0.0, 0.0, w.collectives_per_bucket
+    k = w.collectives_per_bucket
     total = sum(size for size, _ in buckets) or 1.0
+    # backward as segments in order: compute up to each bucket's ready point, the hook's
+    # own work (compute) and injected wait (none), then the bucket's collectives queued;
+    # a blocking hook waits for them before backward goes on
+    segments: list[tuple[str, float]] = []
+    done = 0.0
     for size, ready in buckets:
-        # a blocking hook, and the hook's own work, hold up backward itself
-        delay += w.hook_delay_s + w.hook_work_s * size / total
-        comm_end = max(comm_end, ready + delay) + k * comm(size / k) + per_bucket_extra
-        if w.blocking_comm:  # backward resumes when this bucket's collectives are done
-            delay = comm_end - ready
-    step = max(backward_end + delay, comm_end) + (c - backward_end)
+        segments += [("compute", max(0.0, ready - done)),
+                     ("compute", w.hook_work_s * size / total), ("wait", w.hook_delay_s),
+                     ("send", k * comm(size / k) + per_bucket_extra)]
+        done = max(done, ready)
+        if w.blocking_comm:
+            segments.append(("drain", 0.0))
+    segments += [("compute", max(0.0, backward_end - done)), ("drain", 0.0)]
+    now, queue = 0.0, []  # queue: each collective's seconds left at full speed, in order
+    for kind, amount in segments:
+        if kind == "send":
+            queue.append(amount)
+            continue
+        left = math.inf if kind == "drain" else amount
+        while left > 0 and (kind != "drain" or queue):
+            computing = kind == "compute"
+            own_rate = 1 / (1 + compute_slowdown) if computing and queue else 1.0
+            comm_rate = 1 / (1 + comm_slowdown) if computing else 1.0
+            until_own = left / own_rate
+            until_comm = queue[0] / comm_rate if queue else math.inf
+            dt = min(until_own, until_comm)
+            now += dt
+            left -= dt * own_rate
+            if queue:
+                queue[0] -= dt * comm_rate
+                if dt == until_comm or queue[0] <= 1e-15:
+                    queue.pop(0)
+    step = now + (c - backward_end)
     return step, step - c
 
 
@@ -331,6 +369,7 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
             return measured_split[1](size)
         return comm(size) / 2 * net.scatter_factor
 
+    contention = {"compute_slowdown": net.compute_slowdown, "comm_slowdown": net.comm_slowdown}
     syncbn = (2 * w.batchnorm_layers * comm(SYNCBN_MESSAGE_BYTES)
               if w.syncbn and gpus > 1 else 0.0)
     if w.strategy == "fsdp":
@@ -345,9 +384,9 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
         exposed = step - c
     elif w.strategy == "horovod":
         step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,
-                                        per_bucket_extra=HOROVOD_CYCLE_S / 2)
+                                        per_bucket_extra=HOROVOD_CYCLE_S / 2, **contention)
     else:  # DDP and its variants
-        step, exposed = overlapped_step(w, w.buckets(w.bucket_bytes), comm)
+        step, exposed = overlapped_step(w, w.buckets(w.bucket_bytes), comm, **contention)
         if w.strategy == "ddp-zero":  # each rank broadcasts its updated shard after the
             # step: an all-gather of the parameters, half an all-reduce's traffic, unhidden
             gather = comm(w.parameter_bytes or w.gradient_bytes) / 2
@@ -383,7 +422,7 @@ def network_from_probe(probe: dict) -> Network:
     slowed so (1 KiB at 3.3 ms where 4 and 16 KiB took 0.3 ms, on 2 busy cores) made it
     ten times the rest's, and the projection's bottleneck at 4,096 GPUs 'collective
     latency'."""
-    from bench.records.probes import ideal_allreduce_s, measured_split
+    from bench.records.probes import contention, ideal_allreduce_s, measured_split
 
     points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])
     ranks = probe["world_size"]
@@ -403,6 +442,11 @@ def network_from_probe(probe: dict) -> Network:
                    "scatter_factor": ideal_allreduce_s(probe, size, "reduce_scatter_s") / half}
     split = (f"; all-gather {factors['gather_factor']:.2f} and reduce-scatter "
              f"{factors['scatter_factor']:.2f} x half an all-reduce" if factors else "")
+    slowdowns = contention(probe)
+    if slowdowns:
+        factors.update(compute_slowdown=slowdowns[0], comm_slowdown=slowdowns[1])
+        split += (f"; beside an all-reduce compute {100 * slowdowns[0]:.0f} % slower, the "
+                  f"all-reduce {100 * slowdowns[1]:.0f} %")
     return Network(label, busbw, busbw, "pci",
                    f"measured by bench probe: {busbw:.2f} GB/s bus bandwidth, "
                    f"{1e6 * latency:.0f} µs per ring step{split}", fixed_latency_s=latency,

@@ -24,7 +24,7 @@ from bench.project.from_records import (
 from bench.project.scaling import Projection, Workload, network_from_probe, project
 from bench.records.describe import median_step_s, model_width
 from bench.records.files import write_atomic
-from bench.records.probes import ideal_allreduce_s, measured_split
+from bench.records.probes import contention, ideal_allreduce_s, measured_split
 from bench.tools import terminal
 from bench.tools.errors import ConfigError
 
@@ -127,6 +127,8 @@ def validate_records(records: list[dict[str, Any]], probes: list[dict[str, Any]]
                            round(size / work.sent_fraction)
                            for size, _ in work.buckets(work.bucket_bytes)],
                        "injected_delay_ms": 1000 * work.hook_delay_s,
+                       # what the probe measured overlap to cost (None: not measured)
+                       "contention": contention(probe),
                        "comm_hook": comm_hook(rec), "hook_work_ms": 1000 * work.hook_work_s,
                        "gradient_timeline": work.timeline is not None,
                        "compute_ms": 1000 * work.compute_step_s,

@@ -67,7 +67,9 @@ def load_probes(results: str | Path, warnings: list[str] | None = None) -> list[
 # A probe's fields besides its results that are read (absent: not said); a nodes of [1, 'a']
 # was a traceback in the report, a gradient_bytes of 'x' or an env of 3 in bench project
 _PROBE_OPTIONAL = {"backend": str, "nodes": int, "gradient_bytes": int, "env": dict,
-                   "probe_id": str, "tag": str, "model": str, "dtype": str, "width": NUMBER}
+                   "probe_id": str, "tag": str, "model": str, "dtype": str, "width": NUMBER,
+                   "contention": dict}
+CONTENTION_KEYS = ("compute_slowdown", "comm_slowdown")  # what bench project reads of it
 
 
 def probe_problem(data: Any) -> str | None:
@@ -86,6 +88,10 @@ def probe_problem(data: Any) -> str | None:
     for key in ("nodes", "gradient_bytes"):
         if data.get(key) is not None and data[key] < 1:
             return f"{key} is {data[key]}, not a positive count"
+    for key in CONTENTION_KEYS if data.get("contention") is not None else ():
+        value = data["contention"].get(key)
+        if value is not None and (wrong_type(value, NUMBER) or value <= -1):
+            return f"contention.{key} is {value!r}, not a number above -1"
     results = data.get("results")
     if not isinstance(results, list) or not results:
         return "results missing or empty"
@@ -106,6 +112,16 @@ def probe_problem(data: Any) -> str | None:
         return (f"its largest message ({large:g} bytes, {t_large:g} s) is not larger and slower "
                 f"than its smallest ({small:g} bytes, {t_small:g} s): no bandwidth to read")
     return None
+
+
+def contention(probe: dict[str, Any]) -> tuple[float, float] | None:
+    """(compute_slowdown, comm_slowdown) the probe measured: how much longer the model's
+    compute took beside all-reduces of its gradient, and they beside it (each at least 0:
+    below is the host's noise, not a gain); None for probes before 2026-12-03."""
+    found = probe.get("contention")
+    if not isinstance(found, dict) or found.get("compute_slowdown") is None:
+        return None
+    return (max(0.0, found["compute_slowdown"]), max(0.0, found.get("comm_slowdown") or 0.0))
 
 
 def measured_split(probe: dict[str, Any]) -> bool:
