@@ -696,6 +696,37 @@ def test_the_committed_validation_covers_the_committed_runs():
     assert "validated on" in said and "stale" not in said, said
 
 
+def test_the_readmes_testbed_figures_are_the_committed_validations(tmp_path):
+    """The README's figures for the shaped link are results/testbed's validation, read
+    again: the median |error| over every run, and over the runs whose buckets are
+    all-reduced under backward (1 MB at 1 and 10 Gbit/s) the model's, "no overlap"'s and
+    the model's with overlap free (its probes' contention left out, validated again). A
+    testbed measured again must carry its figures into the README."""
+    import shutil
+
+    def overlap_median(points, key):
+        return statistics.median(abs(p[key]) for p in points if p["bucket_cap_mb"] == 1
+                                 and p["network"] in ("testbed-1000mbit", "testbed-10000mbit"))
+
+    kept = json.loads((ROOT / "results" / "testbed" / "projection-validation.json").read_text())
+    free = tmp_path / "testbed"
+    shutil.copytree(ROOT / "results" / "testbed", free)
+    for path in (free / "probes").glob("*.json"):
+        probe = json.loads(path.read_text())
+        assert probe.pop("contention", None), f"{path.name} measured no contention"
+        path.write_text(json.dumps(probe))
+    assert_ok(run_bench("project", str(free), "--validate"))
+    free_points = json.loads((free / "projection-validation.json").read_text())["points"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    expected = (f"its median error is {kept['median_error_pct']:.1f} %",
+                f"it is {overlap_median(kept['points'], 'error_pct'):.1f} % off and guessing",
+                f"nothing overlapped\" {overlap_median(kept['points'], 'no_overlap_error_pct'):.1f}"
+                " %", f"with overlap taken as free it was "
+                f"{overlap_median(free_points, 'error_pct'):.1f} % off there")
+    for text in expected:
+        assert text in readme, text
+
+
 def test_a_run_whose_compute_probe_ran_slow_is_projected_with_a_warning(tmp_path):
     """After `bench probe`, the demo projected ddp-spawn from a compute-only step of 3.4 s
     whose real step was 2.4 s (exposed communication -42 %: a slowed probe, flagged in the

@@ -403,8 +403,9 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     probe.add_argument("--backend", choices=BACKENDS, default=None,
                        help="default nccl on CUDA, gloo on CPU")
     probe.add_argument("--model", default="resnet18-cifar",
-                       help="the model whose gradient size is also probed (as bench run's "
-                            "--model; default resnet18-cifar, 100 classes)")
+                       help="the model whose gradient size is also probed, and whose steps "
+                            "time what overlap costs (as bench run's --model; default "
+                            "resnet18-cifar, 100 classes)")
     probe.add_argument("--width", type=float, default=1.0,
                        help="resnet18-cifar's channel multiplier (default 1.0)")
     probe.add_argument("--nodes", type=int, default=1, help="machines (run it on each; default 1)")
@@ -417,7 +418,7 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
                             "probed)")
     probe.add_argument("--output", default="results",
                        help="results folder; the record goes to OUTPUT/probes/ (default results)")
-    probe.add_argument("--contention-batch", type=int, default=CONTENTION_BATCH,
+    probe.add_argument("--contention-batch", type=int, default=CONTENTION_BATCH, metavar="IMAGES",
                        help="images a rank in the steps timed alone and beside all-reduces "
                             "(what overlap costs compute; bench project counts it; default "
                             f"{CONTENTION_BATCH}; 0 leaves it out)")

@@ -9,11 +9,12 @@ for a multi-node Simple ring; 2(log2 M) network hops and 2(N/M - 1) hops inside 
 tree) plus bytes over the algorithm bandwidth (a ring's busbw * N / 2(N-1); a tree's busbw *
 .92 * .5, times NCCL's correction for medium sizes; LL halves a ring's bandwidth and divides
 a tree's by 3.8), and NCCL takes the fastest of ring and tree, LL and Simple. DDP's buckets are
-simulated as backward makes them ready; SyncBatchNorm adds two blocking small collectives per
-BatchNorm layer; FSDP moves 1.5x DDP's bytes (its all-gathers and reduce-scatter at the cost
-against all-reduce that a probe measured, where one did) in a pipeline of its run's units
-(ResNet-18's five) a phase, compute or communication the busier; Horovod fuses into 64 MiB
-buffers each cycle.
+simulated as backward makes them ready, backward and an all-reduce under it slowed by what
+the probe measured them to cost each other (none for a datasheet network); SyncBatchNorm
+adds two blocking small collectives per BatchNorm layer; FSDP moves 1.5x DDP's bytes (its
+all-gathers and reduce-scatter at the cost against all-reduce that a probe measured, where
+one did) in a pipeline of its run's units (ResNet-18's five) a phase, compute or
+communication the busier; Horovod fuses into 64 MiB buffers each cycle.
 
 Left out, and said with every projection: the input pipeline, stragglers, network congestion
 and contention between jobs, and any change of compute with N (the per-GPU batch is held at the
