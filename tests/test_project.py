@@ -134,6 +134,21 @@ def test_a_probes_contention_reaches_the_network_and_noise_below_zero_is_none():
     assert (before.compute_slowdown, before.comm_slowdown) == (0.0, 0.0)
     assert "slower" not in before.source
 
+
+def test_fsdps_collectives_under_compute_slow_it_as_the_probe_measured():
+    """The 1-s FSDP step below (forward 1/3, backward 2/3; all-gather and reduce-scatter 50
+    ms each, five units) is 1.030 s where overlap is free. Compute 100 % slower beside
+    communication: of forward's all-gather, the 40 ms hidden under compute (all but the
+    first unit's 10) cost forward 20 ms of its work; in backward the 80 ms hidden (all but
+    its first all-gather's and last reduce-scatter's 10 each) cost 40: 1.090 s. With the
+    collectives 50 % slower beside compute too, those 40 and 80 ms take 60 and 120, costing
+    30 and 60: 1.120 s."""
+    work = Workload("fsdp", 1.0, 100_000_000, 25 * 2**20)
+    for compute, comm, step in ((0.0, 0.0, 1.030), (1.0, 0.0, 1.090), (1.0, 0.5, 1.120)):
+        net = replace(NET, compute_slowdown=compute, comm_slowdown=comm)
+        assert project(work, 2, 2, net, measured_allreduce=lambda size: size / 1e9
+                       ).step_s == pytest.approx(step), (compute, comm)
+
 def test_fsdp_takes_its_all_gathers_and_reduce_scatter_at_what_the_probe_measured():
     """An FSDP step of 1 s (forward 1/3, backward 2/3) moving 100 MB in five units. At 1 GB/s
     per all-reduce and half of it per all-gather and reduce-scatter (NCCL's rings: 50 ms

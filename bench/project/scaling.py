@@ -327,16 +327,35 @@ def overlapped_step(w: Workload, buckets: list[tuple[float, float]], comm,
     return step, step - c
 
 
+def _together(compute: float, comm: float, compute_slowdown: float,
+              comm_slowdown: float) -> float:
+    """Seconds for ``compute`` and ``comm`` (each alone) started together, each slowed by
+    what the other costs it while both run: the one that ends first ends at its own time
+    slowed, the other finishes alone. max(compute, comm) where they cost each other
+    nothing."""
+    compute_beside, comm_beside = compute * (1 + compute_slowdown), comm * (1 + comm_slowdown)
+    if comm_beside <= compute_beside:  # communication ends first; compute's rest alone
+        return compute + comm_beside * compute_slowdown / (1 + compute_slowdown)
+    return comm + compute_beside * comm_slowdown / (1 + comm_slowdown)
+
+
 def _pipelined(compute: float, comm: float, first: float, *, units: int,
-               last: float = 0.0) -> float:
+               last: float = 0.0, compute_slowdown: float = 0.0,
+               comm_slowdown: float = 0.0) -> float:
     """Seconds of one FSDP phase (forward, or backward) over ``units`` equal units, each
     unit's compute waiting for its all-gather, the next all-gather prefetched under it, and
     in backward its reduce-scatter after it: a flow shop whose makespan is the busier of
     the two resources plus what of the other cannot overlap it. Compute-bound: all compute,
     then the first unit's all-gather and the last one's reduce-scatter (``first`` and
     ``last`` over ``units``). Communication-bound: every collective, then the last unit's
-    compute."""
-    return max(compute + (first + last) / units, comm + compute / units)
+    compute. Where the two overlap they slow each other as the probe measured
+    (``_together``); with no contention this is max(compute + (first + last) / units,
+    comm + compute / units)."""
+    ends = (first + last) / units
+    return max(ends + _together(compute, max(0.0, comm - ends), compute_slowdown,
+                                comm_slowdown),
+               compute / units + _together(compute - compute / units, comm,
+                                           compute_slowdown, comm_slowdown))
 
 
 def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
@@ -379,9 +398,9 @@ def project(w: Workload, gpus: int, gpus_per_node: int, net: Network,
         backward_ag = forward_ag if w.reshard_after_forward else 0.0
         units = w.fsdp_units
         step = (c - forward - backward
-                + _pipelined(forward, forward_ag, first=forward_ag, units=units)
+                + _pipelined(forward, forward_ag, first=forward_ag, units=units, **contention)
                 + _pipelined(backward, backward_ag + backward_rs,
-                             first=backward_ag, last=backward_rs, units=units))
+                             first=backward_ag, last=backward_rs, units=units, **contention))
         exposed = step - c
     elif w.strategy == "horovod":
         step, exposed = overlapped_step(w, w.buckets(HOROVOD_FUSION_BYTES), comm,
