@@ -171,7 +171,11 @@ CASES = {
                           "--max-size must be positive"),
     "probe: a negative contention batch": (
         ["probe", "--cpu", "--contention-batch", "-1", "--output", "{empty}"],
-        "--contention-batch must be 0 (not measured) or more images a rank"),
+        "--contention-batch must be 0 (not measured) or 2 or more images a rank"),
+    # a BatchNorm1d after the pooling cannot train on one image: every rank's traceback
+    "probe: a contention batch of one image": (
+        ["probe", "--cpu", "--contention-batch", "1", "--output", "{empty}"],
+        "--contention-batch must be 0 (not measured) or 2 or more images a rank (got 1)"),
     "more ranks than memory": (["run", "--strategy", "ddp", *BASE, "--gpus", _BEYOND_MEMORY],
                                "lower --gpus"),
     # should the check be gone, too few images for a batch still refuses them all unstarted

@@ -302,9 +302,11 @@ def run_probe(*, gpus: int, cpu: bool, backend: str | None, width: float, output
                           "on one GPU)")
     if not max_mib > 0:
         raise ConfigError(f"--max-size must be positive (got {max_mib})")
-    if contention_batch < 0:
-        raise ConfigError(f"--contention-batch must be 0 (not measured) or more images a rank "
-                          f"(got {contention_batch})")
+    if contention_batch < 0 or contention_batch == 1:
+        # a model's BatchNorm in training needs two values a channel (a BatchNorm1d after
+        # the pooling sees one per image): bench run checks its model with two images
+        raise ConfigError(f"--contention-batch must be 0 (not measured) or 2 or more images a "
+                          f"rank (got {contention_batch})")
     check_processes_fit(gpus)
     folder, _ = writable_folder(Path(output) / "probes")
     from bench.models.parameters import count_parameters
@@ -419,9 +421,9 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     probe.add_argument("--output", default="results",
                        help="results folder; the record goes to OUTPUT/probes/ (default results)")
     probe.add_argument("--contention-batch", type=int, default=CONTENTION_BATCH, metavar="IMAGES",
-                       help="images a rank in the steps timed alone and beside all-reduces "
-                            "(what overlap costs compute; bench project counts it; default "
-                            f"{CONTENTION_BATCH}; 0 leaves it out)")
+                       help="images a rank (2 or more) in the steps timed alone and beside "
+                            "all-reduces (what overlap costs compute; bench project counts it; "
+                            f"default {CONTENTION_BATCH}; 0 leaves it out)")
     probe.add_argument("--tag", default=None,
                        help="names the network probed: bench project matches it to the runs "
                             "of the same --tag (untagged probes: to any run)")
