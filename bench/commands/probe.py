@@ -66,6 +66,13 @@ def _collectives(dist, torch, numel: int, world: int, device) -> dict[str, Any]:
             "reduce_scatter_s": lambda: reduce_scatter_flat(dist)(shard, whole)}
 
 
+def _slowest(dist, torch, value: float, device) -> float:
+    """``value`` on the rank where it is largest (every rank calls it)."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def _time_collective(dist, torch, call, device) -> tuple[float, int]:
     """Median seconds of one ``call()`` (after warm-up) on the slowest rank, and iterations."""
 
@@ -86,16 +93,7 @@ def _time_collective(dist, torch, call, device) -> tuple[float, int]:
     count = torch.tensor([iters], device=device)
     dist.broadcast(count, 0)
     times = [once() for _ in range(int(count.item()))]
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.item(), int(count.item())
-
-
-def _slowest(dist, torch, value: float, device) -> float:
-    """``value`` on the rank where it is largest (every rank calls it)."""
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return _slowest(dist, torch, statistics.median(times), device), int(count.item())
 
 
 def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
@@ -131,7 +129,6 @@ def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
     # zeros: summed again and again they stay finite; two, as DDP's next bucket can be
     # all-reduced while the one before still is
     buffers = [torch.zeros(numel, dtype=torch.float32, device=device) for _ in range(2)]
-    buffer = buffers[0]
 
     def all_reduces(count: int) -> float:
         """Seconds a rank waits for ``count`` all-reduces queued at once, with no compute."""
@@ -144,18 +141,19 @@ def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
 
     for _ in range(2):
         step()
-        dist.all_reduce(buffer)
+        dist.all_reduce(buffers[0])
     allreduce_s = _slowest(dist, torch, all_reduces(2) / 2, device)
     first = _slowest(dist, torch, window(1), device)
-    steps = int(_slowest(dist, torch, max(CONTENTION_MIN_STEPS, min(
-        CONTENTION_MAX_STEPS, int(CONTENTION_TARGET_S / max(first, 1e-6)))), device))
+    # the counts below come from figures every rank already holds alike (the slowest
+    # rank's), so every rank works out the same ones
+    steps = max(CONTENTION_MIN_STEPS, min(CONTENTION_MAX_STEPS,
+                                          int(CONTENTION_TARGET_S / max(first, 1e-6))))
     alone, beside, comm, comm_alone = [], [], [], []
     for _ in range(CONTENTION_PAIRS):
         dist.barrier()
         alone.append(_slowest(dist, torch, window(steps), device))
         # the all-reduces alone for about as long
-        count = int(_slowest(dist, torch, min(CONTENTION_MAX_QUEUED, max(
-            2, alone[-1] / max(allreduce_s, 1e-6))), device))
+        count = int(min(CONTENTION_MAX_QUEUED, max(2, alone[-1] / max(allreduce_s, 1e-6))))
         dist.barrier()
         each_alone = _slowest(dist, torch, all_reduces(count), device) / count
         comm_alone.append(each_alone)
@@ -164,8 +162,8 @@ def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
         # was not all beside communication: again with twice as many
         outlast = 1.25
         while True:
-            queued = int(_slowest(dist, torch, min(CONTENTION_MAX_QUEUED, outlast * alone[-1]
-                                                   / max(each_alone, 1e-6) + 2), device))
+            queued = int(min(CONTENTION_MAX_QUEUED,
+                             outlast * alone[-1] / max(each_alone, 1e-6) + 2))
             dist.barrier()
             works = [dist.all_reduce(buffers[i % 2], async_op=True) for i in range(queued)]
             elapsed = window(steps)
@@ -193,8 +191,8 @@ def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
             "comm_slowdown": statistics.median(rates) - 1 if rates else None}
 
 
-def rank_main(backend: str, out: str, sizes: list[int], timeout: float,
-              model: str | None = None, width: float = 1.0, batch: int = 0) -> None:
+def rank_main(backend: str, out: str, sizes: list[int], timeout: float, model: str,
+              width: float, batch: int) -> None:
     """One rank of the probe (rank, world and rendezvous from torchrun's environment)."""
     import torch
     import torch.distributed as dist
@@ -217,7 +215,7 @@ def rank_main(backend: str, out: str, sizes: list[int], timeout: float,
                            busbw_GBps=algbw * bus_factor(world) / 1e9)
         rows.append(row)
     measured: dict[str, Any] = {"world_size": world, "results": rows}
-    if model is not None and batch > 0:
+    if batch > 0:  # --contention-batch 0: not measured
         from bench.models.registry import ModelSpec, default_image_size
 
         spec = ModelSpec(model, width, image_size=default_image_size(model))

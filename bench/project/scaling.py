@@ -460,14 +460,14 @@ def network_from_probe(probe: dict) -> Network:
         half = ideal_allreduce_s(probe, size) / 2
         factors = {"gather_factor": ideal_allreduce_s(probe, size, "all_gather_s") / half,
                    "scatter_factor": ideal_allreduce_s(probe, size, "reduce_scatter_s") / half}
-    split = (f"; all-gather {factors['gather_factor']:.2f} and reduce-scatter "
-             f"{factors['scatter_factor']:.2f} x half an all-reduce" if factors else "")
+    also = (f"; all-gather {factors['gather_factor']:.2f} and reduce-scatter "
+            f"{factors['scatter_factor']:.2f} x half an all-reduce" if factors else "")
     slowdowns = contention(probe)
     if slowdowns:
         factors.update(compute_slowdown=slowdowns[0], comm_slowdown=slowdowns[1])
-        split += (f"; beside an all-reduce compute {100 * slowdowns[0]:.0f} % slower, the "
-                  f"all-reduce {100 * slowdowns[1]:.0f} %")
+        also += (f"; beside an all-reduce compute {100 * slowdowns[0]:.0f} % slower, the "
+                 f"all-reduce {100 * slowdowns[1]:.0f} %")
     return Network(label, busbw, busbw, "pci",
                    f"measured by bench probe: {busbw:.2f} GB/s bus bandwidth, "
-                   f"{1e6 * latency:.0f} µs per ring step{split}", fixed_latency_s=latency,
+                   f"{1e6 * latency:.0f} µs per ring step{also}", fixed_latency_s=latency,
                    **factors)
