@@ -330,6 +330,12 @@ item variants model_user 30 env PYTHONPATH="tests/data:$PYTHONPATH" "${model_run
 item variants selftest_hook_fp16 45 "$py" -m bench verify "${where[@]}" --gpus 2 $shared \
   --self-test --strategies ddp --ddp-comm-hook fp16 --defects sum-gradients,skip-allreduce \
   --steps 30 "${selftest_size[@]}"
+# bench probe's contention on CUDA (the compute timed on its own stream while gloo or NCCL
+# all-reduces its gradient): over gloo on one GPU its ranks share the device, which is the
+# path's run, not a figure (the table's probe needs 2 GPUs)
+# shellcheck disable=SC2086
+item variants probe_contention 30 "$py" -m bench probe "${where[@]}" --gpus 2 $shared "${narrow[@]}" \
+  --max-size 1 --output "$out/results"
 item variants variants_report 10 "$py" -m bench report --results "$out/results"
 
 # --- table: the README's GPU rows (N=1, 50,000 synthetic images, full width, batch 512) -----

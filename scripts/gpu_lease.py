@@ -50,11 +50,12 @@ BACK_FILES, BACK_FILE_BYTES = 8, 16 * 2**20
 BUILD = ("build_horovod", "build_apex")
 OWN_LANE = ("pytest_gpu",)  # 4 xdist workers of its own
 # Never passed on a GPU, most wanted first (bench verify on CUDA, Horovod, the 2-rank paths,
-# the profiler trace whose breakdown the report shows, then the variants phase).
+# the profiler trace whose breakdown the report shows, bench probe's contention on CUDA,
+# then the variants phase).
 CHECKS = ("verify", "n1_horovod", "n1_ddp-zero", "n2_ddp-amp", "profile_trace",
-          "hook_powersgd_n2", "selftest_hook_fp16", "fsdp_bf16", "fsdp_fp16", "fsdp_no_reshard",
-          "hook_fp16", "hook_powersgd", "hook_fp16_apex_torch", "zero_bf16", "model_resnet50",
-          "model_user")
+          "probe_contention", "hook_powersgd_n2", "selftest_hook_fp16", "fsdp_bf16",
+          "fsdp_fp16", "fsdp_no_reshard", "hook_fp16", "hook_powersgd", "hook_fp16_apex_torch",
+          "zero_bf16", "model_resnet50", "model_user")
 AFTER_CHECKS = ("variants_report",)  # reads every check's record
 # The table's rows, one group at a time. The first at the default workers (comparable with
 # the committed rows): Horovod's missing row, the fastest path with its clocks, and with CUDA

@@ -81,11 +81,9 @@ class ApexStrategy(DDPStrategy):
         if device_type != "cuda":
             problems.append("apex AMP needs CUDA, and this runs on CPU")
         apex = apex_problem()
-        if apex:
-            problems.append(apex)
-        if not problems:
-            return None
-        return "; ".join(problems) + "; " + APEX_BUILD
+        if apex:  # how to build it, only where it is what is missing
+            problems.append(f"{apex}; {APEX_BUILD}")
+        return "; ".join(problems) or None
 
     def check(self, topology: Topology, features: Features) -> None:
         super().check(topology, features)

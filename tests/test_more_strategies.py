@@ -121,3 +121,16 @@ def test_apex_check_accepts_an_old_nvidia_apex(tmp_path):
                    "apex/parallel/__init__.py": ""},
     )
     assert msg == "None"
+
+
+def test_ddp_apex_on_cpu_with_apex_installed_says_cuda_and_no_build(tmp_path):
+    """Where NVIDIA apex is installed (built here for a GPU machine: `make apex`), ddp-apex
+    on CPU lacks only CUDA: advice to build apex would send the user the wrong way."""
+    for rel in ("apex/__init__.py", "apex/amp/__init__.py", "apex/parallel/__init__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    code = "import strategies; print(strategies.get('ddp-apex').requires('cpu'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": ""})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "apex AMP needs CUDA, and this runs on CPU", out.stdout
