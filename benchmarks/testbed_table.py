@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.testbed import Testbed, unavailable  # noqa: E402
-from benchmarks.testbed_validation import on_both_nodes, tag  # noqa: E402
+from benchmarks.testbed_validation import on_nodes, tag  # noqa: E402
 
 # (row, strategy, options): each a row of the block
 ROWS = (
@@ -58,14 +58,14 @@ def main() -> int:
     name, port, start = tag(args.rate_mbit), args.port, time.monotonic()
     with Testbed(nodes=2, rate_mbit=args.rate_mbit, index=30) as net:
         endpoint = ["--nodes", "2", "--gpus", "1", "--rdzv-endpoint"]
-        on_both_nodes(net, ["probe", "--cpu", *endpoint, f"{net.address(0)}:{port}",
+        on_nodes(net, ["probe", "--cpu", *endpoint, f"{net.address(0)}:{port}",
                              "--max-size", "64", "--timeout", "600", "--tag", name,
                              "--output", args.output], timeout=1800)
         print(f"[{time.monotonic() - start:5.0f} s] probe of {name} done", flush=True)
         for row, strategy, options in ROWS:
             port += 1
             # a row that fails is a row of the table too (its record says why): go on
-            outs = on_both_nodes(net, ["run", "--strategy", strategy, *run_args, *endpoint,
+            outs = on_nodes(net, ["run", "--strategy", strategy, *run_args, *endpoint,
                                        f"{net.address(0)}:{port}", "--tag", name,
                                        "--timeout", "900", "--output", args.output,
                                        *options], timeout=3600, check=False)

@@ -81,15 +81,16 @@ def _on_core(core: int):
     return lambda: os.sched_setaffinity(0, {core})
 
 
-def on_both_nodes(net: Testbed, argv: list[str], timeout: float,
-                  check: bool = True) -> list[str]:
-    """``bench ARGV --node-rank i`` in node i (its processes on core i), both at once; what
-    each printed. ``check``: a node whose bench fails ends the script with its output."""
+def on_nodes(net: Testbed, argv: list[str], timeout: float,
+                  check: bool = True, nodes: int = 2) -> list[str]:
+    """``bench ARGV --node-rank i`` in node i (its processes on core i, modulo the cores)
+    of the first ``nodes``, all at once; what each printed. ``check``: a node whose bench
+    fails ends the script with its output."""
     cores = sorted(os.sched_getaffinity(0))
     procs = [net.popen(i, [sys.executable, "-m", "bench", *argv, "--node-rank", str(i)],
                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        preexec_fn=_on_core(cores[i % len(cores)]))
-             for i in range(2)]
+             for i in range(nodes)]
     outs = []
     for proc in procs:
         out, _ = proc.communicate(timeout=timeout)
@@ -101,7 +102,7 @@ def on_both_nodes(net: Testbed, argv: list[str], timeout: float,
 
 
 def probe(net: Testbed, rate_mbit: float, output: Path, port: int) -> None:
-    on_both_nodes(net, ["probe", "--cpu", "--gpus", "1", "--nodes", "2", "--rdzv-endpoint",
+    on_nodes(net, ["probe", "--cpu", "--gpus", "1", "--nodes", "2", "--rdzv-endpoint",
                          f"{net.address(0)}:{port}", "--width", "0.5", "--max-size", "16",
                          "--timeout", "600", "--tag", tag(rate_mbit), "--output", str(output)],
                    timeout=1800)
@@ -127,7 +128,7 @@ def run(net: Testbed, point: Point, output: Path, port: int, args: argparse.Name
             "--output", str(output), *point.options]
     if point.strategy == "ddp":
         argv += ["--bucket-cap-mb", f"{point.bucket_cap_mb:g}"]
-    outs = on_both_nodes(net, argv, timeout=3600)
+    outs = on_nodes(net, argv, timeout=3600)
     return next((line for line in outs[0].splitlines() if line.startswith("bench: ok")), "")
 
 

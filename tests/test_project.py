@@ -895,3 +895,35 @@ def test_the_validation_says_what_the_model_gains_over_each_guess():
     assert line.endswith("so the model is closer than no communication by 8.7 points and "
                          "further than no overlap by 16.3 points (no repeats here say how "
                          "far a point's step moves)"), line
+
+
+def test_the_readmes_beyond_two_ranks_figures_are_the_committed_scaling():
+    """The README's figures for 3 and 4 nodes are results/testbed-scaling's, computed again
+    from its probes and records (benchmarks/testbed_scaling.py): DDP predicted from the
+    2-node probe against "communication as at 2 nodes", and the all-reduce from 1 MiB up
+    and below it. A scaling measured again must carry its figures into the README, and its
+    kept scaling.json must be what its records say."""
+    from bench.records.files import load_records
+    from benchmarks.testbed_scaling import compare, compare_runs, load
+
+    folder = ROOT / "results" / "testbed-scaling"
+    probes = load(folder)
+    result = compare(probes)
+    runs = compare_runs(load_records(folder)[0], probes)
+    kept = json.loads((folder / "scaling.json").read_text())
+    for key in ("all_sizes", "from_1_mib", "below_1_mib"):
+        assert result[key] == pytest.approx(kept[key]), key
+    assert runs == pytest.approx(kept["runs"]) and len(runs) == 12
+
+    def median(key: str) -> float:
+        return statistics.median(abs(r[f"{key}_error_pct"]) for r in runs)
+
+    worst = max(abs(r["model_error_pct"]) for r in runs)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    expected = (f"is {median('model'):.1f} % off (median of 12 runs, worst {worst:.1f} %)",
+                f"\"communication costs what it did at 2 nodes\" is {median('comm_as_at_2'):.1f}"
+                " % off", f"from 1 MiB up, {result['from_1_mib']['model']:.1f} % against "
+                f"{result['from_1_mib']['as_at_2']:.1f} %",
+                f"Below 1 MiB it is {result['below_1_mib']['model']:.0f} % off")
+    for text in expected:
+        assert text in readme, text

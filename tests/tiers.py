@@ -41,7 +41,7 @@ LONG = {
     "path (a stopped rank; the first: a rank that raised)",
     r"test_eval_counts_each_test_image_once\[[23]\]": "3 and 2 ranks (1 rank stays)",
     r"test_knobs_change_what_ddp_is_built_with\[defaults\]": "defaults (the set knobs stay)",
-    r"test_a_probe_across_two_nodes_measures_the_rate_of_their_link\[200\]":
+    r"test_a_probe_across_nodes_measures_the_rate_of_their_links\[2-200\]":
         "the second rate (50 Mbit/s stays)",
     # statistical power
     r"test_parity.py::test_the_self_test_sees": "18 runs: the parity self-test's power",
@@ -71,8 +71,8 @@ LONG = {
     r"test_sweep.py::test_a_lost_hosts_claim": "a host lost mid-run, its claim taken later",
     r"test_testbed.py::test_the_projection_predicts": "validation over a shaped link",
     r"test_testbed.py::test_fsdps_compute_only_step": "FSDP over a shaped link",
-    r"test_testbed.py::test_a_probe_across_two_nodes_measures_the_rate_of_their_link\[200":
-        "the second rate of the link check (50 Mbit/s stays)",
+    r"test_testbed.py::test_a_probe_across_nodes_measures_the_rate_of_their_links\[4-50":
+        "the link check over four nodes (two stay)",
     r"test_report_plots.py::test_a_kill_9_mid_draw": "reports killed mid-draw, many times",
     r"test_gpu_lease.py::test_a_lease_on_cpu": "the lease script's whole plan on CPU",
     r"test_gpu_lease.py::test_an_item_still_running": "the lease's budget timer",
