@@ -927,3 +927,32 @@ def test_the_readmes_beyond_two_ranks_figures_are_the_committed_scaling():
                 f"Below 1 MiB it is {result['below_1_mib']['model']:.0f} % off")
     for text in expected:
         assert text in readme, text
+
+
+def test_validate_predicts_runs_past_their_smallest_probe_as_the_projection_does(tmp_path):
+    """`bench project --validate` on the 3- and 4-node runs of results/testbed-scaling also
+    predicts each from the probe at the fewest ranks below its own (2 nodes), its all-reduce
+    taken to the run's ranks by the model, as a projection past its probe is, beside
+    "communication as at the probe's ranks": measured there, a ring's 4/3 and 3/2 of the
+    2-node communication are what the runs took, so the model must beat that guess by a
+    wide margin. Without the 2-node probes the 4-node runs are predicted from the 3-node
+    one, and the 3-node runs from none."""
+    import shutil
+
+    folder = tmp_path / "scaling"
+    shutil.copytree(ROOT / "results" / "testbed-scaling", folder)
+    assert_ok(proc := run_bench("project", str(folder), "--validate"))
+    said = " ".join(proc.stderr.split())
+    assert "From a probe at fewer ranks, as it projects: 12 runs at N=3/4 from N=2" in said, said
+    kept = json.loads((folder / "projection-validation.json").read_text())
+    by_n = {n: [p for p in kept["points"] if p["world_size"] == n] for n in (2, 3, 4)}
+    assert all(p["extrapolated_from"] is None for p in by_n[2]) and len(by_n[2]) == 6
+    assert all(p["extrapolated_from"] == 2 for p in by_n[3] + by_n[4])
+    assert kept["extrapolated_median_error_pct"] < 5, kept
+    assert kept["comm_as_probed_median_error_pct"] > kept["extrapolated_median_error_pct"] + 10
+    for path in (folder / "probes").glob("*-allreduce-2cpu-*.json"):
+        path.unlink()
+    assert_ok(run_bench("project", str(folder), "--validate"))
+    kept = json.loads((folder / "projection-validation.json").read_text())
+    assert {p["world_size"]: p["extrapolated_from"] for p in kept["points"]} == {3: None, 4: 3}
+    assert kept["extrapolated_runs"] == 6, kept

@@ -356,7 +356,9 @@ def add_parser(sub: argparse._SubParsersAction, help: str) -> None:
     proj.add_argument("--format", choices=("text", "csv", "json"), default="text",
                       help="text (a block per workload; default), csv or json")
     proj.add_argument("--validate", action="store_true",
-                      help="predict the measured multi-rank runs instead and print the error")
+                      help="predict the measured multi-rank runs instead and print the "
+                           "error (and, where a probe at fewer ranks is here, the error of "
+                           "predicting them from it, as a projection past a probe does)")
     proj.add_argument("--gpu-memory", type=float, default=None, metavar="GiB",
                       help="say from which N each strategy's ranks fit in this much memory "
                            "(ZeRO divides the optimizer state by N, FSDP all its parts)")

@@ -19,6 +19,7 @@ from bench.project.from_records import (
     comm_hook,
     matching_probe,
     series_key,
+    smaller_probe,
     workload_of,
 )
 from bench.project.scaling import Projection, Workload, network_from_probe, project
@@ -93,6 +94,27 @@ def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any])
                    measured_split=_split_of(probe))
 
 
+def extrapolated(rec: dict[str, Any], work: Workload, probes: list[dict[str, Any]],
+                 measured: float) -> dict[str, Any]:
+    """The run predicted as `bench project` predicts more ranks than a probe had: from the
+    probe at the fewest ranks below the run's (``smaller_probe``), its all-reduce taken to
+    the run's ranks by the model (a ring's 2(N-1) steps and 2(N-1)/N of the bytes), not
+    measured; beside it the null model "communication as at the probe's ranks" (the run's
+    compute-only step, communication projected at the probe's ranks). Nones where no
+    smaller probe is here."""
+    small = smaller_probe(rec, probes)
+    if small is None:
+        return {"extrapolated_from": None, "extrapolated_ms": None,
+                "extrapolated_error_pct": None, "comm_as_probed_error_pct": None}
+    net, m = network_from_probe(small), small["world_size"]
+    per_node = rec["world_size"] // (rec.get("nodes") or 1)
+    predicted = project(work, rec["world_size"], per_node, net).step_s
+    as_probed = project(work, m, per_node, net).step_s
+    return {"extrapolated_from": m, "extrapolated_ms": 1000 * predicted,
+            "extrapolated_error_pct": 100 * (predicted - measured) / measured,
+            "comm_as_probed_error_pct": 100 * (as_probed - measured) / measured}
+
+
 def _split_of(probe: dict[str, Any]):
     """The probe's (all-gather, reduce-scatter) time functions, or None."""
     if not measured_split(probe):
@@ -136,7 +158,8 @@ def validate_records(records: list[dict[str, Any]], probes: list[dict[str, Any]]
                        "comm_share": max(0.0, 1 - work.compute_step_s / measured),
                        "error_pct": error,
                        "no_communication_error_pct": 100 * (no_comm - measured) / measured,
-                       "no_overlap_error_pct": 100 * (no_overlap - measured) / measured})
+                       "no_overlap_error_pct": 100 * (no_overlap - measured) / measured,
+                       **extrapolated(rec, work, probes, measured)})
     if not points:
         raise ConfigError("nothing to validate: it needs ok multi-rank runs with "
                           "compute_step_s (--comm-probe-steps > 0) and a `bench probe` of the "
@@ -183,6 +206,16 @@ def validation_summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     out["comm_heavy_runs"] = len(heavy)
     spreads = [p["spread_pct"] for p in points if p["spread_pct"] is not None]
     out["median_repeat_spread_pct"] = statistics.median(spreads) if spreads else None
+    reached = [p for p in points if p.get("extrapolated_error_pct") is not None]
+    out["extrapolated_runs"] = len(reached)
+    if reached:
+        out["extrapolated_ranks"] = sorted({p["world_size"] for p in reached})
+        out["extrapolated_from"] = sorted({p["extrapolated_from"] for p in reached})
+        for key in ("extrapolated_error_pct", "comm_as_probed_error_pct"):
+            out[f"{key.removesuffix('_error_pct')}_median_error_pct"] = statistics.median(
+                abs(p[key]) for p in reached)
+        out["extrapolated_worst_error_pct"] = max(
+            abs(p["extrapolated_error_pct"]) for p in reached)
     return out
 
 
@@ -204,7 +237,22 @@ def summary_line(s: dict[str, Any]) -> str:
     if s.get("median_repeat_spread_pct") is not None:
         line += (f"; repeats of a point lie {s['median_repeat_spread_pct']:.1f} % apart "
                  "(median)")
-    return line + "; " + null_verdict(s)
+    return line + "; " + null_verdict(s) + extrapolation_clause(s)
+
+
+def extrapolation_clause(s: dict[str, Any]) -> str:
+    """What the runs at more ranks than a probe of theirs say of the projection's step past
+    its probe, in words ("" where no run had a smaller probe)."""
+    if not s.get("extrapolated_runs"):
+        return ""
+    ranks = "/".join(map(str, s["extrapolated_ranks"]))
+    probed = "/".join(map(str, s["extrapolated_from"]))
+    return (f". From a probe at fewer ranks, as it projects: "
+            f"{terminal.count(s['extrapolated_runs'], 'run')} at N={ranks} from N={probed}, "
+            f"median |error| {s['extrapolated_median_error_pct']:.1f} % (worst "
+            f"{s['extrapolated_worst_error_pct']:.1f} %) against "
+            f"{s['comm_as_probed_median_error_pct']:.1f} % with communication as at the "
+            "probe's ranks")
 
 
 def null_verdict(s: dict[str, Any]) -> str:
