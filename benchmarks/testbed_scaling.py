@@ -78,44 +78,40 @@ def run_nodes(net: Testbed, nodes: int, rate_mbit: float, output: Path, port: in
 
 def compare_runs(records: list[dict[str, Any]], probes: list[dict[str, Any]]
                  ) -> list[dict[str, Any]]:
-    """Each run over 3 or more nodes predicted as `bench project` would from 2 nodes: its
-    own compute-only step and the network fitted to the newest 2-node probe of its rate
-    (the all-reduce extrapolated, not measured); beside it the prediction from the probe
-    over its own nodes (`bench project --validate`'s), "no communication" (the compute-only
+    """Each run over 3 or more nodes predicted as `bench project --validate` predicts it
+    past its probe: its own compute-only step and the network fitted to the 2-node probe of
+    its rate (the all-reduce extrapolated, not measured); beside it the prediction from the
+    probe over its own nodes (`--validate`'s first), "no communication" (the compute-only
     step), "communication as at 2 nodes" (its own compute-only step, and the 2-node
     projection's communication: what the extrapolation adds) and "as at 2 nodes" (the
     median step of the 2-node runs of its rate; on 2 cores the compute-only step grows with
     N too, as nodes share a core)."""
-    from bench.project.from_records import workload_of
-    from bench.project.scaling import network_from_probe, project
-    from bench.project.validation import predict_measured
+    from bench.project.from_records import matching_probe, workload_of
+    from bench.project.validation import extrapolated, predict_measured
     from bench.records.describe import median_step_s
-
-    def newest_probe(rate: float, n: int) -> dict[str, Any] | None:
-        kept = [p for p in probes if p["testbed"]["link_rate_mbit"] == rate
-                and p["world_size"] == n]
-        return max(kept, key=lambda p: p["probe_id"], default=None)
 
     runs = [r for r in records if r.get("status") == "ok" and r.get("tag", "").startswith(
         "testbed-hub-")]
     rate_of = {tag(rate): rate for rate in {p["testbed"]["link_rate_mbit"] for p in probes}}
     rows = []
     for rec in sorted(runs, key=lambda r: (r["tag"], r["world_size"], r["started_at"])):
-        n, rate = rec["world_size"], rate_of.get(rec["tag"])
-        base, own, work = newest_probe(rate, 2), newest_probe(rate, n), workload_of(rec)
+        n, own, work = rec["world_size"], matching_probe(rec, probes), workload_of(rec)
         at_2 = [median_step_s(r) for r in runs if r["tag"] == rec["tag"]
                 and r["world_size"] == 2]
-        if n == 2 or base is None or own is None or work is None or not at_2:
+        if n == 2 or own is None or work is None or not at_2:
             continue
         measured = median_step_s(rec)
-        net = network_from_probe(base)
-        guesses = {"model": project(work, n, 1, net).step_s,
+        past = extrapolated(rec, work, probes, measured)
+        if past["extrapolated_from"] != 2:
+            continue
+        guesses = {"model": past["extrapolated_ms"] / 1000,
                    "own_probe": predict_measured(rec, work, own).step_s,
                    "no_comm": work.compute_step_s,
-                   "comm_as_at_2": project(work, 2, 1, net).step_s,
+                   "comm_as_at_2": past["comm_as_probed_ms"] / 1000,
                    "as_at_2": statistics.median(at_2)}
-        rows.append({"run_id": rec["run_id"], "rate_mbit": rate, "nodes": n,
-                     "measured_s": measured, **{f"{k}_s": v for k, v in guesses.items()},
+        rows.append({"run_id": rec["run_id"], "rate_mbit": rate_of.get(rec["tag"]),
+                     "nodes": n, "measured_s": measured,
+                     **{f"{k}_s": v for k, v in guesses.items()},
                      **{f"{k}_error_pct": 100 * (v - measured) / measured
                         for k, v in guesses.items()}})
     return rows

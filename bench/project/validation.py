@@ -105,13 +105,15 @@ def extrapolated(rec: dict[str, Any], work: Workload, probes: list[dict[str, Any
     small = smaller_probe(rec, probes)
     if small is None:
         return {"extrapolated_from": None, "extrapolated_ms": None,
-                "extrapolated_error_pct": None, "comm_as_probed_error_pct": None}
+                "extrapolated_error_pct": None, "comm_as_probed_ms": None,
+                "comm_as_probed_error_pct": None}
     net, m = network_from_probe(small), small["world_size"]
     per_node = rec["world_size"] // (rec.get("nodes") or 1)
     predicted = project(work, rec["world_size"], per_node, net).step_s
     as_probed = project(work, m, per_node, net).step_s
     return {"extrapolated_from": m, "extrapolated_ms": 1000 * predicted,
             "extrapolated_error_pct": 100 * (predicted - measured) / measured,
+            "comm_as_probed_ms": 1000 * as_probed,
             "comm_as_probed_error_pct": 100 * (as_probed - measured) / measured}
 
 
