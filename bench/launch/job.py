@@ -91,7 +91,8 @@ class Launch:
         line = (f"made no progress for {age:.0f} s (watchdog limit {self.timeout:g} s); "
                 f"{ENDED_FOR_RESTART} [in {phase}]")
         if self.nnodes == 1:
-            self.scratch.write_error(rank, RankError(f"timeout: {line}", True, "", attempt))
+            ended = RankError(f"timeout: {line}", True, "", attempt, ended_for_restart=True)
+            self.scratch.write_error(rank, ended)
         else:
             end_open_line()
             print(f"bench: timeout: rank {rank}: {line}", file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from bench.tools import terminal
-from bench.train.scratch import ENDED_FOR_RESTART, Scratch, first_cause, signal_name
+from bench.train.scratch import Scratch, first_cause, signal_name
 
 Rewrite = Callable[[str], str]
 
@@ -300,7 +300,7 @@ class RestartLines:
         silent = sorted(set(self.scratch.ranks()) - ranks_said, key=int)
         traceback = ""  # the failing rank's, where its line does not say enough
         wrapped = False  # said within 120 columns (a rank's own line is said whole)
-        ended = [(rank, error) for rank, error in errors if ENDED_FOR_RESTART in error.line]
+        ended = [(rank, error) for rank, error in errors if error.ended_for_restart]
         if ended:  # the watchdog killed a stuck rank (Launch.end_stuck_rank)
             causes = [error.said_by(rank) for rank, error in ended]
         elif own_death(-code) and (self.nodes > 1 or local not in ranks_said):

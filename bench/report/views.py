@@ -298,24 +298,22 @@ _SPARED_ON_A_NARROW_TERMINAL = ("speed-up", "img/s", "Δ top-1", "Δ top-1 (p)",
 def _fit(names: list[str], rows: list[list[str]], width: int
          ) -> tuple[list[str], list[list[str]], list[int]]:
     """The block's columns and their widths, the least needed left out while a row would
-    pass ``width`` (a status's reason goes on a line of its own: only its word counts)."""
-    def widths_of(names, rows):
-        cols = list(zip(names, *rows))
-        return ([max(len(x) for x in col) for col in cols[:-1]]
-                + [max(len(x.partition(": ")[0].partition(" ⚠ ")[0]) + 2 for x in cols[-1])])
+    pass ``width``: first those it can spare whole (``_SPARED_LAST``), then, with the options
+    narrowed, those another column says too."""
+    table = terminal.spare_columns([names, *rows], width, _SPARED_LAST, narrow=False,
+                                   widths_of=_block_widths)
+    table = terminal.spare_columns(table, width, _SPARED_ON_A_NARROW_TERMINAL,
+                                   widths_of=_block_widths)
+    names, rows = table[0], table[1:]
+    return names, rows, terminal.narrowed_options(names, rows, _block_widths(table), width)
 
-    widths = widths_of(names, rows)
-    for name in _SPARED_LAST + _SPARED_ON_A_NARROW_TERMINAL:
-        needed = (widths if name in _SPARED_LAST
-                  else terminal.narrowed_options(names, rows, widths, width))
-        if sum(needed) + 2 * (len(needed) - 1) <= width:
-            break
-        if name in names:
-            i = names.index(name)
-            names = names[:i] + names[i + 1:]
-            rows = [row[:i] + row[i + 1:] for row in rows]
-            widths = widths_of(names, rows)
-    return names, rows, terminal.narrowed_options(names, rows, widths, width)
+
+def _block_widths(table: list[list[str]]) -> list[int]:
+    """A block's columns' widths, its last (the status) counting only its word: a status's
+    reason goes on a line of its own."""
+    columns = list(zip(*table))
+    return ([max(len(x) for x in column) for column in columns[:-1]]
+            + [max(len(x.partition(": ")[0].partition(" ⚠ ")[0]) + 2 for x in columns[-1])])
 
 
 MEMORY_DIFFERS = 1.10  # mem/rank shows where a block's rows differ by more than this

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import textwrap
+from collections.abc import Callable
 
 WIDTH = 120  # the widest bench writes: a file, a pipe and a wide terminal get this
 NARROWEST = 60  # below it a table's key columns do not fit at all
@@ -121,15 +122,24 @@ def narrowed_options(names: list[str], rows: list[list[str]], widths: list[int],
     return [*widths[:i], max(longest_word, len("options"), widths[i] - over), *widths[i + 1:]]
 
 
-def spare_columns(table: list[list[str]], width: int, spare: tuple[str, ...]
+def column_widths(table: list[list[str]]) -> list[int]:
+    """Each column's width: its widest cell, the header's included."""
+    return [max(len(x) for x in column) for column in zip(*table)]
+
+
+def spare_columns(table: list[list[str]], width: int, spare: tuple[str, ...], *,
+                  narrow: bool = True,
+                  widths_of: Callable[[list[list[str]]], list[int]] = column_widths
                   ) -> list[list[str]]:
     """``table`` (its header first) without the columns named in ``spare``, left out in
-    that order while a row would pass ``width`` with its options narrowed: on a terminal
-    of 80 columns a row that passes it folds, and its last columns land under its first."""
+    that order while a row would pass ``width``: on a terminal of 80 columns a row that
+    passes it folds, and its last columns land under its first. A row's width is
+    ``widths_of``'s, with the options narrowed (``narrowed_options``) unless ``narrow`` is
+    False: the report leaves out the columns it needs least before it narrows them."""
     for name in spare:
-        widths = narrowed_options(table[0], table[1:],
-                                  [max(len(x) for x in column) for column in zip(*table)],
-                                  width)
+        widths = widths_of(table)
+        if narrow:
+            widths = narrowed_options(table[0], table[1:], widths, width)
         if sum(widths) + 2 * (len(widths) - 1) <= width:
             break
         if name in table[0]:
@@ -157,8 +167,7 @@ def aligned_rows(table: list[list[str]], width: int) -> list[list[str]]:
     """Each row of ``table`` (its header first) as its lines, in columns two spaces apart
     and within ``width`` where narrowing the options column can make them so (its cells on
     more lines: ``wrapped_cell``)."""
-    widths = narrowed_options(table[0], table[1:],
-                              [max(len(x) for x in column) for column in zip(*table)], width)
+    widths = narrowed_options(table[0], table[1:], column_widths(table), width)
     out = []
     for row in table:
         row, more = options_apart(table[0], row, widths)

@@ -279,6 +279,9 @@ class RankError:
     explained: bool
     traceback: str
     attempt: int = 0  # torchrun's restart count when it failed (--max-restarts)
+    # written by the launcher's watchdog for a rank it ended so that torchrun restarts the
+    # ranks (Launch.end_stuck_rank), not by the rank: what ended the attempt is the watchdog
+    ended_for_restart: bool = False
 
     def said_by(self, rank: int | str) -> str:
         """Its line with the rank that said it: 'rank 1: RuntimeError: ... [in ...]', and
@@ -299,7 +302,7 @@ class RankError:
     def read(cls, path: Path) -> RankError:
         data = json.loads(path.read_text())
         return cls(str(data["line"]), bool(data["explained"]), str(data["traceback"]),
-                   int(data.get("attempt", 0)))
+                   int(data.get("attempt", 0)), bool(data.get("ended_for_restart", False)))
 
 
 class Heartbeat:
