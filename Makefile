@@ -210,15 +210,17 @@ HOROVOD_TEST_MODE ?=
 # machine-wide) alone. `make test` is the gate (12 minutes on 2 cores); `make test-long`
 # the rest: other strategies on the same paths, statistical power, Slurm arrays, sweeps
 # killed and resumed (tests/tiers.py says which and why).
-# Each part names its 10 slowest tests. TIER=all (CI) runs both tiers in one pass: one
-# parallel phase (the minutes-long tests handed out first: tests/tiers.py FIRST), then one
-# serial, instead of two of each.
+# Each part names its 10 slowest tests. TIER=all runs both tiers in one pass: one parallel
+# phase (the minutes-long tests handed out first: tests/tiers.py FIRST), then one serial,
+# instead of two of each. TIER=K/N (CI: .ci/run) runs the gate and the K-th of N shares of
+# the long tier (tests/tiers.py SHARES) in the same way.
 TIER ?= gate
-ifneq ($(words $(filter $(TIER),gate all)),1)
-$(error TIER=$(TIER): use TIER=gate (the default) or TIER=all)
+TIER_SHARE := $(if $(findstring /,$(TIER)),$(TIER))
+ifneq ($(words $(filter $(TIER),gate all $(TIER_SHARE))),1)
+$(error TIER=$(TIER): use TIER=gate (the default), TIER=all, or TIER=K/N (a share of the long tier))
 endif
 TIER_MARK := $(if $(filter gate,$(TIER)),and not long)
-PYTEST := $(BIN)/python -m pytest --durations=10
+PYTEST := $(BIN)/python -m pytest --durations=10 $(if $(TIER_SHARE),--long-share $(TIER_SHARE))
 test: $(STAMP) lint
 	HOROVOD_BUILD_MODE=$(HOROVOD_TEST_MODE) $(MAKE) --no-print-directory horovod
 	$(PYTEST) -n 2 --dist loadgroup -m "not serial $(TIER_MARK)" && \

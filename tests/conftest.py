@@ -157,13 +157,38 @@ def _cuda_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long-share", metavar="K/N", default=None,
+                     help="of the long tier, only the K-th of N shares (tests/tiers.py); "
+                          "the other tests as the -m expression selects them")
+
+
+def _long_share(config) -> tuple[int, int] | None:
+    """``--long-share K/N`` as (K, N); a malformed one is a usage error, not every test."""
+    given = config.getoption("--long-share")
+    if given is None:
+        return None
+    k, _, n = given.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--long-share {given}: give K/N with 1 <= K <= N, as 2/4")
+    return int(k), int(n)
+
+
 def pytest_collection_modifyitems(config, items):
-    from tiers import first_rank, is_long
+    from tiers import first_rank, is_long, long_share
 
     long = pytest.mark.long
     for item in items:  # what `make test` leaves to `make test-long` (tests/tiers.py)
         if is_long(item.nodeid):
             item.add_marker(long)
+    share = _long_share(config)
+    if share is not None:  # the long tests of the other shares are deselected
+        others = [item for item in items
+                  if is_long(item.nodeid) and long_share(item.nodeid, share[1]) != share[0]]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            left = set(map(id, others))
+            items[:] = [item for item in items if id(item) not in left]
     items.sort(key=lambda item: first_rank(item.nodeid))  # the longest first (tiers.FIRST)
     if _cuda_count() > 0:
         return

@@ -1,8 +1,9 @@
-"""Which tests `make test` leaves to `make test-long` (CI runs both in one pass: TIER=all).
+"""Which tests `make test` leaves to `make test-long` (CI runs the gate and a share of the
+long tier in one pass: TIER=K/N, SHARES below).
 
 `make test` is the gate a change must pass before it is committed: every test that starts no
 run, and each behaviour once on its main path (ddp under torchrun, one fault of each kind,
-one run of each command and strategy). It holds 12 minutes on 2 cores. Nearly all of a test's
+one run of each command and strategy). Its budget is 12 minutes on 2 cores. Nearly all of a test's
 cost here is starting processes: a 2-rank run imports torch three times, and DDP's
 constructor imports torch._dynamo in each rank (about 12 CPU-s, of which the training is
 about 3), so the suite's time is the number of runs it starts.
@@ -24,6 +25,7 @@ tests/test_tiers.py fails on an entry that matches no test, so the list cannot r
 from __future__ import annotations
 
 import re
+import zlib
 
 LONG = {
     # another strategy or launcher on a path ddp under torchrun already took
@@ -142,6 +144,17 @@ LONG = {
     "BatchNorm run (the layer against torch's BatchNorm stays)",
     r"test_cpu_syncbn.py::test_a_bf16_batch_is_normalised": "CPU SyncBatchNorm's bf16 "
     "rounding (its float64 check over two ranks stays)",
+    r"test_failures.py::test_bench_probe_leaves_nothing_in_the_temporary": "a probe's "
+    "temporary files (a run's stay)",
+    r"test_models.py::test_a_user_factory_trains_under_each_strategy\[ddp\]": "a user "
+    "factory under ddp (dp's stays; the compile warm-up's ddp run builds one too)",
+    r"test_sigterm_keeps_finished_epochs_and_says_so_in_one_line\[dp\]": "SIGTERM under dp "
+    "(ddp's stays)",
+    r"test_a_raising_rank_prints_its_own_traceback_once_and_keeps_it\[dp\]": "a raise under "
+    "dp (ddp's stays)",
+    r"test_sighup_closes_the_run_as_sigterm_does\[dp\]": "SIGHUP under dp (ddp's stays)",
+    r"test_cpu_syncbn.py::test_two_cpu_ranks_normalise": "CPU SyncBatchNorm alone against "
+    "BatchNorm (verify of ddp with it against one process, in float64, stays)",
     # measurements a neighbour's load moves (serial: they run alone)
     r"test_project.py::test_the_model_predicts_measured_runs": "predictions within 15 %",
     r"test_project.py::test_one_process_records_when_each_gradient": "gradient timing",
@@ -162,6 +175,59 @@ FIRST = (
     r"test_parity.py::test_the_self_test_sees",  # 145-160 s
 )
 FIRST_PATTERNS = [re.compile(p) for p in FIRST]
+
+
+# CI runs `make test` and one share of the long tier (`--long-share K/N`, tests/conftest.py;
+# .ci/run picks K from the commit): every long test in one of SHARES shares, each run on about
+# one landing in SHARES, all of them by `make test TIER=all` or `make test-long`. A share is a
+# test's node id hashed, except the heavy tests below, dealt out so that no share holds two
+# of the largest: the seconds each adds to CI's wall time (2026-12-03, TIER=all on 2 cores,
+# compile cache empty; a parallel-phase test's time halved: two run at once). The rest add
+# 1 to 13 s each. One that matches no long test is caught by tests/test_tiers.py.
+SHARES = 5
+HEAVY = {
+    r"test_fit.py::test_a_sweep_at_the_largest": 130,
+    r"test_parity.py::test_the_self_test_sees": 108,
+    r"test_project.py::test_the_model_predicts_measured_runs": 91,  # serial
+    r"test_verify.py::test_a_compiled_run_is_verified": 45,
+    r"rate_of_their_links\[4-50\]": 49,  # serial
+    r"test_testbed.py::test_the_projection_predicts": 39,
+    r"test_verify.py::test_verify_passes_every_cpu_strategy": 31,
+    r"test_gpu_check.py::test_the_items_no_other_test_runs_pass_on_cpu\[options-fastest": 31,
+    r"test_where_time_goes.py::test_loader_alone_finds": 28,  # serial
+    r"test_slurm.py::test_exclusive_array_tasks": 28,
+    r"test_cpu_syncbn.py::test_bench_verify_holds_bf16": 27,
+    r"test_gpu_check.py::test_the_items_no_other_test_runs_pass_on_cpu\[variants-selftest": 26,
+    r"test_fit.py::test_the_batch_found": 26,
+    r"test_verify.py::test_self_test_catches_every_broken_variant": 26,
+    r"test_where_time_goes.py::test_exposed_communication_responds": 25,  # serial
+    r"test_report_plots.py::test_a_kill_9_mid_draw": 25,
+    r"test_slurm.py::test_a_cancelled_array_task": 24,
+    r"test_cpu_syncbn.py::test_bf16_with_cpu_syncbn_compiles": 23,
+    r"test_slurm.py::test_a_sweep_runs_as_job_arrays": 23,
+}
+HEAVY_PATTERNS = [re.compile(p) for p in HEAVY]
+
+
+def _dealt(seconds: dict[str, int], shares: int) -> list[int]:
+    """The share of each of ``seconds``' entries: each, largest first, to the share that
+    holds the fewest seconds so far (the first of them on a tie)."""
+    held = [0] * shares
+    share_of = [0] * len(seconds)
+    for i in sorted(range(len(seconds)), key=lambda i: -list(seconds.values())[i]):
+        share_of[i] = held.index(min(held))
+        held[share_of[i]] += list(seconds.values())[i]
+    return share_of
+
+
+def long_share(nodeid: str, shares: int = SHARES) -> int:
+    """Which of ``shares`` shares of the long tier holds the test of this node id (1 to
+    ``shares``): a heavy one's as dealt, any other's by the hash of its id (an xdist group's
+    suffix left out)."""
+    for pattern, share in zip(HEAVY_PATTERNS, _dealt(HEAVY, shares)):
+        if pattern.search(nodeid):
+            return share + 1
+    return zlib.crc32(nodeid.partition("@")[0].encode()) % shares + 1
 
 
 def is_long(nodeid: str) -> bool:
