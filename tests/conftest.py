@@ -183,12 +183,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(long)
     share = _long_share(config)
     if share is not None:  # the long tests of the other shares are deselected
-        others = [item for item in items
-                  if is_long(item.nodeid) and long_share(item.nodeid, share[1]) != share[0]]
+        k, n = share
+        kept, others = [], []
+        for item in items:
+            elsewhere = (item.get_closest_marker("long") is not None
+                         and long_share(item.nodeid, n) != k)
+            (others if elsewhere else kept).append(item)
         if others:
             config.hook.pytest_deselected(items=others)
-            left = set(map(id, others))
-            items[:] = [item for item in items if id(item) not in left]
+            items[:] = kept
     items.sort(key=lambda item: first_rank(item.nodeid))  # the longest first (tiers.FIRST)
     if _cuda_count() > 0:
         return

@@ -74,4 +74,6 @@ def test_the_long_tiers_shares_split_it_and_leave_the_gate_whole():
     assert first and second and not first & second, sorted(first & second)[:5]
     largest = sorted(HEAVY, key=HEAVY.get, reverse=True)[:4]
     heavy = [next(t for t in everything if re.search(p, t)) for p in largest]
+    # as collected: the two largest in the two shares of 2, one each
+    assert (heavy[0] in first) != (heavy[1] in first), (heavy[:2], sorted(first))
     assert len({tiers.long_share(t) for t in heavy}) == 4, heavy

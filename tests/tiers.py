@@ -24,6 +24,7 @@ tests/test_tiers.py fails on an entry that matches no test, so the list cannot r
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 
@@ -209,22 +210,24 @@ HEAVY = {
 HEAVY_PATTERNS = [re.compile(p) for p in HEAVY]
 
 
-def _dealt(seconds: dict[str, int], shares: int) -> list[int]:
-    """The share of each of ``seconds``' entries: each, largest first, to the share that
-    holds the fewest seconds so far (the first of them on a tie)."""
+@functools.cache
+def _dealt(shares: int) -> tuple[int, ...]:
+    """The share (0-based) of each of HEAVY's entries, in its order: each, largest first, to
+    the share that holds the fewest seconds so far (the first of them on a tie)."""
+    seconds = list(HEAVY.values())
     held = [0] * shares
     share_of = [0] * len(seconds)
-    for i in sorted(range(len(seconds)), key=lambda i: -list(seconds.values())[i]):
+    for i in sorted(range(len(seconds)), key=lambda i: -seconds[i]):
         share_of[i] = held.index(min(held))
-        held[share_of[i]] += list(seconds.values())[i]
-    return share_of
+        held[share_of[i]] += seconds[i]
+    return tuple(share_of)
 
 
 def long_share(nodeid: str, shares: int = SHARES) -> int:
     """Which of ``shares`` shares of the long tier holds the test of this node id (1 to
     ``shares``): a heavy one's as dealt, any other's by the hash of its id (an xdist group's
     suffix left out)."""
-    for pattern, share in zip(HEAVY_PATTERNS, _dealt(HEAVY, shares)):
+    for pattern, share in zip(HEAVY_PATTERNS, _dealt(shares)):
         if pattern.search(nodeid):
             return share + 1
     return zlib.crc32(nodeid.partition("@")[0].encode()) % shares + 1
