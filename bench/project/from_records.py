@@ -143,15 +143,19 @@ def probe_for(rec: dict[str, Any], probes: list[dict[str, Any]],
     return None
 
 
+def ranks_per_node(record: dict[str, Any]) -> int:
+    """A run's or a probe's ranks on each of its nodes."""
+    return record["world_size"] // (record.get("nodes") or 1)
+
+
 def smaller_probe(rec: dict[str, Any], probes: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest probe at the fewest ranks, fewer than the run's, of its device, backend,
     network and machine, one rank a node where the run had one a node: what `bench project`
     extrapolates from when it takes a probe to more ranks, checked on a run it can reach."""
-    per_node = rec["world_size"] // (rec.get("nodes") or 1)
     fewer = [p for p in probes if p.get("device") == rec.get("device")
              and p.get("backend") == rec.get("backend")
              and p["world_size"] < rec["world_size"]
-             and p["world_size"] // (p.get("nodes") or 1) == per_node]
+             and ranks_per_node(p) == ranks_per_node(rec)]
     mine = _of_its_network(rec, _of_its_machine(rec, fewer))
     mine = [p for p in mine if measured_its_network(rec, p)]
     if not mine:

@@ -18,6 +18,7 @@ from bench.project.from_records import (
     allreduced_bytes,
     comm_hook,
     matching_probe,
+    ranks_per_node,
     series_key,
     smaller_probe,
     workload_of,
@@ -88,8 +89,7 @@ def predictable_runs(records: list[dict[str, Any]], probes: list[dict[str, Any]]
 def predict_measured(rec: dict[str, Any], work: Workload, probe: dict[str, Any]) -> Projection:
     """A measured run predicted at its own ranks and nodes, with the collective times of
     the probe of the same machines (all-gather and reduce-scatter where it timed them)."""
-    n, nodes = rec["world_size"], rec.get("nodes") or 1
-    return project(work, n, n // nodes, network_from_probe(probe),
+    return project(work, rec["world_size"], ranks_per_node(rec), network_from_probe(probe),
                    measured_allreduce=lambda size: ideal_allreduce_s(probe, size),
                    measured_split=_split_of(probe))
 
@@ -108,9 +108,8 @@ def extrapolated(rec: dict[str, Any], work: Workload, probes: list[dict[str, Any
                 "extrapolated_error_pct": None, "comm_as_probed_ms": None,
                 "comm_as_probed_error_pct": None}
     net, m = network_from_probe(small), small["world_size"]
-    per_node = rec["world_size"] // (rec.get("nodes") or 1)
-    predicted = project(work, rec["world_size"], per_node, net).step_s
-    as_probed = project(work, m, per_node, net).step_s
+    predicted = project(work, rec["world_size"], ranks_per_node(rec), net).step_s
+    as_probed = project(work, m, ranks_per_node(rec), net).step_s
     return {"extrapolated_from": m, "extrapolated_ms": 1000 * predicted,
             "extrapolated_error_pct": 100 * (predicted - measured) / measured,
             "comm_as_probed_ms": 1000 * as_probed,
