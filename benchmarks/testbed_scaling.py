@@ -6,7 +6,7 @@ namespaces, each on its own veth link to a bridge, every link shaped to one rate
 over 2, 3 and 4 of them, every size of the 3- and 4-node probes predicted from the 2-node
 probe of the same round, beside the null model "an all-reduce costs at N what it cost at 2".
 
-    python benchmarks/testbed_scaling.py [--rates 100,1000] [--rounds 2]
+    python benchmarks/testbed_scaling.py [--rates 100,1000] [--rounds 3]
         [--output results/testbed-scaling]
 
 Root only (namespaces). Node i's processes keep to core i mod the cores: on 2 cores two
@@ -117,18 +117,30 @@ def compare_runs(records: list[dict[str, Any]], probes: list[dict[str, Any]]
     return rows
 
 
-def compare(probes: list[dict[str, Any]]) -> dict[str, Any]:
+def timed_by(probe: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The probe with each size's all-reduce time read from ``key`` ("time_s", the median
+    call, or "time_mean_s", the mean) as its "time_s", the other statistic dropped, or
+    None where a size lacks it (probes before 2026-12-03 kept the median alone)."""
+    if not all(key in r for r in probe["results"]):
+        return None
+    return {**probe, "results": [{**{k: v for k, v in r.items() if k != "time_mean_s"},
+                                  "time_s": r[key]} for r in probe["results"]]}
+
+
+def compare(probes: list[dict[str, Any]], key: str = "time_s") -> dict[str, Any]:
     """Every size of each probe over more than 2 nodes predicted from the 2-node probe of
     the same rate and round: the model (bench project's all-reduce over the network it fits
     to the 2-node probe) and the null model (the 2-node probe's own time at that size).
     Errors in % of the measured time; medians over all sizes and over those at least
-    1 MiB (where the bytes, not the latency, take most of the time)."""
+    1 MiB (where the bytes, not the latency, take most of the time). ``key``: the
+    statistic of a size's calls, fitted and measured alike (``timed_by``)."""
     from bench.project.scaling import allreduce_s, network_from_probe
     from bench.records.probes import ideal_allreduce_s
 
     rows = []
+    timed = [t for t in (timed_by(p, key) for p in probes) if t is not None]
     by_key = {(p["testbed"]["link_rate_mbit"], p["testbed"]["round"], p["world_size"]): p
-              for p in probes}
+              for p in timed}
     for (rate, round_, n), probe in sorted(by_key.items()):
         base = by_key.get((rate, round_, 2))
         if n == 2 or base is None:
@@ -149,7 +161,8 @@ def compare(probes: list[dict[str, Any]]) -> dict[str, Any]:
             if selected else None for key in ("model", "as_at_2")}}
 
     large = [r for r in rows if r["bytes"] >= 2**20]
-    return {"date": _dt.date.today().isoformat(), "rows": rows, "all_sizes": medians(rows),
+    return {"date": _dt.date.today().isoformat(), "statistic": key, "rows": rows,
+            "all_sizes": medians(rows),
             "from_1_mib": medians(large),
             "below_1_mib": medians([r for r in rows if r["bytes"] < 2**20]),
             "by_rate_nodes_from_1_mib": {
@@ -176,6 +189,15 @@ def print_table(result: dict[str, Any]) -> None:
     for label, m in result["by_rate_nodes_from_1_mib"].items():
         print(f"  {label}, 1 MiB and up: model {m['model']:.1f} %, as at 2 nodes "
               f"{m['as_at_2']:.1f} %")
+    means = result.get("by_mean")
+    if means and means["rows"]:
+        print("the same with each size's mean call fitted and measured (above: the median "
+              "call, as bench project fits it):")
+        for name, key in (("all sizes", "all_sizes"), ("1 MiB and up", "from_1_mib"),
+                          ("below 1 MiB", "below_1_mib")):
+            m = means[key]
+            print(f"  median |error|, {name} ({m['points']} points): model {m['model']:.1f} "
+                  f"%, as at 2 nodes {m['as_at_2']:.1f} %")
     if not result.get("runs"):
         return
     guesses = (("model", "from 2 nodes"), ("own_probe", "own probe"),
@@ -193,6 +215,10 @@ def print_table(result: dict[str, Any]) -> None:
         errors = [abs(r[f"{key}_error_pct"]) for r in result["runs"]]
         print(f"  {name}: median |error| {statistics.median(errors):.1f} %, worst "
               f"{max(errors):.1f} %")
+    for key, name in guesses[:2] if result.get("runs_by_mean") else ():
+        errors = [abs(r[f"{key}_error_pct"]) for r in result["runs_by_mean"]]
+        print(f"  {name}, the probes' mean calls fitted: median |error| "
+              f"{statistics.median(errors):.1f} %, worst {max(errors):.1f} %")
 
 
 def load(output: Path) -> list[dict[str, Any]]:
@@ -209,7 +235,7 @@ def main() -> int:
     parser.add_argument("--output", default="results/testbed-scaling", help="results folder")
     parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES_MBIT),
                         help="link rates in Mbit/s, comma-separated")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="probes over 2, 3 and 4 nodes, this many times, interleaved")
     parser.add_argument("--runs", action=argparse.BooleanOptionalAction, default=True,
                         help="after each probe, a DDP run over the same nodes (default on)")
@@ -235,9 +261,13 @@ def main() -> int:
                               f"{nodes} nodes, round {round_ + 1}", flush=True)
     from bench.records.files import load_records
 
-    probes = load(output)
-    result = compare(probes)
-    result["runs"] = compare_runs(load_records(output)[0], probes)
+    probes, records = load(output), load_records(output)[0]
+    result = compare(probes)  # each size's median call, as bench project fits it
+    result["runs"] = compare_runs(records, probes)
+    by_mean = [t for t in (timed_by(p, "time_mean_s") for p in probes) if t is not None]
+    if by_mean:  # beside it, the mean call (probes from 2026-12-03 keep it)
+        result["by_mean"] = compare(by_mean)
+        result["runs_by_mean"] = compare_runs(records, by_mean)
     if not result["rows"]:
         print(f"testbed_scaling: no probes over 3 or more nodes with a 2-node probe of the "
               f"same round in {output / 'probes'}", file=sys.stderr)

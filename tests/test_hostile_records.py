@@ -313,7 +313,10 @@ def test_a_malformed_record_is_skipped_with_its_reason(case, tmp_path):
         {"bytes": 0}, {"time_s": 0}, {"busbw_GBps": -1}, {"busbw_GBps": "fast"}, {"bytes": None},
         # the largest message (1 GiB) faster than the smallest (1 KiB): bench project
         # divided by 0
-        {"bytes": 2**30, "time_s": 1e-6})),
+        {"bytes": 2**30, "time_s": 1e-6},
+        # the mean call, kept beside the median: the report's and project's readers
+        # read every figure of a result
+        {"time_mean_s": 0}, {"time_mean_s": "x"})),
     # the report matched runs to it by nodes: a list was a traceback; bench project read
     # the gradient's size and the machine's name from them
     *(({}, change) for change in ({"nodes": [1, 2]}, {"nodes": 0}, {"gradient_bytes": "x"},

@@ -177,6 +177,7 @@ def test_bench_probe_prints_a_table_and_writes_a_record(tmp_path):
     for r in probe["results"]:
         # nccl-tests: busbw = algbw * 2(n-1)/n, which is algbw itself at n = 2
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"]) and r["time_s"] > 0
+        assert r["time_mean_s"] > 0  # the mean call besides the median: what calls add to
         assert r["all_gather_s"] > 0 and r["reduce_scatter_s"] > 0  # FSDP's collectives
     # small messages are latency-bound: 1 KiB moves far slower per byte than 1 MiB
     by_size = {r["bytes"]: r["algbw_GBps"] for r in probe["results"]}

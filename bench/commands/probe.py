@@ -73,8 +73,13 @@ def _slowest(dist, torch, value: float, device) -> float:
     return t.item()
 
 
-def _time_collective(dist, torch, call, device) -> tuple[float, int]:
-    """Median seconds of one ``call()`` (after warm-up) on the slowest rank, and iterations."""
+def _time_collective(dist, torch, call, device) -> tuple[float, float, int]:
+    """Median and mean seconds of one ``call()`` (after warm-up), each on the rank where it
+    is largest, and the iterations. The median is the table's and bench project's; the
+    mean is kept beside it, since on a busy host the two part: gloo's small messages take
+    about 0.3 ms or a scheduler tick (4 ms), in shares that move around a half from one
+    set of calls to the next, so their median jumps between the two and their mean does
+    not (docs/projection.md, benchmarks/small_messages.py)."""
 
     def once() -> float:
         if device.type == "cuda":
@@ -93,7 +98,8 @@ def _time_collective(dist, torch, call, device) -> tuple[float, int]:
     count = torch.tensor([iters], device=device)
     dist.broadcast(count, 0)
     times = [once() for _ in range(int(count.item()))]
-    return _slowest(dist, torch, statistics.median(times), device), int(count.item())
+    return (_slowest(dist, torch, statistics.median(times), device),
+            _slowest(dist, torch, statistics.fmean(times), device), int(count.item()))
 
 
 def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
@@ -208,10 +214,10 @@ def rank_main(backend: str, out: str, sizes: list[int], timeout: float, model: s
     for size in sizes:
         row: dict[str, Any] = {"bytes": size}
         for key, call in _collectives(dist, torch, size // 4, world, device).items():
-            row[key], iters = _time_collective(dist, torch, call, device)
+            row[key], mean, iters = _time_collective(dist, torch, call, device)
             if key == "time_s":
                 algbw = size / row[key]
-                row.update(iterations=iters, algbw_GBps=algbw / 1e9,
+                row.update(time_mean_s=mean, iterations=iters, algbw_GBps=algbw / 1e9,
                            busbw_GBps=algbw * bus_factor(world) / 1e9)
         rows.append(row)
     measured: dict[str, Any] = {"world_size": world, "results": rows}

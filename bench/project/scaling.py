@@ -441,7 +441,10 @@ def network_from_probe(probe: dict) -> Network:
     bytes take under half their time: a host's other work only adds time, and one size
     slowed so (1 KiB at 3.3 ms where 4 and 16 KiB took 0.3 ms, on 2 busy cores) made it
     ten times the rest's, and the projection's bottleneck at 4,096 GPUs 'collective
-    latency'."""
+    latency'. Each size's median call, not its mean (``time_mean_s``, kept beside it): on
+    the testbed the means predicted small messages at 3 and 4 nodes better (24 % off
+    against 62 %) and 1 MiB and more worse (8.5 % against 1.6 %), the calls DDP's buckets
+    make (docs/projection.md)."""
     from bench.records.probes import contention, ideal_allreduce_s, measured_split
 
     points = sorted((r["bytes"], r["time_s"]) for r in probe["results"])

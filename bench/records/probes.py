@@ -13,6 +13,7 @@ from bench.tools.terminal import message_size, printable
 
 KIB, MIB = 1024, 1024 * 1024
 SPLIT_COLLECTIVES = ("all_gather_s", "reduce_scatter_s")  # a result's optional keys
+MEAN = "time_mean_s"  # the all-reduce's mean call beside its median (from 2026-12-03)
 
 
 def bus_factor(world: int) -> float:
@@ -21,10 +22,15 @@ def bus_factor(world: int) -> float:
 
 
 def probe_table(record: dict[str, Any]) -> str:
-    """The probe's figures a line per size; the all-gather's and reduce-scatter's times
-    where it measured them (probes from before 2026-11-27 did not)."""
+    """The probe's figures a line per size: the all-reduce's median call (its bandwidths
+    are the median's, and bench project fits it) and, where it kept it (from 2026-12-03),
+    its mean call: the two part where a host delays some calls by a scheduler tick; the
+    all-gather's and reduce-scatter's times where it measured them (probes from before
+    2026-11-27 did not)."""
     split = measured_split(record)
-    lines = [f"{'size':>10} {'time (ms)':>10} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
+    mean = all(MEAN in r for r in record["results"])
+    lines = [f"{'size':>10} {'time (ms)':>10}" + (f" {'mean (ms)':>10}" if mean else "")
+             + f" {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
              + (f"  {'all-gather (ms)':>15}  {'reduce-scatter (ms)':>19}" if split else "")]
     for r in record["results"]:
         size = r["bytes"]
@@ -32,8 +38,9 @@ def probe_table(record: dict[str, Any]) -> str:
         mark = "  <- one gradient" if size == record["gradient_bytes"] else ""
         both = (f"  {1000 * r['all_gather_s']:>15.3f}  {1000 * r['reduce_scatter_s']:>19.3f}"
                 if split else "")
-        lines.append(f"{label:>10} {1000 * r['time_s']:>10.3f} {r['algbw_GBps']:>13.3f} "
-                     f"{r['busbw_GBps']:>13.3f}{both}{mark}")
+        lines.append(f"{label:>10} {1000 * r['time_s']:>10.3f}"
+                     + (f" {1000 * r[MEAN]:>10.3f}" if mean else "")
+                     + f" {r['algbw_GBps']:>13.3f} {r['busbw_GBps']:>13.3f}{both}{mark}")
     return "\n".join(lines) + "\n"
 
 
@@ -98,10 +105,10 @@ def probe_problem(data: Any) -> str | None:
     for i, point in enumerate(results):
         if not isinstance(point, dict):
             return f"results[{i}] is not an object"
-        for key in ("bytes", "time_s", "busbw_GBps", *SPLIT_COLLECTIVES):
+        for key in ("bytes", "time_s", "busbw_GBps", *SPLIT_COLLECTIVES, MEAN):
             value = point.get(key)
-            if key in SPLIT_COLLECTIVES and value is None:
-                continue  # optional: probes before 2026-11-27 timed all-reduce alone
+            if key in (*SPLIT_COLLECTIVES, MEAN) and value is None:
+                continue  # optional: older probes timed all-reduce alone, and its median
             if wrong_type(value, NUMBER) or value <= 0:
                 return f"results[{i}].{key} is {value!r}, not a positive number"
     # the network's figures are fitted to the smallest and the largest message (bench
