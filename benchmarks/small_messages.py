@@ -6,11 +6,11 @@ between two processes on the same cores gives what the kernel's loopback itself 
     python benchmarks/small_messages.py [--sets 20] [--size 1024]
 
 On a 2-core VM (2026-12-03) gloo's calls were bimodal: about 0.3 ms, or 2 to 4 ms (one
-scheduler tick, 4 ms here, and a second one behind it): gloo's own threads (its TCP loop
-and its work threads) wait for a core that one of their peers holds until the tick. Their
-share of slow calls moved around a half from set to set, so the median of a set jumped
-between the two modes while its mean did not; the ping-pong stayed under 0.1 ms. Prints
-each set's median, mean and share of calls over 1.5 ms, then the spreads."""
+scheduler tick, 4 ms here, a few two), as gloo's work threads waited for a core (`perf
+sched`: up to 7.8 ms). The share of slow calls moved around a half from set to set, so
+the median of a set jumped between the two modes while its mean did not; the ping-pong
+stayed under 0.1 ms. Prints each set's median, mean and share of calls over 1.5 ms, then
+the spreads."""
 
 from __future__ import annotations
 

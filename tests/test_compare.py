@@ -40,8 +40,13 @@ def test_compare_exits_1_on_a_planted_slowdown_and_0_on_identical_folders(tmp_pa
 
 
 def test_compare_refuses_what_is_not_results(tmp_path):
-    proc = run_bench("compare", str(tmp_path / "nope"), str(tmp_path))
-    assert proc.returncode == 2 and "neither a results folder nor a record file" in proc.stderr
+    for command in (["compare", str(tmp_path / "nope"), str(tmp_path)],
+                    ["project", str(tmp_path / "nope")]):
+        proc = run_bench(*command)
+        assert proc.returncode == 2 and "neither a results folder nor a record file" in proc.stderr
+        # the line names the fix, as bad input's lines do
+        assert "name a `bench run --output` folder or a record" in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.parametrize("command", [["compare", "{empty}", "{empty}"], ["project", "{empty}"]])

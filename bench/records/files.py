@@ -280,7 +280,8 @@ def load_source(source: str | Path, command: str) -> list[dict[str, Any]]:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{source} is not a usable run record ({exc})") from None
     if not path.is_dir():
-        raise ConfigError(f"{source} is neither a results folder nor a record file")
+        raise ConfigError(f"{source} is neither a results folder nor a record file; name "
+                          "a `bench run --output` folder or a record")
     records, warnings = load_records(path)
     for line in warnings:
         print(f"bench {command}: {line}", file=sys.stderr)
