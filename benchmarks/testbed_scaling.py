@@ -181,11 +181,7 @@ def print_table(result: dict[str, Any]) -> None:
               f"{1000 * r['measured_s']:>14.2f} {1000 * r['model_s']:>11.2f} "
               f"{r['model_error_pct']:>+6.1f}% {1000 * r['as_at_2_s']:>13.2f} "
               f"{r['as_at_2_error_pct']:>+6.1f}%")
-    for name, key in (("all sizes", "all_sizes"), ("1 MiB and up", "from_1_mib"),
-                      ("below 1 MiB", "below_1_mib")):
-        m = result[key]
-        print(f"median |error|, {name} ({m['points']} points): model {m['model']:.1f} %, "
-              f"as at 2 nodes {m['as_at_2']:.1f} %")
+    _print_size_errors(result)
     for label, m in result["by_rate_nodes_from_1_mib"].items():
         print(f"  {label}, 1 MiB and up: model {m['model']:.1f} %, as at 2 nodes "
               f"{m['as_at_2']:.1f} %")
@@ -193,11 +189,7 @@ def print_table(result: dict[str, Any]) -> None:
     if means and means["rows"]:
         print("the same with each size's mean call fitted and measured (above: the median "
               "call, as bench project fits it):")
-        for name, key in (("all sizes", "all_sizes"), ("1 MiB and up", "from_1_mib"),
-                          ("below 1 MiB", "below_1_mib")):
-            m = means[key]
-            print(f"  median |error|, {name} ({m['points']} points): model {m['model']:.1f} "
-                  f"%, as at 2 nodes {m['as_at_2']:.1f} %")
+        _print_size_errors(means, indent="  ")
     if not result.get("runs"):
         return
     guesses = (("model", "from 2 nodes"), ("own_probe", "own probe"),
@@ -212,13 +204,25 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{r['rate_mbit']:>5g} Mb/s {r['nodes']:>5} {1000 * r['measured_s']:>8.1f} "
               f"{cells}")
     for key, name in guesses:
-        errors = [abs(r[f"{key}_error_pct"]) for r in result["runs"]]
-        print(f"  {name}: median |error| {statistics.median(errors):.1f} %, worst "
-              f"{max(errors):.1f} %")
+        print(f"  {name}: {_run_errors(result['runs'], key)}")
     for key, name in guesses[:2] if result.get("runs_by_mean") else ():
-        errors = [abs(r[f"{key}_error_pct"]) for r in result["runs_by_mean"]]
-        print(f"  {name}, the probes' mean calls fitted: median |error| "
-              f"{statistics.median(errors):.1f} %, worst {max(errors):.1f} %")
+        print(f"  {name}, the probes' mean calls fitted: "
+              f"{_run_errors(result['runs_by_mean'], key)}")
+
+
+def _print_size_errors(result: dict[str, Any], indent: str = "") -> None:
+    """A comparison's median errors over all sizes, from 1 MiB up and below it."""
+    for name, key in (("all sizes", "all_sizes"), ("1 MiB and up", "from_1_mib"),
+                      ("below 1 MiB", "below_1_mib")):
+        m = result[key]
+        print(f"{indent}median |error|, {name} ({m['points']} points): model "
+              f"{m['model']:.1f} %, as at 2 nodes {m['as_at_2']:.1f} %")
+
+
+def _run_errors(runs: list[dict[str, Any]], key: str) -> str:
+    """The median and the worst |error| of one guess over the runs."""
+    errors = [abs(r[f"{key}_error_pct"]) for r in runs]
+    return f"median |error| {statistics.median(errors):.1f} %, worst {max(errors):.1f} %"
 
 
 def load(output: Path) -> list[dict[str, Any]]:
