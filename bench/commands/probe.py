@@ -68,9 +68,15 @@ def _collectives(dist, torch, numel: int, world: int, device) -> dict[str, Any]:
 
 def _slowest(dist, torch, value: float, device) -> float:
     """``value`` on the rank where it is largest (every rank calls it)."""
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+    return _slowest_each(dist, torch, [value], device)[0]
+
+
+def _slowest_each(dist, torch, values: list[float], device) -> list[float]:
+    """Each of ``values`` on the rank where it is largest, in one all-reduce (every rank
+    calls it with as many values)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return t.tolist()
 
 
 def _time_collective(dist, torch, call, device) -> tuple[float, float, int]:
@@ -98,8 +104,9 @@ def _time_collective(dist, torch, call, device) -> tuple[float, float, int]:
     count = torch.tensor([iters], device=device)
     dist.broadcast(count, 0)
     times = [once() for _ in range(int(count.item()))]
-    return (_slowest(dist, torch, statistics.median(times), device),
-            _slowest(dist, torch, statistics.fmean(times), device), int(count.item()))
+    median, mean = _slowest_each(
+        dist, torch, [statistics.median(times), statistics.fmean(times)], device)
+    return median, mean, int(count.item())
 
 
 def measure_contention(dist, torch, device, spec, batch: int) -> dict[str, Any]:
