@@ -17,6 +17,8 @@ DEMO   ?= results/demo
 BF16 ?= auto
 DEMO_BF16 ?= $(BF16)
 comma := ,
+empty :=
+space := $(empty) $(empty)
 # no where the CPU has no bf16 arithmetic, else yes (asked once, when a rule first needs it,
 # after the install: bench answers with torch's own query)
 BF16_HERE = $(eval BF16_HERE := $(shell $(BIN)/python -c "from bench.records.environment \
@@ -42,8 +44,12 @@ PARITY_ARGS ?= --cpu --data synthetic --synthetic-difficulty 0.5 --train-limit 1
                --test-limit 1000 --epochs 5 --batch-size 256 --width 0.125 --target-top1 50 \
                --repeats 5 --no-progress --output results
 TABLE_STRATEGIES ?= dp ddp ddp-spawn ddp-launch ddp-amp fsdp horovod ddp-apex
+# The table's rows again, 3 runs each (`make table-repeats`): whether rows one run each
+# cannot tell apart differ. Its own folder, the table's workload (TABLE_ARGS less its folder).
+REPEATS_OUT ?= results/cpu-table-repeats
+REPEATS_ARGS = $(filter-out --output $(TABLE_NEW),$(TABLE_ARGS)) --output $(REPEATS_OUT)
 
-.PHONY: install demo table parity parity-powersgd parity-d05 test test-long test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
+.PHONY: install demo table table-repeats parity parity-powersgd parity-d05 test test-long test-fast lint horovod apex gpu-deps gpu-venv gpu-wheels \
         gpu-ready clean slurm-up slurm-down
 
 # The install needs 6 GiB at its peak: refused in one line where the disk lacks 7.
@@ -153,6 +159,21 @@ table: $(STAMP)
 	$(BIN)/bench report --results results --update-readme
 	@# the projection's validation kept in results/ covers its runs again (a test checks)
 	$(BIN)/bench project results --validate > /dev/null
+
+# The CPU table's rows (but apex, which needs CUDA), 3 runs each, in rounds: each round adds
+# one run of every row, so that a slow spell of the machine falls on every row alike, not on
+# one row's runs. About 66 min on 2 cores (2026-12-03); it resumes where it was stopped.
+table-repeats: $(STAMP)
+	$(if $(call AMP_OFF,$(BF16)),$(if $(filter ddp-amp,$(TABLE_STRATEGIES)),@$(AMP_LEFT_OUT)))
+	for r in 1 2 3; do \
+	  $(BIN)/bench sweep --strategies ddp --gpus 1 --repeats $$r $(REPEATS_ARGS) && \
+	  $(BIN)/bench sweep --strategies $(subst $(space),$(comma),$(strip $(filter-out ddp-apex \
+	    $(if $(call AMP_OFF,$(BF16)),ddp-amp),$(TABLE_STRATEGIES)))) --gpus 2 --repeats $$r \
+	    $(REPEATS_ARGS) && \
+	  $(BIN)/bench sweep --strategies ddp --gpus 2 --grad-accum 4 --repeats $$r $(REPEATS_ARGS) \
+	  || exit 1; \
+	done
+	$(BIN)/bench report --results $(REPEATS_OUT)
 
 # Does it cost accuracy at N = 1, 2, 4, 8 replicas: the calibrated parity workload (docs/parity.md,
 # bench/commands/parity.py WORKLOAD; seeds agree to 0.25 points), 3 seeds a row (95 % CI about

@@ -6,14 +6,11 @@ against the CPU's own flags in /proc/cpuinfo."""
 
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from make_plans import would_run
 
 
 def _cpu_has_bf16() -> bool:
@@ -28,29 +25,20 @@ pytestmark = pytest.mark.skipif(
     reason="reads the bf16 flags of an x86 Linux CPU from /proc/cpuinfo")
 
 
-def _would_run(rule: str, *assignments: str) -> str:
-    venv = Path(sys.executable).parent.parent
-    proc = subprocess.run(["make", "-n", rule, f"VENV={venv}", *assignments], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-@pytest.mark.parametrize("rule", ["demo", "table", "parity", "parity-d05"])
+@pytest.mark.parametrize("rule", ["demo", "table", "table-repeats", "parity", "parity-d05"])
 def test_a_rule_runs_ddp_amp_only_where_the_cpu_has_bf16_or_it_is_asked_for(rule):
     def runs(text: str) -> bool:  # a command that names it, not a line that says so
         return any("ddp-amp" in line for line in text.splitlines()
                    if not line.startswith("echo"))
 
     said = f"{rule}: ddp-amp left out: this CPU has no bf16 arithmetic"
-    plain = _would_run(rule)
+    plain = would_run(rule)
     if _cpu_has_bf16():
         assert runs(plain) and said not in plain, plain
     else:
         assert not runs(plain) and said in plain, plain
         assert f"make {rule} BF16=yes runs it anyway" in plain
-    asked = _would_run(rule, "BF16=yes")
+    asked = would_run(rule, "BF16=yes")
     assert runs(asked) and said not in asked, asked
     if rule == "demo":  # its older name still asks
-        assert runs(_would_run(rule, "DEMO_BF16=yes"))
+        assert runs(would_run(rule, "DEMO_BF16=yes"))
