@@ -29,13 +29,19 @@ def sweeps(rule: str, *assignments: str) -> list[str]:
     return [" ".join(args.split()) for args in re.findall(r"bench sweep ([^&|;\n]*)", text)]
 
 
+def without(args: list[str], *names: str) -> list[str]:
+    """``args`` less each option in ``names`` and the value after it."""
+    kept, skip = [], False
+    for arg in args:
+        if skip or arg in names:
+            skip = not skip
+            continue
+        kept.append(arg)
+    return kept
+
+
 def as_swept(command: list[str]) -> str:
     """A record's `bench run` command as the sweep that ran it was given it: without the tag,
     seed and folder the sweep adds, --strategy as --strategies."""
-    args, skip = [], False
-    for arg in command[2:]:
-        if skip or arg in ("--tag", "--seed", "--output"):
-            skip = not skip
-            continue
-        args.append("--strategies" if arg == "--strategy" else arg)
-    return " ".join(args)
+    return " ".join("--strategies" if arg == "--strategy" else arg
+                    for arg in without(command[2:], "--tag", "--seed", "--output"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from conftest import ROOT
-from make_plans import as_swept, sweeps
+from make_plans import as_swept, sweeps, without
 from scipy import stats
 
 
@@ -88,15 +88,6 @@ def test_the_readmes_cpu_speed_calls_are_the_committed_repeats_by_scipys_welch_t
     assert f"a row's 3 runs spread by up to {100 * (spread - 1):.0f} %" in readme, spread
     # what the rule runs is what ran: the workload, and every row in a sweep of the rule
     planned = [line.split() for line in sweeps("table-repeats", "REPEATS_OUT=X")]
-
-    def without(args: list[str], *names: str) -> list[str]:
-        kept, skip = [], False
-        for arg in args:
-            if skip or arg in names:
-                skip = not skip
-                continue
-            kept.append(arg)
-        return kept
 
     for command in commands:
         ran = [*as_swept(command).split(), "--output", "X"]
